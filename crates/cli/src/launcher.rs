@@ -1,0 +1,197 @@
+//! Launching the target: run directory, preload, exec, wait, report, and the target's exit
+//! status passed through as if msmemscope were not there.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use msmemscope_core::config::{LogLevel, RunConfig};
+use msmemscope_core::launch_env;
+
+use crate::run_dir;
+
+/// Where the runtime library is: `MSMEMSCOPE_RUNTIME_LIB`, else next to this executable.
+pub fn runtime_library() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("MSMEMSCOPE_RUNTIME_LIB") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "MSMEMSCOPE_RUNTIME_LIB={} is not a file",
+                path.display()
+            ))
+        };
+    }
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate msmemscope itself: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let path = dir.join(launch_env::RUNTIME_LIBRARY);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "the runtime library {} is missing (build it with `cargo build --release`)",
+            path.display()
+        ))
+    }
+}
+
+pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
+    let library = match runtime_library() {
+        Ok(path) => path,
+        Err(line) => {
+            eprintln!("msmemscope: {line}");
+            return ExitCode::from(1);
+        }
+    };
+    let dir = match run_dir::create(config) {
+        Ok(dir) => dir,
+        Err(line) => {
+            eprintln!("msmemscope: {line}");
+            return ExitCode::from(1);
+        }
+    };
+    log(&dir, &format!("launching {:?}", program));
+
+    let original = std::env::var_os("LD_PRELOAD");
+    let mut preload = OsString::from(library.as_os_str());
+    if let Some(original) = &original {
+        if !original.is_empty() {
+            preload.push(":");
+            preload.push(original);
+        }
+    }
+    let mut command = std::process::Command::new(&program[0]);
+    command
+        .args(&program[1..])
+        .env("LD_PRELOAD", preload)
+        .env(launch_env::RUN_DIR, &dir)
+        .env(launch_env::LAUNCHER_PID, std::process::id().to_string());
+    match &original {
+        Some(original) => command.env(launch_env::ORIGINAL_LD_PRELOAD, original),
+        None => command.env_remove(launch_env::ORIGINAL_LD_PRELOAD),
+    };
+
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            let name = program[0].to_string_lossy();
+            eprintln!("msmemscope: cannot run {name}: {e}");
+            log(&dir, &format!("cannot run {name}: {e}"));
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return ExitCode::from(code);
+        }
+    };
+    // While the target runs, Ctrl-C and Ctrl-\ are for it (it shares our process group); the
+    // launcher stays to print the report and pass the status on. Set after the spawn: ignored
+    // dispositions would be inherited across exec.
+    let ignored = IgnoreInteractiveSignals::new();
+    let status = match child.wait() {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("msmemscope: lost the target process: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    drop(ignored);
+    log(&dir, &format!("target exited: {status}"));
+
+    if config.host_leaks() {
+        report_host_leaks(&dir, config, &status);
+    }
+    pass_through(status)
+}
+
+fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::ExitStatus) {
+    let overview = dir.join("host_leak").join("leak_overview_1.txt");
+    match std::fs::read_to_string(&overview) {
+        Ok(text) => {
+            if config.log_level < LogLevel::Error {
+                eprint!("{text}");
+            }
+            eprintln!("msmemscope: host leak report: {}", overview.display());
+        }
+        Err(_) => {
+            let why = match status.signal() {
+                Some(sig) => format!("it was killed by signal {sig}"),
+                None => "it ended without running exit handlers (_exit or exec)".to_string(),
+            };
+            eprintln!(
+                "msmemscope: no host leak report was written for the target: {why}; run directory {}",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Exits the way the target did: the same code, or the same signal re-raised.
+fn pass_through(status: std::process::ExitStatus) -> ExitCode {
+    if let Some(code) = status.code() {
+        return ExitCode::from(code as u8);
+    }
+    if let Some(sig) = status.signal() {
+        // SAFETY: restoring the default action and raising the signal the target died of.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+        return ExitCode::from(128u8.wrapping_add(sig as u8));
+    }
+    ExitCode::from(1)
+}
+
+struct IgnoreInteractiveSignals {
+    int: libc::sighandler_t,
+    quit: libc::sighandler_t,
+}
+
+impl IgnoreInteractiveSignals {
+    fn new() -> Self {
+        // SAFETY: replacing the dispositions of SIGINT/SIGQUIT in this process; restored on drop.
+        unsafe {
+            IgnoreInteractiveSignals {
+                int: libc::signal(libc::SIGINT, libc::SIG_IGN),
+                quit: libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            }
+        }
+    }
+}
+
+impl Drop for IgnoreInteractiveSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the dispositions saved in `new`.
+        unsafe {
+            libc::signal(libc::SIGINT, self.int);
+            libc::signal(libc::SIGQUIT, self.quit);
+        }
+    }
+}
+
+fn log(dir: &Path, message: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(launch_env::LOG_DIR).join("launcher.log");
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let _ = writeln!(
+            file,
+            "{} {message}",
+            msmemscope_core::time_fmt::utc_timestamp(now)
+        );
+    }
+}

@@ -1,0 +1,34 @@
+//! `msmemscope`: the command users run (through the `bin/msmemscope` shell wrapper, which also
+//! handles `source msmemscope --load-api-env`).
+
+mod api_env;
+mod args;
+mod launcher;
+mod run_dir;
+
+use std::process::ExitCode;
+
+use args::{Command, UsageError};
+
+fn main() -> ExitCode {
+    let command = match args::parse(std::env::args_os().skip(1).collect()) {
+        Ok(command) => command,
+        Err(UsageError(line)) => {
+            eprintln!("msmemscope: {line}");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Help(text) | Command::Version(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Command::ApiEnv(request) => api_env::run(request),
+        Command::Launch { config, program } => launcher::run(&config, &program),
+        // The argument parser refuses these until their capabilities exist.
+        Command::Compare { .. } | Command::Attach { .. } => {
+            eprintln!("msmemscope: this mode is not available yet in this build");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,159 @@
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Default `--output-path`.
+pub const DEFAULT_OUTPUT_PATH: &str = "./memscopeDumpResults";
+/// Default and limits of the C/Python call-stack depth.
+pub const DEFAULT_STACK_DEPTH: u32 = 50;
+pub const MAX_STACK_DEPTH: u32 = 1000;
+/// Largest sample rate; larger requests are clipped to it.
+pub const MAX_SAMPLE_RATE: u64 = 1 << 30;
+/// Default and limits of K in `oom:K`.
+pub const DEFAULT_OOM_K: u32 = 10;
+pub const MAX_OOM_K: u32 = 1000;
+/// At most this many `--steps`.
+pub const MAX_STEPS: usize = 5;
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warning,
+    Error,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    Alloc,
+    Free,
+    Launch,
+    Access,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Op,
+    Kernel,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectMode {
+    Immediate,
+    Deferred,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    Csv,
+    Db,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum HostLeakMode {
+    Summary,
+    Event,
+}
+
+/// `--call-stack c[:N],python[:N]`: depth per kind, `None` when that kind is off.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CallStack {
+    pub c: Option<u32>,
+    pub python: Option<u32>,
+}
+
+/// One `--device` entry.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    /// Every CUDA device.
+    Cuda,
+    /// One CUDA device by index.
+    CudaIndex(u32),
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Analysis {
+    Leaks,
+    Decompose,
+    Inefficient,
+    /// `oom[:K]`: dump the K most recent and K largest live blocks.
+    Oom(u32),
+    HostLeaks,
+}
+
+/// `--watch start[:outid],end[,full-content]`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WatchSpec {
+    pub start: String,
+    pub outid: Option<u32>,
+    pub end: String,
+    pub full_content: bool,
+}
+
+/// Everything that configures a tracked run. Serialized as `config.json` in the run directory,
+/// where the runtime library reads it back.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    pub log_level: LogLevel,
+    pub events: Vec<EventKind>,
+    pub level: Level,
+    pub steps: Vec<u32>,
+    pub call_stack: CallStack,
+    pub collect_mode: CollectMode,
+    pub devices: Vec<Device>,
+    pub analysis: Vec<Analysis>,
+    pub watch: Option<WatchSpec>,
+    pub output_path: PathBuf,
+    pub format: DataFormat,
+    pub host_leak_mode: HostLeakMode,
+    /// Only allocations of at least this many bytes enter the host-leak ledger (0 = all).
+    pub block_size_threshold: u64,
+    /// The sample rate as the user asked for it.
+    pub sample_rate_requested: u64,
+    /// The effective sample rate: a power of two, at most [`MAX_SAMPLE_RATE`].
+    pub sample_rate: u64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            log_level: LogLevel::Info,
+            events: vec![EventKind::Alloc, EventKind::Free, EventKind::Launch],
+            level: Level::Op,
+            steps: Vec::new(),
+            call_stack: CallStack::default(),
+            collect_mode: CollectMode::Immediate,
+            devices: vec![Device::Cpu, Device::Cuda],
+            analysis: vec![Analysis::Leaks],
+            watch: None,
+            output_path: PathBuf::from(DEFAULT_OUTPUT_PATH),
+            format: DataFormat::Csv,
+            host_leak_mode: HostLeakMode::Summary,
+            block_size_threshold: 0,
+            sample_rate_requested: 1,
+            sample_rate: 1,
+        }
+    }
+}
+
+impl RunConfig {
+    pub fn host_leaks(&self) -> bool {
+        self.analysis.contains(&Analysis::HostLeaks)
+    }
+
+    pub fn from_json(text: &str) -> Result<RunConfig, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("RunConfig always serializes")
+    }
+}

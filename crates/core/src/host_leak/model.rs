@@ -1,0 +1,154 @@
+//! What a closed (or snapshotted) host-leak window produced. Plain data: the runtime fills it,
+//! the renderers only read it, and tests build it by hand.
+
+use super::SizeHistogram;
+use crate::config::HostLeakMode;
+
+/// Default and largest number of leak sites in the TOP N section.
+pub const DEFAULT_TOP_N: usize = 10;
+pub const MAX_TOP_N: usize = 1024;
+/// Number of leading frames that identify a stack.
+pub const STACK_KEY_FRAMES: usize = 20;
+
+/// Defaults of the ledger's caps (SPEC §8).
+pub const DEFAULT_BLOCK_CAP: u64 = 20_000_000;
+pub const DEFAULT_OVERFLOW_CAP: u64 = 5_000_000;
+pub const DEFAULT_STACK_CAP: u64 = 400_000;
+
+/// Why the ledger's data is incomplete, one bit each (the seed's numbering).
+pub mod truncation {
+    /// The block table reached its cap: later blocks went to the overflow ledger, without stacks.
+    pub const BLOCK_TABLE_FULL: u32 = 1 << 0;
+    /// The stack table was full and no dead stack could be recycled: new stacks went to the
+    /// unknown bucket.
+    pub const STACK_TABLE_FULL: u32 = 1 << 1;
+    /// The overflow ledger was full too: accounting stopped.
+    pub const ACCOUNTING_STOPPED: u32 = 1 << 2;
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountBytes {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl CountBytes {
+    pub fn add(&mut self, bytes: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+    }
+
+    pub fn merge(&mut self, other: CountBytes) {
+        self.count += other.count;
+        self.bytes += other.bytes;
+    }
+}
+
+/// The window's time span, in nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpan {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// True for an interim snapshot: the window is still open at `end_ns`.
+    pub still_open: bool,
+}
+
+/// Everything that limited or shaped the data, stated in Data Health Analysis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataHealth {
+    pub mode: HostLeakMode,
+    pub allocations: CountBytes,
+    pub frees: CountBytes,
+    pub distinct_stacks: u64,
+    /// Allocations attributed to the unknown bucket (stack table full, or no stack captured).
+    pub unknown_bucket_allocations: u64,
+    pub recycled_stacks: u64,
+    pub truncation_bits: u32,
+    /// When accounting stopped, nanoseconds since the epoch.
+    pub stopped_at_ns: Option<u64>,
+    pub overflow_allocations: CountBytes,
+    pub overflow_frees: CountBytes,
+    pub prewindow_frees: CountBytes,
+    pub sample_rate: u64,
+    pub sample_rate_requested: u64,
+    pub untracked_sampled: CountBytes,
+    pub frees_untracked: u64,
+    pub block_size_threshold: u64,
+    pub untracked_below_threshold: CountBytes,
+    pub symbolized_frames: u64,
+    pub total_frames: u64,
+    pub block_cap: u64,
+    pub overflow_cap: u64,
+    pub stack_cap: u64,
+    /// Ledger shards that could not be read within the aggregation deadline.
+    pub unread_shards: u32,
+}
+
+/// One call stack's line in the report. `stack_id == None` is the unknown bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeakSite {
+    pub stack_id: Option<u32>,
+    pub unfreed: CountBytes,
+    pub allocated: CountBytes,
+    pub freed: CountBytes,
+    /// Rendered frames, innermost first.
+    pub frames: Vec<String>,
+}
+
+/// One unfreed block for `block_detail_{stage}.csv`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockDetail {
+    pub addr: u64,
+    pub size: u64,
+    pub alloc_ts_ns: u64,
+    pub c_stack: Vec<String>,
+    pub python_stack: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostLeakReport {
+    pub stage: u32,
+    pub pid: u32,
+    pub interim: bool,
+    pub window: WindowSpan,
+    pub health: DataHealth,
+    /// Unfreed blocks of the ledger, the unknown bucket and the overflow channel together.
+    pub unfreed: CountBytes,
+    /// Unfreed blocks in the overflow channel (part of `unfreed`, never in the detail CSV).
+    pub overflow_unfreed: CountBytes,
+    pub unfreed_sizes: SizeHistogram,
+    pub prewindow_free_sizes: SizeHistogram,
+    /// Every site with unfreed blocks, ordered by unfreed bytes (then count), largest first.
+    pub sites: Vec<LeakSite>,
+    pub top_n: usize,
+}
+
+impl HostLeakReport {
+    /// Reasons the window cannot support a leak conclusion; empty when it can.
+    pub fn unusable_reasons(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        if self.health.truncation_bits & truncation::ACCOUNTING_STOPPED != 0 {
+            reasons.push(
+                "accounting stopped when the overflow ledger filled: the data is the prefix up to that point"
+                    .to_string(),
+            );
+        }
+        if self.health.unread_shards > 0 {
+            reasons.push(format!(
+                "{} ledger shard(s) could not be read before the aggregation deadline",
+                self.health.unread_shards
+            ));
+        }
+        reasons
+    }
+
+    pub fn sort_sites(sites: &mut [LeakSite]) {
+        sites.sort_by(|a, b| {
+            b.unfreed
+                .bytes
+                .cmp(&a.unfreed.bytes)
+                .then(b.unfreed.count.cmp(&a.unfreed.count))
+                .then(a.stack_id.cmp(&b.stack_id))
+        });
+    }
+}

@@ -1,0 +1,268 @@
+//! `leak_overview_{stage}.txt`: the human-readable report of one window.
+
+use std::fmt::Write;
+
+use super::model::{truncation, CountBytes, HostLeakReport, LeakSite};
+use super::{SizeHistogram, SIZE_BUCKETS};
+use crate::config::HostLeakMode;
+use crate::time_fmt::{human_bytes, utc_timestamp};
+
+/// Renders the whole overview. Pure: the same report always gives the same text.
+pub fn render_overview(report: &HostLeakReport) -> String {
+    let mut out = String::new();
+    let interim = if report.interim {
+        " (interim snapshot)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "====== Host Leak Overview{interim}: stage={}, pid={} ======",
+        report.stage, report.pid
+    );
+    let w = report.window;
+    let seconds = w.end_ns.saturating_sub(w.start_ns) as f64 / 1e9;
+    let open = if w.still_open {
+        " (interim snapshot, window open)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "Window: {} -> {} ({seconds:.3} s){open}",
+        utc_timestamp(w.start_ns),
+        utc_timestamp(w.end_ns)
+    );
+    out.push('\n');
+    data_health(&mut out, report);
+    out.push('\n');
+
+    let _ = writeln!(out, "--- Total Unfreed ---");
+    let _ = writeln!(
+        out,
+        "{} blocks, {} bytes ({})",
+        report.unfreed.count,
+        report.unfreed.bytes,
+        human_bytes(report.unfreed.bytes)
+    );
+    if report.overflow_unfreed.count > 0 {
+        let _ = writeln!(
+            out,
+            "of which in the overflow channel (no stack): {} blocks, {} bytes",
+            report.overflow_unfreed.count, report.overflow_unfreed.bytes
+        );
+    }
+    out.push('\n');
+
+    let _ = writeln!(out, "--- Unfreed Block Size Distribution ---");
+    histogram(&mut out, &report.unfreed_sizes);
+    out.push('\n');
+    let _ = writeln!(out, "--- Pre-Window Free Size Distribution ---");
+    histogram(&mut out, &report.prewindow_free_sizes);
+    if report.prewindow_free_sizes.total_bytes() * 2 > report.health.allocations.bytes
+        && report.prewindow_free_sizes.total_count() > 0
+    {
+        let _ = writeln!(
+            out,
+            "NOTE: pre-window frees exceed half of the window's allocated bytes: a cache built \
+             before the window is turning over; blocks it replaces may look unfreed here."
+        );
+    }
+    out.push('\n');
+
+    top_sites(&mut out, report);
+    out.push('\n');
+    let _ = writeln!(out, "--- Resident Baselines ---");
+    let _ = writeln!(
+        out,
+        "(resident classification needs the per-stack beat series, which this window did not \
+         collect; every site with unfreed blocks is listed above)"
+    );
+    out
+}
+
+fn data_health(out: &mut String, report: &HostLeakReport) {
+    let h = &report.health;
+    let _ = writeln!(out, "--- Data Health Analysis ---");
+    let mode = match h.mode {
+        HostLeakMode::Summary => "summary",
+        HostLeakMode::Event => "event (block_detail CSV written)",
+    };
+    let _ = writeln!(out, "Report mode: {mode}");
+    let _ = writeln!(out, "Allocations tracked: {}", count_bytes(h.allocations));
+    let _ = writeln!(out, "Frees tracked: {}", count_bytes(h.frees));
+    let _ = writeln!(
+        out,
+        "Distinct stacks (key = first {} frames): {}",
+        super::model::STACK_KEY_FRAMES,
+        h.distinct_stacks
+    );
+    let _ = writeln!(
+        out,
+        "Unattributed allocations (unknown bucket): {}",
+        h.unknown_bucket_allocations
+    );
+    let _ = writeln!(
+        out,
+        "Dead-stack recycling: {} stacks recycled, their history folded into the unknown bucket",
+        h.recycled_stacks
+    );
+    let _ = writeln!(
+        out,
+        "Truncation: {}",
+        truncation_text(h.truncation_bits, h.stopped_at_ns)
+    );
+    let _ = writeln!(
+        out,
+        "Overflow channel: {} allocations, {} frees (no stacks)",
+        count_bytes(h.overflow_allocations),
+        count_bytes(h.overflow_frees)
+    );
+    let _ = writeln!(
+        out,
+        "Pre-window frees: {} (allocated before the window, freed in it; not part of the leak verdict)",
+        count_bytes(h.prewindow_frees)
+    );
+    if h.sample_rate == 1 {
+        let _ = writeln!(out, "Sample rate: 1 (every allocation tracked)");
+    } else {
+        let requested = if h.sample_rate_requested != h.sample_rate {
+            format!(", requested {}", h.sample_rate_requested)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "Sample rate: {}{requested} -- SAMPLED VIEW: about 1/{} of allocations tracked; untracked: {}, {} frees",
+            h.sample_rate,
+            h.sample_rate,
+            count_bytes(h.untracked_sampled),
+            h.frees_untracked
+        );
+    }
+    if h.block_size_threshold == 0 {
+        let _ = writeln!(out, "Block size threshold: 0 (all sizes tracked)");
+    } else {
+        let _ = writeln!(
+            out,
+            "Block size threshold: {} bytes -- untracked below threshold: {}",
+            h.block_size_threshold,
+            count_bytes(h.untracked_below_threshold)
+        );
+    }
+    let coverage = if h.total_frames == 0 {
+        "no frames to symbolize".to_string()
+    } else {
+        format!(
+            "{:.1}% ({}/{} reported frames resolved to a function)",
+            100.0 * h.symbolized_frames as f64 / h.total_frames as f64,
+            h.symbolized_frames,
+            h.total_frames
+        )
+    };
+    let _ = writeln!(out, "Symbolization coverage: {coverage}");
+    let _ = writeln!(
+        out,
+        "Ledger caps: block table {}, overflow ledger {}, stack table {}",
+        h.block_cap, h.overflow_cap, h.stack_cap
+    );
+    let reasons = report.unusable_reasons();
+    if reasons.is_empty() {
+        let _ = writeln!(out, "Verdict: complete window data");
+    } else {
+        let _ = writeln!(
+            out,
+            "Verdict: INCOMPLETE, not usable as a leak conclusion: {}",
+            reasons.join("; ")
+        );
+    }
+}
+
+fn truncation_text(bits: u32, stopped_at: Option<u64>) -> String {
+    if bits == 0 {
+        return "bits=0 (none)".to_string();
+    }
+    let mut parts = Vec::new();
+    if bits & truncation::BLOCK_TABLE_FULL != 0 {
+        parts.push("bit0 block table full, later blocks in the overflow channel".to_string());
+    }
+    if bits & truncation::STACK_TABLE_FULL != 0 {
+        parts.push(
+            "bit1 stack table full with no dead stack to recycle, new stacks in the unknown bucket"
+                .to_string(),
+        );
+    }
+    if bits & truncation::ACCOUNTING_STOPPED != 0 {
+        let at = stopped_at.map(utc_timestamp).unwrap_or_else(|| "?".into());
+        parts.push(format!(
+            "bit2 overflow ledger full, accounting stopped at {at}"
+        ));
+    }
+    format!("bits={bits} ({})", parts.join("; "))
+}
+
+fn count_bytes(cb: CountBytes) -> String {
+    format!("{} ({} bytes)", cb.count, cb.bytes)
+}
+
+fn histogram(out: &mut String, h: &SizeHistogram) {
+    let total = h.total_bytes();
+    let _ = writeln!(
+        out,
+        "{:<12} {:>12} {:>16} {:>7}",
+        "Size", "Blocks", "Bytes", "Share"
+    );
+    for (i, bucket) in SIZE_BUCKETS.iter().enumerate() {
+        let share = if total == 0 {
+            0.0
+        } else {
+            100.0 * h.bytes[i] as f64 / total as f64
+        };
+        let _ = writeln!(
+            out,
+            "{:<12} {:>12} {:>16} {:>6.1}%",
+            bucket.label, h.count[i], h.bytes[i], share
+        );
+    }
+}
+
+fn top_sites(out: &mut String, report: &HostLeakReport) {
+    let shown = report.sites.len().min(report.top_n);
+    let _ = writeln!(
+        out,
+        "--- TOP {} Leak Sites (by unfreed bytes; {} of {} sites with unfreed blocks shown) ---",
+        report.top_n,
+        shown,
+        report.sites.len()
+    );
+    for (rank, site) in report.sites.iter().take(shown).enumerate() {
+        site_block(out, rank + 1, site);
+    }
+}
+
+fn site_block(out: &mut String, rank: usize, site: &LeakSite) {
+    let id = match site.stack_id {
+        Some(id) => format!("stack {id}"),
+        None => "unknown bucket".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "#{rank} [{id}] unfreed {} blocks / {} bytes; allocated {} / {} bytes; freed {} / {} bytes",
+        site.unfreed.count,
+        site.unfreed.bytes,
+        site.allocated.count,
+        site.allocated.bytes,
+        site.freed.count,
+        site.freed.bytes
+    );
+    if site.frames.is_empty() {
+        let text = match site.stack_id {
+            Some(id) => format!("(unresolved stack {id})"),
+            None => "(unresolved stack: unknown bucket)".to_string(),
+        };
+        let _ = writeln!(out, "    {text}");
+    }
+    for frame in &site.frames {
+        let _ = writeln!(out, "    {frame}");
+    }
+}

@@ -1,0 +1,5 @@
+//! The functions the runtime interposes. Each hook: call the real function (after taking the
+//! block out of the ledger, for frees), then record, under the reentrancy guard.
+
+pub mod dl;
+pub mod malloc;

@@ -1,0 +1,284 @@
+//! Window close: one pass over the ledger turns it into the report model, then files.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use msmemscope_core::config::HostLeakMode;
+use msmemscope_core::host_leak::detail_csv::{render_block_detail, sort_blocks};
+use msmemscope_core::host_leak::overview::render_overview;
+use msmemscope_core::host_leak::{
+    BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SizeHistogram, WindowSpan,
+};
+use msmemscope_core::symbolize::Symbolizer;
+
+use super::ledger::Ledger;
+use super::stack_table::UNKNOWN_STACK;
+use crate::clock::realtime_ns;
+use crate::unwind::modules;
+
+/// Builds the report; with event mode also the per-block details (largest first).
+pub fn build_report(
+    ledger: &Ledger,
+    deadline: Instant,
+    interim: bool,
+) -> (HostLeakReport, Option<Vec<BlockDetail>>) {
+    let end_ns = realtime_ns();
+    let event_mode = ledger.settings.mode == HostLeakMode::Event && !interim;
+
+    let mut unfreed_by_stack: HashMap<u32, CountBytes> = HashMap::new();
+    let mut unfreed_sizes = SizeHistogram::default();
+    let mut raw_blocks: Vec<(usize, u64, u64, u32)> = Vec::new();
+    let mut unread = ledger.blocks.for_each_shard(deadline, |shard| {
+        for (&ptr, block) in shard {
+            unfreed_by_stack
+                .entry(block.stack)
+                .or_default()
+                .add(block.size);
+            unfreed_sizes.add(block.size);
+            if event_mode {
+                raw_blocks.push((ptr, block.size, block.alloc_ts_ns, block.stack));
+            }
+        }
+    });
+
+    let mut overflow_unfreed = CountBytes::default();
+    let (overflow_allocations, overflow_frees) = match ledger.overflow.collect(deadline) {
+        Some(state) => {
+            for &(_, size) in &state.live {
+                overflow_unfreed.add(size);
+                unfreed_sizes.add(size);
+            }
+            (state.allocations, state.frees)
+        }
+        None => {
+            unread += 1;
+            (CountBytes::default(), CountBytes::default())
+        }
+    };
+
+    let (stacks, unknown, unread_stacks) = ledger.stacks.collect(deadline);
+    unread += unread_stacks;
+
+    let mut allocations = overflow_allocations;
+    let mut frees = overflow_frees;
+    allocations.merge(unknown.allocated);
+    frees.merge(unknown.freed);
+    for s in &stacks {
+        allocations.merge(s.stats.allocated);
+        frees.merge(s.stats.freed);
+    }
+
+    let mut sites: Vec<LeakSite> = Vec::new();
+    let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
+    for s in stacks {
+        let Some(&unfreed) = unfreed_by_stack.get(&s.id) else {
+            continue;
+        };
+        frames_of.insert(s.id, s.frames);
+        sites.push(LeakSite {
+            stack_id: Some(s.id),
+            unfreed,
+            allocated: s.stats.allocated,
+            freed: s.stats.freed,
+            frames: Vec::new(),
+        });
+    }
+    if let Some(&unfreed) = unfreed_by_stack.get(&UNKNOWN_STACK) {
+        sites.push(LeakSite {
+            stack_id: None,
+            unfreed,
+            allocated: unknown.allocated,
+            freed: unknown.freed,
+            frames: Vec::new(),
+        });
+    }
+    HostLeakReport::sort_sites(&mut sites);
+
+    let top_n = ledger.settings.top_n;
+    let mut symbols = SymbolCache::new();
+    let symbolize_all = event_mode;
+    for (rank, site) in sites.iter_mut().enumerate() {
+        if rank >= top_n && !symbolize_all {
+            break;
+        }
+        if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
+            site.frames = symbols.render(frames);
+        }
+    }
+
+    let details = event_mode.then(|| {
+        let by_id: HashMap<Option<u32>, &Vec<String>> =
+            sites.iter().map(|s| (s.stack_id, &s.frames)).collect();
+        let mut details: Vec<BlockDetail> = raw_blocks
+            .into_iter()
+            .map(|(addr, size, ts, stack)| {
+                let key = (stack != UNKNOWN_STACK).then_some(stack);
+                BlockDetail {
+                    addr: addr as u64,
+                    size,
+                    alloc_ts_ns: ts,
+                    c_stack: by_id.get(&key).map(|f| (*f).clone()).unwrap_or_default(),
+                    python_stack: Vec::new(),
+                }
+            })
+            .collect();
+        sort_blocks(&mut details);
+        details
+    });
+
+    let mut unfreed = overflow_unfreed;
+    for cb in unfreed_by_stack.values() {
+        unfreed.merge(*cb);
+    }
+    let mut prewindow_free_sizes = SizeHistogram::default();
+    let mut prewindow_frees = CountBytes::default();
+    for (i, stripe) in ledger.prewindow_frees.iter().enumerate() {
+        let cb = stripe.sum();
+        prewindow_free_sizes.count[i] = cb.count;
+        prewindow_free_sizes.bytes[i] = cb.bytes;
+        prewindow_frees.merge(cb);
+    }
+
+    let s = &ledger.settings;
+    let health = DataHealth {
+        mode: s.mode,
+        allocations,
+        frees,
+        distinct_stacks: ledger.stacks.interned(),
+        unknown_bucket_allocations: ledger.stacks.unattributed_allocs(),
+        recycled_stacks: ledger.stacks.recycled(),
+        truncation_bits: ledger.truncation_bits(),
+        stopped_at_ns: ledger.stopped_at_ns(),
+        overflow_allocations,
+        overflow_frees,
+        prewindow_frees,
+        sample_rate: s.sample_rate,
+        sample_rate_requested: s.sample_rate_requested,
+        untracked_sampled: ledger.untracked_sampled.sum(),
+        frees_untracked: ledger.frees_untracked.sum().count,
+        block_size_threshold: s.block_size_threshold,
+        untracked_below_threshold: ledger.untracked_below_threshold.sum(),
+        symbolized_frames: symbols.resolved,
+        total_frames: symbols.total,
+        block_cap: s.block_cap,
+        overflow_cap: s.overflow_cap,
+        stack_cap: s.stack_cap,
+        unread_shards: unread,
+    };
+    let report = HostLeakReport {
+        stage: ledger.stage,
+        pid: std::process::id(),
+        interim,
+        window: WindowSpan {
+            start_ns: ledger.start_ns,
+            end_ns,
+            still_open: interim,
+        },
+        health,
+        unfreed,
+        overflow_unfreed,
+        unfreed_sizes,
+        prewindow_free_sizes,
+        sites,
+        top_n,
+    };
+    (report, details)
+}
+
+/// Symbolizes each distinct return address once and counts coverage over reported frames.
+struct SymbolCache {
+    symbolizer: Symbolizer,
+    rendered: HashMap<u64, (Vec<String>, bool)>,
+    resolved: u64,
+    total: u64,
+}
+
+impl SymbolCache {
+    fn new() -> SymbolCache {
+        // Modules loaded since the last scan (still mapped now) are added before resolving.
+        modules::refresh(false);
+        let symbolizer =
+            Symbolizer::new(modules::seen_modules()).with_fallback(Box::new(dladdr_name));
+        SymbolCache {
+            symbolizer,
+            rendered: HashMap::new(),
+            resolved: 0,
+            total: 0,
+        }
+    }
+
+    fn render(&mut self, frames: &[u64]) -> Vec<String> {
+        let mut out = Vec::with_capacity(frames.len());
+        for &address in frames {
+            let symbolizer = &mut self.symbolizer;
+            let (lines, ok) = self.rendered.entry(address).or_insert_with(|| {
+                let frames = symbolizer.symbolize_return_address(address);
+                let ok = frames.iter().any(|f| f.is_resolved());
+                (frames.iter().map(|f| f.render()).collect(), ok)
+            });
+            self.total += 1;
+            if *ok {
+                self.resolved += 1;
+            }
+            out.extend(lines.iter().cloned());
+        }
+        out
+    }
+}
+
+/// The dynamic symbol `dladdr` finds for a return address, for libraries without `.symtab`.
+fn dladdr_name(address: u64) -> Option<String> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables; info is a valid out-pointer.
+    let found = unsafe { libc::dladdr((address - 1) as *const libc::c_void, &mut info) } != 0;
+    if !found || info.dli_sname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_sname is a NUL-terminated string owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_sname) }.to_string_lossy();
+    Some(addr2line::demangle_auto(name, None).into_owned())
+}
+
+/// Writes `leak_overview_{stage}.txt` (and `block_detail_{stage}.csv` when given) into
+/// `run_dir/host_leak/`, never following a symlink. Returns the overview's path.
+pub fn write_report(
+    run_dir: &Path,
+    report: &HostLeakReport,
+    details: Option<&[BlockDetail]>,
+) -> std::io::Result<PathBuf> {
+    let dir = run_dir.join("host_leak");
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if !std::fs::symlink_metadata(&dir)?.is_dir() {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let overview = dir.join(format!("leak_overview_{}.txt", report.stage));
+    write_new_file(&overview, render_overview(report).as_bytes())?;
+    if let Some(details) = details {
+        if !details.is_empty() {
+            let csv = dir.join(format!("block_detail_{}.csv", report.stage));
+            write_new_file(&csv, render_block_detail(details).as_bytes())?;
+        }
+    }
+    Ok(overview)
+}
+
+fn write_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    file.write_all(bytes)
+}

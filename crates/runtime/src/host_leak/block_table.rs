@@ -1,0 +1,116 @@
+//! The block table: every live tracked block of the window, sharded by address so threads
+//! rarely share a lock. The cap is split evenly over the shards: a shard that reaches its share
+//! sends further blocks to the overflow ledger, which keeps the check free of shared counters.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+use super::hashing::{mix, FastHash};
+
+pub const SHARDS: usize = 64;
+
+/// A live block: what the report needs about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub size: u64,
+    pub alloc_ts_ns: u64,
+    pub stack: u32,
+}
+
+pub type Shard = HashMap<usize, Block, FastHash>;
+
+pub struct BlockTable {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard_cap: usize,
+}
+
+pub enum Insert {
+    Inserted,
+    /// The address was still in the table: its free was never seen. The stale block is returned
+    /// so its stack's counts can be corrected.
+    Replaced(Block),
+    /// The shard holds its share of the cap.
+    Full,
+}
+
+impl BlockTable {
+    pub fn new(cap: u64) -> BlockTable {
+        let per_shard_cap = (cap as usize).div_ceil(SHARDS).max(1);
+        BlockTable {
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
+                .collect(),
+            per_shard_cap,
+        }
+    }
+
+    pub fn per_shard_cap(&self) -> usize {
+        self.per_shard_cap
+    }
+
+    #[inline]
+    fn shard(&self, ptr: usize) -> MutexGuard<'_, Shard> {
+        let index = (mix((ptr >> 4) as u64) >> 58) as usize;
+        // A panic never happens while a shard is held, but a poisoned lock must not stop
+        // accounting in someone else's process.
+        self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Inserts under the shard lock; `before_insert` runs under that lock too (it interns the
+    /// stack) only when there is room, so a full shard leaves no trace in the stack table.
+    #[inline]
+    pub fn insert_with(&self, ptr: usize, make: impl FnOnce() -> Block) -> Insert {
+        let mut shard = self.shard(ptr);
+        if shard.len() >= self.per_shard_cap && !shard.contains_key(&ptr) {
+            return Insert::Full;
+        }
+        match shard.insert(ptr, make()) {
+            None => Insert::Inserted,
+            Some(stale) => Insert::Replaced(stale),
+        }
+    }
+
+    #[inline]
+    pub fn remove(&self, ptr: usize) -> Option<Block> {
+        self.shard(ptr).remove(&ptr)
+    }
+
+    /// Puts back a block removed by a `realloc` that then failed.
+    pub fn restore(&self, ptr: usize, block: Block) {
+        self.shard(ptr).insert(ptr, block);
+    }
+
+    /// Visits every shard, waiting for each lock until `deadline` (then skipping it). Returns the
+    /// number of shards that could not be read.
+    pub fn for_each_shard(
+        &self,
+        deadline: std::time::Instant,
+        mut visit: impl FnMut(&Shard),
+    ) -> u32 {
+        let mut unread = 0;
+        for shard in self.shards.iter() {
+            match lock_until(shard, deadline) {
+                Some(guard) => visit(&guard),
+                None => unread += 1,
+            }
+        }
+        unread
+    }
+}
+
+/// `try_lock` with a deadline: aggregation never waits forever on a lock whose holder may be a
+/// thread frozen in a signal handler.
+pub fn lock_until<T>(m: &Mutex<T>, deadline: std::time::Instant) -> Option<MutexGuard<'_, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if std::time::Instant::now() >= deadline {
+                    return None;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+}

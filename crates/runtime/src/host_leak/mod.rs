@@ -1,0 +1,11 @@
+//! Host heap leak detection: the window, its sharded ledger, and the report at close.
+
+pub mod aggregate;
+pub mod block_table;
+pub mod hashing;
+pub mod ledger;
+pub mod overflow;
+pub mod settings;
+pub mod stack_table;
+pub mod striped;
+pub mod window;

@@ -1,0 +1,87 @@
+//! The detection window's lifecycle. At most one window is open per process; hooks find its
+//! ledger through one atomic pointer, so a closed window costs them a single load.
+//!
+//! ```text
+//!   (no window) --open--> Open --close--> (no window, report written)
+//!        ^                  |
+//!        +----fork child----+   (the child drops the window without touching its locks)
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::aggregate;
+use super::ledger::Ledger;
+use super::settings::WindowSettings;
+use crate::log;
+
+static ACTIVE: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
+static LAST_STAGE: AtomicU32 = AtomicU32::new(0);
+
+/// How long window-close aggregation may wait for ledger locks (SPEC §8).
+pub const AGGREGATION_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The open window's ledger.
+#[inline(always)]
+pub fn active() -> Option<&'static Ledger> {
+    let ptr = ACTIVE.load(Ordering::Acquire);
+    // SAFETY: a published ledger is leaked and never freed (a hook on another thread may still
+    // hold it after the window closed), so the reference stays valid.
+    unsafe { ptr.as_ref() }
+}
+
+/// Opens a window with `settings`; returns its stage number, or `None` if one is open.
+pub fn open(settings: WindowSettings) -> Option<u32> {
+    let stage = LAST_STAGE.load(Ordering::Relaxed) + 1;
+    let ledger = Box::into_raw(Box::new(Ledger::new(settings, stage)));
+    if ACTIVE
+        .compare_exchange(
+            std::ptr::null_mut(),
+            ledger,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // SAFETY: never published, so nothing else refers to it.
+        drop(unsafe { Box::from_raw(ledger) });
+        return None;
+    }
+    LAST_STAGE.store(stage, Ordering::Relaxed);
+    log::info(&format!("host-leak window {stage} opened"));
+    Some(stage)
+}
+
+/// Closes the open window and writes its report into `run_dir/host_leak/`. Returns the path
+/// of the overview, or `None` when no window was open or writing failed (logged).
+pub fn close(run_dir: &Path) -> Option<PathBuf> {
+    let ptr = ACTIVE.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: see `active`: ledgers are never freed.
+    let ledger = unsafe { ptr.as_ref() }?;
+    let deadline = Instant::now() + AGGREGATION_DEADLINE;
+    let (report, details) = aggregate::build_report(ledger, deadline, false);
+    match aggregate::write_report(run_dir, &report, details.as_deref()) {
+        Ok(path) => {
+            log::info(&format!(
+                "host-leak window {} closed: {}",
+                ledger.stage,
+                path.display()
+            ));
+            Some(path)
+        }
+        Err(e) => {
+            log::error(&format!(
+                "host-leak window {}: cannot write the report: {e}",
+                ledger.stage
+            ));
+            None
+        }
+    }
+}
+
+/// In a forked child: forget the window without touching its locks (another thread of the
+/// parent may have held one at the moment of the fork). The child is not tracked.
+pub fn detach_after_fork() {
+    ACTIVE.store(std::ptr::null_mut(), Ordering::Release);
+}

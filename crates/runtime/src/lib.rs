@@ -1,0 +1,20 @@
+//! msmemscope's runtime library, preloaded into the target process. It holds all in-process
+//! state: the allocation hooks, the host-leak window and its ledger, stack capture, and the
+//! report written when the window closes.
+//!
+//! Rules for everything under `hooks/`: no allocation through the hooked allocator (the global
+//! allocator below calls glibc's `__libc_*` functions), a per-thread reentrancy guard, ledger
+//! removal before the real `free`/`realloc`, and no way to fail loudly.
+
+mod clock;
+mod guard;
+pub mod hooks;
+pub mod host_leak;
+mod libc_heap;
+mod lifecycle;
+mod log;
+mod private_alloc;
+pub mod unwind;
+
+#[global_allocator]
+static GLOBAL: private_alloc::LibcDirect = private_alloc::LibcDirect;

@@ -1,0 +1,121 @@
+//! Start and end of the runtime inside the target: the ELF constructor reads the launcher's
+//! configuration and opens the window; an `atexit` handler registered from the constructor
+//! closes it. Registered this early, it runs after every handler the program registers later,
+//! and after the loader has run the libraries' destructors, so their frees still count.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use msmemscope_core::config::RunConfig;
+use msmemscope_core::launch_env;
+
+use crate::guard::Entered;
+use crate::host_leak::settings::{CapOverrides, WindowSettings};
+use crate::host_leak::window;
+use crate::log;
+use crate::unwind::{capture, modules};
+
+/// The run this process belongs to, when it was started by the launcher.
+pub struct Run {
+    pub dir: PathBuf,
+    pub config: RunConfig,
+    pub caps: CapOverrides,
+}
+
+static RUN: OnceLock<Run> = OnceLock::new();
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+extern "C" fn on_load() {
+    // Allocations libc makes for us here (environment edits) are not the program's.
+    let Some(_entered) = Entered::try_enter() else {
+        return;
+    };
+    let Some(run) = take_launch_environment() else {
+        return;
+    };
+    log::init(&run.dir, run.config.log_level);
+    mark_own_code();
+    if !run.config.host_leaks() {
+        log::warning("config.json asks for no analysis this runtime performs; staying passive");
+        return;
+    }
+    modules::refresh(true);
+    let settings = WindowSettings::new(&run.config, &run.caps);
+    let run = RUN.get_or_init(|| run);
+    let _ = run;
+    // SAFETY: registering plain extern "C" functions with libc.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        libc::atexit(at_exit);
+    }
+    window::open(settings);
+}
+
+/// Reads and removes the launcher's variables. `None` (and nothing removed) unless this process
+/// is the launcher's direct child: a program the target execs inherits `LD_PRELOAD` but is not
+/// tracked.
+fn take_launch_environment() -> Option<Run> {
+    let dir = std::env::var_os(launch_env::RUN_DIR)?;
+    let launcher: i32 = std::env::var(launch_env::LAUNCHER_PID).ok()?.parse().ok()?;
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != launcher {
+        return None;
+    }
+    let caps = CapOverrides::from_env();
+    // SAFETY: the constructor runs before main, while the process is single-threaded.
+    unsafe {
+        match std::env::var_os(launch_env::ORIGINAL_LD_PRELOAD) {
+            Some(original) => std::env::set_var("LD_PRELOAD", original),
+            None => std::env::remove_var("LD_PRELOAD"),
+        }
+        for name in [
+            launch_env::RUN_DIR,
+            launch_env::LAUNCHER_PID,
+            launch_env::ORIGINAL_LD_PRELOAD,
+            crate::host_leak::settings::ENV_BLOCK_CAP,
+            crate::host_leak::settings::ENV_OVERFLOW_CAP,
+            crate::host_leak::settings::ENV_STACK_CAP,
+            crate::host_leak::settings::ENV_TOP_N,
+        ] {
+            std::env::remove_var(name);
+        }
+    }
+    let dir = PathBuf::from(dir);
+    let text = std::fs::read_to_string(dir.join(launch_env::CONFIG_FILE)).ok()?;
+    let config = RunConfig::from_json(&text).ok()?;
+    Some(Run { dir, config, caps })
+}
+
+/// Records this library's code range, so stack capture can skip the hook's own frames.
+fn mark_own_code() {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let here = on_load as *const libc::c_void;
+    // SAFETY: dladdr reads loader tables; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 {
+        return;
+    }
+    let base = info.dli_fbase as u64;
+    modules::refresh(true);
+    for m in modules::seen_modules() {
+        if m.start <= here as u64 && (here as u64) < m.end {
+            capture::set_own_code_range(m.start..m.end);
+            return;
+        }
+    }
+    let _ = base;
+}
+
+extern "C" fn at_exit() {
+    let Some(run) = RUN.get() else { return };
+    let Some(_entered) = Entered::try_enter() else {
+        return;
+    };
+    window::close(&run.dir);
+}
+
+extern "C" fn after_fork_in_child() {
+    window::detach_after_fork();
+}

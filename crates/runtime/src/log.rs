@@ -1,0 +1,58 @@
+//! The runtime's log: `msmemscope_logs/runtime_{pid}.log` in the run directory. Never the
+//! target's stdout or stderr, whose output must stay as it was.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+use msmemscope_core::config::LogLevel;
+use msmemscope_core::time_fmt::utc_timestamp;
+
+struct Sink {
+    file: std::fs::File,
+    level: LogLevel,
+}
+
+static SINK: Mutex<Option<Sink>> = Mutex::new(None);
+
+pub fn init(run_dir: &Path, level: LogLevel) {
+    let path = run_dir
+        .join(msmemscope_core::launch_env::LOG_DIR)
+        .join(format!("runtime_{}.log", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    if let (Ok(file), Ok(mut sink)) = (file, SINK.lock()) {
+        *sink = Some(Sink { file, level });
+    }
+}
+
+fn write(level: LogLevel, tag: &str, message: &str) {
+    let Ok(mut sink) = SINK.lock() else { return };
+    if let Some(sink) = sink.as_mut() {
+        if level >= sink.level {
+            let now = utc_timestamp(crate::clock::realtime_ns());
+            let _ = writeln!(sink.file, "{now} [{tag}] {message}");
+        }
+    }
+}
+
+pub fn debug(message: &str) {
+    write(LogLevel::Debug, "DEBUG", message)
+}
+
+pub fn info(message: &str) {
+    write(LogLevel::Info, "INFO", message)
+}
+
+pub fn warning(message: &str) {
+    write(LogLevel::Warning, "WARNING", message)
+}
+
+pub fn error(message: &str) {
+    write(LogLevel::Error, "ERROR", message)
+}

@@ -1,0 +1,7 @@
+//! Call-stack capture inside allocation hooks: DWARF CFI rules cached per return address
+//! (framehop), with frame pointers only as the fallback for code without unwind tables.
+
+pub mod capture;
+pub mod modules;
+
+pub use capture::{capture_stack, CapturedStack, MAX_FRAMES};
