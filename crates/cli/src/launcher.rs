@@ -69,10 +69,6 @@ pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
         .env("LD_PRELOAD", preload)
         .env(launch_env::RUN_DIR, &dir)
         .env(launch_env::LAUNCHER_PID, std::process::id().to_string());
-    match &original {
-        Some(original) => command.env(launch_env::ORIGINAL_LD_PRELOAD, original),
-        None => command.env_remove(launch_env::ORIGINAL_LD_PRELOAD),
-    };
 
     let mut child = match command.spawn() {
         Ok(child) => child,

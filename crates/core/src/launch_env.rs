@@ -1,13 +1,10 @@
 //! The environment the launcher hands to the target and the runtime library reads back at
-//! start. The runtime removes these variables again, so the program (and anything it starts)
-//! sees the environment it would have had without msmemscope.
+//! start.
 
 /// The run directory `{output}/msmemscope_{PID}_{ts}/`, holding `config.json`.
 pub const RUN_DIR: &str = "MSMEMSCOPE_RUN_DIR";
 /// The launcher's pid: only its direct child is tracked, not processes the program execs later.
 pub const LAUNCHER_PID: &str = "MSMEMSCOPE_LAUNCHER_PID";
-/// `LD_PRELOAD` as the user had it, restored in the target (absent when it was unset).
-pub const ORIGINAL_LD_PRELOAD: &str = "MSMEMSCOPE_ORIGINAL_LD_PRELOAD";
 /// The config file's name inside the run directory.
 pub const CONFIG_FILE: &str = "config.json";
 /// The log directory's name inside the run directory.

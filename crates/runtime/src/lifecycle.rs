@@ -54,9 +54,10 @@ extern "C" fn on_load() {
     window::open(settings);
 }
 
-/// Reads and removes the launcher's variables. `None` (and nothing removed) unless this process
-/// is the launcher's direct child: a program the target execs inherits `LD_PRELOAD` but is not
-/// tracked.
+/// Reads the launcher's variables. `None` unless this process is the launcher's direct child:
+/// a program the target starts inherits `LD_PRELOAD` but is not tracked. The variables stay in
+/// the environment, so that a target which execs the real program (a shell script, a version
+/// shim, `env`) is followed into it: the new image is still the launcher's child.
 fn take_launch_environment() -> Option<Run> {
     let dir = std::env::var_os(launch_env::RUN_DIR)?;
     let launcher: i32 = std::env::var(launch_env::LAUNCHER_PID).ok()?.parse().ok()?;
@@ -65,24 +66,6 @@ fn take_launch_environment() -> Option<Run> {
         return None;
     }
     let caps = CapOverrides::from_env();
-    // SAFETY: the constructor runs before main, while the process is single-threaded.
-    unsafe {
-        match std::env::var_os(launch_env::ORIGINAL_LD_PRELOAD) {
-            Some(original) => std::env::set_var("LD_PRELOAD", original),
-            None => std::env::remove_var("LD_PRELOAD"),
-        }
-        for name in [
-            launch_env::RUN_DIR,
-            launch_env::LAUNCHER_PID,
-            launch_env::ORIGINAL_LD_PRELOAD,
-            crate::host_leak::settings::ENV_BLOCK_CAP,
-            crate::host_leak::settings::ENV_OVERFLOW_CAP,
-            crate::host_leak::settings::ENV_STACK_CAP,
-            crate::host_leak::settings::ENV_TOP_N,
-        ] {
-            std::env::remove_var(name);
-        }
-    }
     let dir = PathBuf::from(dir);
     let text = std::fs::read_to_string(dir.join(launch_env::CONFIG_FILE)).ok()?;
     let config = RunConfig::from_json(&text).ok()?;

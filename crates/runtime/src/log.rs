@@ -41,10 +41,6 @@ fn write(level: LogLevel, tag: &str, message: &str) {
     }
 }
 
-pub fn debug(message: &str) {
-    write(LogLevel::Debug, "DEBUG", message)
-}
-
 pub fn info(message: &str) {
     write(LogLevel::Info, "INFO", message)
 }

@@ -24,7 +24,9 @@ fn real_dlclose() -> Option<DlcloseFn> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, DlcloseFn>(addr) })
 }
 
-#[no_mangle]
+/// # Safety
+/// As C's `dlclose`: `handle` came from `dlopen`.
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(real) = real_dlclose() else {
         return -1;

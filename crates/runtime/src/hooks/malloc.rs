@@ -1,4 +1,8 @@
 //! The malloc family. `malloc_usable_size` is deliberately not hooked: it passes through.
+//!
+//! Each function has the contract of its C namesake (the caller passes what C allows); the
+//! symbols are exported only outside unit tests, so the test harness keeps glibc's allocator.
+#![allow(clippy::missing_safety_doc)]
 
 use libc::{c_int, c_void, size_t};
 
@@ -33,21 +37,21 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
     real(ptr)
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let ptr = __libc_malloc(size);
     record_alloc(ptr, size);
     ptr
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
     let ptr = __libc_calloc(count, size);
     record_alloc(ptr, count.wrapping_mul(size));
     ptr
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
     // SAFETY: forwards the caller's pointer to glibc's free, as the caller asked.
     free_with(ptr, |p| unsafe { __libc_free(p) })
@@ -56,7 +60,7 @@ pub unsafe extern "C" fn free(ptr: *mut c_void) {
 /// `realloc` is a free of the old block and an allocation of the new one. The old block leaves
 /// the ledger before the real call; if the call fails the old block is still allocated and is
 /// put back.
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     if ptr.is_null() {
         return malloc(size);
@@ -81,7 +85,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     new
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn reallocarray(
     ptr: *mut c_void,
     count: size_t,
@@ -96,13 +100,13 @@ pub unsafe extern "C" fn reallocarray(
     }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn posix_memalign(
     out: *mut *mut c_void,
     align: size_t,
     size: size_t,
 ) -> c_int {
-    if !align.is_power_of_two() || align % std::mem::size_of::<*mut c_void>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
     let saved_errno = *libc::__errno_location();
@@ -116,7 +120,7 @@ pub unsafe extern "C" fn posix_memalign(
     0
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if !align.is_power_of_two() {
         *libc::__errno_location() = libc::EINVAL;
@@ -127,21 +131,21 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
     ptr
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     let ptr = __libc_memalign(align, size);
     record_alloc(ptr, size);
     ptr
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     let ptr = __libc_valloc(size);
     record_alloc(ptr, size);
     ptr
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     let ptr = __libc_pvalloc(size);
     record_alloc(ptr, size);

@@ -83,7 +83,7 @@ fn walk(out: &mut CapturedStack) -> bool {
     };
     let own = OWN_CODE.get().cloned().unwrap_or(0..0);
     let mut read_stack = |addr: u64| {
-        if addr >= low && addr.saturating_add(8) <= high && addr % 8 == 0 {
+        if addr >= low && addr.saturating_add(8) <= high && addr.is_multiple_of(8) {
             // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
             Ok(unsafe { *(addr as *const u64) })
         } else {

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds everything and runs the bundled leaky C program under host-leak detection; the report
+# is printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet
+mkdir -p target/demo
+gcc -O2 -g -fomit-frame-pointer -pthread -o target/demo/leaky examples/leaky.c
+exec bin/msmemscope --analysis=host-leaks --output-path=target/demo/results target/demo/leaky
