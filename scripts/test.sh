@@ -3,6 +3,15 @@
 # the end-to-end tests run real programs under the preloaded runtime library).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The shell-wrapper tests run bash and zsh.
+if ! command -v zsh >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq zsh >/dev/null
+    else
+        echo "zsh is needed by the tests: sudo apt-get install zsh" >&2
+        exit 1
+    fi
+fi
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 cargo build --release --workspace
