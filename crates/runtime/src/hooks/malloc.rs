@@ -71,10 +71,11 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     let Some(entered) = Entered::try_enter() else {
         return __libc_realloc(ptr, size);
     };
+    let generation = ledger.stacks.generation();
     let taken = ledger.take(ptr as usize);
     let new = __libc_realloc(ptr, size);
     if new.is_null() && size != 0 {
-        ledger.restore(ptr as usize, taken);
+        ledger.restore(ptr as usize, taken, generation);
         return new;
     }
     ledger.settle_free(ptr as usize, taken);

@@ -63,12 +63,9 @@ pub fn build_report(
     unread += unread_stacks;
 
     let mut allocations = overflow_allocations;
-    let mut frees = overflow_frees;
-    allocations.merge(unknown.allocated);
-    frees.merge(unknown.freed);
+    allocations.merge(unknown);
     for s in &stacks {
-        allocations.merge(s.stats.allocated);
-        frees.merge(s.stats.freed);
+        allocations.merge(s.allocated);
     }
 
     let mut sites: Vec<LeakSite> = Vec::new();
@@ -81,8 +78,8 @@ pub fn build_report(
         sites.push(LeakSite {
             stack_id: Some(s.id),
             unfreed,
-            allocated: s.stats.allocated,
-            freed: s.stats.freed,
+            allocated: s.allocated,
+            freed: minus(s.allocated, unfreed),
             frames: Vec::new(),
         });
     }
@@ -90,8 +87,8 @@ pub fn build_report(
         sites.push(LeakSite {
             stack_id: None,
             unfreed,
-            allocated: unknown.allocated,
-            freed: unknown.freed,
+            allocated: unknown,
+            freed: minus(unknown, unfreed),
             frames: Vec::new(),
         });
     }
@@ -133,6 +130,8 @@ pub fn build_report(
     for cb in unfreed_by_stack.values() {
         unfreed.merge(*cb);
     }
+    // Every tracked block is either still in the ledger or was freed.
+    let frees = minus(allocations, unfreed);
     let mut prewindow_free_sizes = SizeHistogram::default();
     let mut prewindow_frees = CountBytes::default();
     for (i, stripe) in ledger.prewindow_frees.iter().enumerate() {
@@ -186,6 +185,13 @@ pub fn build_report(
         top_n,
     };
     (report, details)
+}
+
+fn minus(a: CountBytes, b: CountBytes) -> CountBytes {
+    CountBytes {
+        count: a.count.saturating_sub(b.count),
+        bytes: a.bytes.saturating_sub(b.bytes),
+    }
 }
 
 /// Symbolizes each distinct return address once and counts coverage over reported frames.

@@ -24,15 +24,6 @@ pub struct BlockTable {
     per_shard_cap: usize,
 }
 
-pub enum Insert {
-    Inserted,
-    /// The address was still in the table: its free was never seen. The stale block is returned
-    /// so its stack's counts can be corrected.
-    Replaced(Block),
-    /// The shard holds its share of the cap.
-    Full,
-}
-
 impl BlockTable {
     pub fn new(cap: u64) -> BlockTable {
         let per_shard_cap = (cap as usize).div_ceil(SHARDS).max(1);
@@ -44,30 +35,19 @@ impl BlockTable {
         }
     }
 
-    pub fn per_shard_cap(&self) -> usize {
-        self.per_shard_cap
+    /// Whether `shard` holds its share of the cap (and so cannot take `ptr`).
+    #[inline]
+    pub fn is_full(&self, shard: &Shard, ptr: usize) -> bool {
+        shard.len() >= self.per_shard_cap && !shard.contains_key(&ptr)
     }
 
+    /// Locks the shard that holds `ptr`.
     #[inline]
-    fn shard(&self, ptr: usize) -> MutexGuard<'_, Shard> {
+    pub fn shard(&self, ptr: usize) -> MutexGuard<'_, Shard> {
         let index = (mix((ptr >> 4) as u64) >> 58) as usize;
         // A panic never happens while a shard is held, but a poisoned lock must not stop
         // accounting in someone else's process.
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Inserts under the shard lock; `before_insert` runs under that lock too (it interns the
-    /// stack) only when there is room, so a full shard leaves no trace in the stack table.
-    #[inline]
-    pub fn insert_with(&self, ptr: usize, make: impl FnOnce() -> Block) -> Insert {
-        let mut shard = self.shard(ptr);
-        if shard.len() >= self.per_shard_cap && !shard.contains_key(&ptr) {
-            return Insert::Full;
-        }
-        match shard.insert(ptr, make()) {
-            None => Insert::Inserted,
-            Some(stale) => Insert::Replaced(stale),
-        }
     }
 
     #[inline]

@@ -6,14 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
 
-use super::block_table::{Block, BlockTable, Insert};
+use super::block_table::{Block, BlockTable};
 use super::hashing::mix;
 use super::overflow::OverflowLedger;
 use super::settings::WindowSettings;
-use super::stack_table::StackTable;
+use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
+use super::thread_stacks;
 use crate::clock::realtime_ns;
 use crate::unwind::{capture_stack, CapturedStack};
+
+/// After a recycling pass that freed nothing, wait this long before scanning again.
+const RECYCLE_RETRY_MS: u64 = 50;
 
 pub struct Ledger {
     pub settings: WindowSettings,
@@ -30,6 +34,7 @@ pub struct Ledger {
     pub untracked_sampled: StripedCountBytes,
     pub frees_untracked: StripedCountBytes,
     pub prewindow_frees: [StripedCountBytes; 7],
+    last_failed_recycle_ms: AtomicU64,
     /// Blocks found still in the table when their address was handed out again: their free
     /// happened where no hook saw it.
     pub missed_frees: AtomicU64,
@@ -65,6 +70,7 @@ impl Ledger {
             frees_untracked: StripedCountBytes::default(),
             prewindow_frees: std::array::from_fn(|_| StripedCountBytes::default()),
             missed_frees: AtomicU64::new(0),
+            last_failed_recycle_ms: AtomicU64::new(0),
         }
     }
 
@@ -107,25 +113,93 @@ impl Ledger {
         let mut stack = CapturedStack::empty();
         capture_stack(&mut stack);
         let ts = realtime_ns();
-        let inserted = self.blocks.insert_with(ptr, || Block {
-            size,
-            alloc_ts_ns: ts,
-            stack: self.stacks.on_alloc(&stack, size, ts),
-        });
-        match inserted {
-            Insert::Inserted => {}
-            Insert::Replaced(stale) => {
-                self.stacks.on_free(stale.stack, stale.size);
-                self.missed_frees.fetch_add(1, Ordering::Relaxed);
-            }
-            Insert::Full => {
+        let mut may_recycle = true;
+        loop {
+            let mut shard = self.blocks.shard(ptr);
+            if self.blocks.is_full(&shard, ptr) {
+                drop(shard);
                 self.truncation
                     .fetch_or(truncation::BLOCK_TABLE_FULL, Ordering::Relaxed);
                 if !self.overflow.insert(ptr, size) {
                     self.stop(ts);
                 }
+                return;
             }
+            // A stack id is taken and used under the block shard lock, with the stack table
+            // stable (even generation): a recycling pass cannot free the id meanwhile.
+            let generation = self.stacks.generation();
+            if !generation.is_multiple_of(2) {
+                drop(shard);
+                std::thread::yield_now();
+                continue;
+            }
+            let id = if stack.len == 0 {
+                UNKNOWN_STACK
+            } else if let Some(id) = thread_stacks::lookup(&stack, generation) {
+                id
+            } else {
+                match self.stacks.intern(&stack) {
+                    Interned::Id(id) => {
+                        thread_stacks::remember(&stack, id, generation);
+                        id
+                    }
+                    Interned::Full if may_recycle => {
+                        drop(shard);
+                        may_recycle = false;
+                        if self.recycle_dead_stacks() == 0 {
+                            self.stacks.mark_full_without_dead();
+                        }
+                        continue;
+                    }
+                    Interned::Full => UNKNOWN_STACK,
+                }
+            };
+            self.stacks.count_alloc(id, size, ts);
+            if shard
+                .insert(
+                    ptr,
+                    Block {
+                        size,
+                        alloc_ts_ns: ts,
+                        stack: id,
+                    },
+                )
+                .is_some()
+            {
+                // The address was still recorded: its free happened where no hook saw it.
+                self.missed_frees.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
         }
+    }
+
+    /// Frees the stack-table entries of stacks with no live block. Rate-limited: after a pass
+    /// that freed nothing, the next waits `RECYCLE_RETRY_MS`. Returns how many were freed.
+    fn recycle_dead_stacks(&self) -> u64 {
+        let now = crate::clock::coarse_millis();
+        let last = self.last_failed_recycle_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < RECYCLE_RETRY_MS {
+            return 0;
+        }
+        if !self.stacks.begin_recycling() {
+            return 0;
+        }
+        let mut live = vec![false; self.stacks.slots_in_use_bound()];
+        // No deadline: hooks hold a shard only for a table operation.
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        self.blocks.for_each_shard(far, |shard| {
+            for block in shard.values() {
+                if let Some(flag) = live.get_mut(block.stack as usize) {
+                    *flag = true;
+                }
+            }
+        });
+        let freed = self.stacks.finish_recycling(&live);
+        if freed == 0 {
+            self.last_failed_recycle_ms
+                .store(now.max(1), Ordering::Relaxed);
+        }
+        freed
     }
 
     fn stop(&self, ts: u64) {
@@ -158,8 +232,7 @@ impl Ledger {
     #[inline]
     pub fn settle_free(&self, ptr: usize, taken: Taken) {
         match taken {
-            Taken::Block(block) => self.stacks.on_free(block.stack, block.size),
-            Taken::Overflow(_) => {}
+            Taken::Block(_) | Taken::Overflow(_) => {}
             Taken::NotFound { usable } => {
                 if !self.sampled(ptr) || usable < self.settings.block_size_threshold {
                     // Most likely a block below the threshold, allocated in the window. The
@@ -175,9 +248,15 @@ impl Ledger {
     }
 
     /// Puts back what [`Ledger::take`] removed, when the `realloc` that followed failed.
-    pub fn restore(&self, ptr: usize, taken: Taken) {
+    pub fn restore(&self, ptr: usize, taken: Taken, block_generation: u64) {
         match taken {
-            Taken::Block(block) => self.blocks.restore(ptr, block),
+            Taken::Block(mut block) => {
+                // The block was out of the table while its stack may have been recycled.
+                if self.stacks.generation() != block_generation {
+                    block.stack = UNKNOWN_STACK;
+                }
+                self.blocks.restore(ptr, block)
+            }
             Taken::Overflow(size) => self.overflow.restore(ptr, size),
             Taken::NotFound { .. } | Taken::Ignored => {}
         }

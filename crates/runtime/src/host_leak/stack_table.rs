@@ -1,9 +1,11 @@
-//! The stack table: one entry per distinct stack key (first 20 frames) with the stack's
-//! allocation, free and live counts. Capped; when full, stacks whose blocks are all freed
-//! ("dead") are recycled and their history folded into the unknown bucket; when none is dead,
-//! new stacks go to the unknown bucket.
+//! The stack table: one entry per distinct stack key (first 20 frames) and, per entry, how many
+//! blocks and bytes were allocated from it. Unfreed counts come from the block table when the
+//! window closes (and freed = allocated - unfreed), so a free never touches this table.
 //!
-//! A stack id carries its shard in the low 6 bits and its slot above them.
+//! Counters are striped per thread and updated with relaxed atomics, so threads allocating from
+//! the same stack do not share a cache line. Capped: when full, stacks with no live block
+//! ("dead") are recycled (see `Ledger::recycle_dead_stacks`) and their history is folded into
+//! the unknown bucket; when none is dead, new stacks go to the unknown bucket.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -17,38 +19,13 @@ use super::block_table::lock_until;
 use super::hashing::FastHash;
 use crate::unwind::{CapturedStack, MAX_FRAMES};
 
+/// The unknown bucket's id.
 pub const UNKNOWN_STACK: u32 = u32::MAX;
-const SHARD_BITS: u32 = 6;
-const SHARDS: usize = 1 << SHARD_BITS;
-/// After a recycling pass found nothing, wait this long before scanning again.
-const RECYCLE_RETRY_MS: u64 = 50;
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StackStats {
-    pub allocated: CountBytes,
-    pub freed: CountBytes,
-    pub live: CountBytes,
-    pub last_alloc_ns: u64,
-}
-
-impl StackStats {
-    #[inline]
-    fn on_alloc(&mut self, size: u64, ts: u64) {
-        self.allocated.add(size);
-        self.live.add(size);
-        self.last_alloc_ns = ts;
-    }
-
-    #[inline]
-    fn on_free(&mut self, size: u64) {
-        self.freed.add(size);
-        self.live.count = self.live.count.saturating_sub(1);
-        self.live.bytes = self.live.bytes.saturating_sub(size);
-    }
-}
+const SHARDS: usize = 64;
+const STRIPES: usize = 4;
 
 #[derive(Clone, Copy)]
-struct StackKey(CapturedStack);
+pub struct StackKey(pub CapturedStack);
 
 impl PartialEq for StackKey {
     fn eq(&self, other: &Self) -> bool {
@@ -64,155 +41,199 @@ impl Hash for StackKey {
     }
 }
 
+#[repr(align(32))]
 #[derive(Default)]
-struct Shard {
-    index: HashMap<StackKey, u32, FastHash>,
-    slots: Vec<StackStats>,
-    free_slots: Vec<u32>,
+struct Stripe {
+    count: AtomicU64,
+    bytes: AtomicU64,
+    last_alloc_ns: AtomicU64,
+}
+
+/// One stack's allocation counters.
+#[derive(Default)]
+struct SlotCounters {
+    stripes: [Stripe; STRIPES],
+}
+
+impl SlotCounters {
+    #[inline]
+    fn add(&self, size: u64, ts: u64) {
+        let stripe = &self.stripes[super::striped::stripe_index() % STRIPES];
+        stripe.count.fetch_add(1, Ordering::Relaxed);
+        stripe.bytes.fetch_add(size, Ordering::Relaxed);
+        stripe.last_alloc_ns.store(ts, Ordering::Relaxed);
+    }
+
+    fn sum(&self) -> (CountBytes, u64) {
+        let mut total = CountBytes::default();
+        let mut last = 0;
+        for s in &self.stripes {
+            total.count += s.count.load(Ordering::Relaxed);
+            total.bytes += s.bytes.load(Ordering::Relaxed);
+            last = last.max(s.last_alloc_ns.load(Ordering::Relaxed));
+        }
+        (total, last)
+    }
+
+    fn reset(&self) {
+        for s in &self.stripes {
+            s.count.store(0, Ordering::Relaxed);
+            s.bytes.store(0, Ordering::Relaxed);
+            s.last_alloc_ns.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What interning found.
+pub enum Interned {
+    Id(u32),
+    /// The table is at its cap.
+    Full,
 }
 
 /// A stack as the window-close aggregation sees it.
 pub struct StackRecord {
     pub id: u32,
     pub frames: Vec<u64>,
-    pub stats: StackStats,
+    pub allocated: CountBytes,
+    pub last_alloc_ns: u64,
 }
 
 pub struct StackTable {
-    shards: Box<[Mutex<Shard>]>,
+    index: Box<[Mutex<HashMap<StackKey, u32, FastHash>>]>,
+    counters: Box<[SlotCounters]>,
+    unknown: SlotCounters,
+    /// Slot allocation: fresh slots from `next_slot`, recycled ones from `free_slots`.
+    free_slots: Mutex<Vec<u32>>,
+    next_slot: AtomicU64,
     cap: u64,
-    entries: AtomicU64,
     interned: AtomicU64,
     recycled: AtomicU64,
-    unknown: Mutex<StackStats>,
+    folded: Mutex<CountBytes>,
     unattributed_allocs: AtomicU64,
     full_without_dead: AtomicBool,
-    last_failed_recycle_ms: AtomicU64,
+    /// Even while stable, odd while dead stacks are being recycled. Readers that see it even
+    /// while holding a block-table shard lock may use a stack id they looked up earlier.
+    generation: AtomicU64,
 }
 
 impl StackTable {
     pub fn new(cap: u64) -> StackTable {
         StackTable {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            index: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
+                .collect(),
+            // Zeroed and committed by the kernel only where touched.
+            counters: (0..cap).map(|_| SlotCounters::default()).collect(),
+            unknown: SlotCounters::default(),
+            free_slots: Mutex::new(Vec::new()),
+            next_slot: AtomicU64::new(0),
             cap,
-            entries: AtomicU64::new(0),
             interned: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
-            unknown: Mutex::new(StackStats::default()),
+            folded: Mutex::new(CountBytes::default()),
             unattributed_allocs: AtomicU64::new(0),
             full_without_dead: AtomicBool::new(false),
-            last_failed_recycle_ms: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
-        self.shards[shard].lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_index(&self, shard: usize) -> MutexGuard<'_, HashMap<StackKey, u32, FastHash>> {
+        self.index[shard].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn lock_unknown(&self) -> MutexGuard<'_, StackStats> {
-        self.unknown.lock().unwrap_or_else(|e| e.into_inner())
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
-    /// Counts an allocation of `size` bytes against `stack` and returns the stack's id.
-    pub fn on_alloc(&self, stack: &CapturedStack, size: u64, ts: u64) -> u32 {
-        if stack.len == 0 {
-            return self.to_unknown(size, ts);
-        }
+    /// Finds or creates the id of `stack`. Call only while the generation is even.
+    pub fn intern(&self, stack: &CapturedStack) -> Interned {
         let key = StackKey(*stack);
-        let shard_index = (FastHash.hash_one(key) as usize) & (SHARDS - 1);
-        for attempt in 0..2 {
-            let mut shard = self.lock(shard_index);
-            if let Some(&slot) = shard.index.get(&key) {
-                shard.slots[slot as usize].on_alloc(size, ts);
-                return (slot << SHARD_BITS) | shard_index as u32;
-            }
-            if self.reserve_entry() {
-                let slot = match shard.free_slots.pop() {
-                    Some(slot) => slot,
-                    None => {
-                        shard.slots.push(StackStats::default());
-                        (shard.slots.len() - 1) as u32
-                    }
-                };
-                let mut stats = StackStats::default();
-                stats.on_alloc(size, ts);
-                shard.slots[slot as usize] = stats;
-                shard.index.insert(key, slot);
-                self.interned.fetch_add(1, Ordering::Relaxed);
-                return (slot << SHARD_BITS) | shard_index as u32;
-            }
-            drop(shard);
-            if attempt == 0 && !self.recycle_dead() {
-                break;
-            }
+        let shard = (FastHash.hash_one(key) as usize) % SHARDS;
+        let mut index = self.lock_index(shard);
+        if let Some(&id) = index.get(&key) {
+            return Interned::Id(id);
         }
-        self.full_without_dead.store(true, Ordering::Relaxed);
-        self.to_unknown(size, ts)
+        let Some(slot) = self.take_slot() else {
+            return Interned::Full;
+        };
+        index.insert(key, slot);
+        self.interned.fetch_add(1, Ordering::Relaxed);
+        Interned::Id(slot)
     }
 
-    fn to_unknown(&self, size: u64, ts: u64) -> u32 {
-        self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
-        self.lock_unknown().on_alloc(size, ts);
-        UNKNOWN_STACK
-    }
-
-    /// Counts the free of a block of `size` bytes that was allocated from stack `id`.
-    pub fn on_free(&self, id: u32, size: u64) {
-        if id == UNKNOWN_STACK {
-            self.lock_unknown().on_free(size);
-            return;
+    fn take_slot(&self) -> Option<u32> {
+        if let Some(slot) = self.free_slots.lock().ok().and_then(|mut f| f.pop()) {
+            return Some(slot);
         }
-        let mut shard = self.lock((id as usize) & (SHARDS - 1));
-        if let Some(stats) = shard.slots.get_mut((id >> SHARD_BITS) as usize) {
-            stats.on_free(size);
-        }
-    }
-
-    fn reserve_entry(&self) -> bool {
-        self.entries
+        self.next_slot
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < self.cap).then_some(n + 1)
             })
-            .is_ok()
+            .ok()
+            .map(|n| n as u32)
     }
 
-    /// Frees the entries of stacks with no live block, folding their counts into the unknown
-    /// bucket. Returns whether any entry was freed.
-    fn recycle_dead(&self) -> bool {
-        let now = crate::clock::coarse_millis();
-        let last = self.last_failed_recycle_ms.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < RECYCLE_RETRY_MS {
-            return false;
+    /// Counts an allocation against `id` (or the unknown bucket).
+    #[inline]
+    pub fn count_alloc(&self, id: u32, size: u64, ts: u64) {
+        match self.counters.get(id as usize) {
+            Some(counters) => counters.add(size, ts),
+            None => {
+                self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
+                self.unknown.add(size, ts)
+            }
         }
-        let mut freed = 0u64;
-        for i in 0..SHARDS {
-            let mut shard = self.lock(i);
-            let Shard {
-                index,
-                slots,
-                free_slots,
-            } = &mut *shard;
-            index.retain(|_, slot| {
-                let stats = slots[*slot as usize];
-                if stats.live.count > 0 {
+    }
+
+    pub fn mark_full_without_dead(&self) {
+        self.full_without_dead.store(true, Ordering::Relaxed);
+    }
+
+    /// Starts a recycling pass: from now on no new block may take a stack id (see `generation`).
+    /// Returns false when another pass is running.
+    pub fn begin_recycling(&self) -> bool {
+        let g = self.generation.load(Ordering::Acquire);
+        g.is_multiple_of(2)
+            && self
+                .generation
+                .compare_exchange(g, g + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    /// Frees every interned stack whose slot is not in `live`, folding its counts into the
+    /// unknown bucket, and ends the pass. Returns how many were freed.
+    pub fn finish_recycling(&self, live: &[bool]) -> u64 {
+        let mut freed_slots = Vec::new();
+        let mut folded = CountBytes::default();
+        for shard in 0..SHARDS {
+            self.lock_index(shard).retain(|_, slot| {
+                if live.get(*slot as usize).copied().unwrap_or(true) {
                     return true;
                 }
-                let mut unknown = self.lock_unknown();
-                unknown.allocated.merge(stats.allocated);
-                unknown.freed.merge(stats.freed);
-                free_slots.push(*slot);
-                freed += 1;
+                let counters = &self.counters[*slot as usize];
+                folded.merge(counters.sum().0);
+                counters.reset();
+                freed_slots.push(*slot);
                 false
             });
         }
-        if freed == 0 {
-            self.last_failed_recycle_ms
-                .store(now.max(1), Ordering::Relaxed);
-            return false;
+        let freed = freed_slots.len() as u64;
+        if let Ok(mut f) = self.folded.lock() {
+            f.merge(folded);
         }
-        self.entries.fetch_sub(freed, Ordering::Relaxed);
+        if let Ok(mut free) = self.free_slots.lock() {
+            free.extend(freed_slots);
+        }
         self.recycled.fetch_add(freed, Ordering::Relaxed);
-        true
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        freed
+    }
+
+    /// Slots handed out so far: the size of a liveness map.
+    pub fn slots_in_use_bound(&self) -> usize {
+        self.next_slot.load(Ordering::Relaxed) as usize
     }
 
     pub fn table_full_without_dead(&self) -> bool {
@@ -235,30 +256,31 @@ impl StackTable {
         self.cap
     }
 
-    /// Copies out every stack and the unknown bucket. Returns the number of unread shards.
-    pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, StackStats, u32) {
+    /// Copies out every stack with its counters, and the unknown bucket's allocations (direct
+    /// and folded from recycled stacks). Returns the number of unread index shards.
+    pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, CountBytes, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
-        for (i, shard) in self.shards.iter().enumerate() {
-            let Some(shard) = lock_until(shard, deadline) else {
+        for shard in self.index.iter() {
+            let Some(index) = lock_until(shard, deadline) else {
                 unread += 1;
                 continue;
             };
-            for (key, &slot) in &shard.index {
+            for (key, &slot) in index.iter() {
+                let (allocated, last_alloc_ns) = self.counters[slot as usize].sum();
                 records.push(StackRecord {
-                    id: (slot << SHARD_BITS) | i as u32,
+                    id: slot,
                     frames: key.0.as_slice().to_vec(),
-                    stats: shard.slots[slot as usize],
+                    allocated,
+                    last_alloc_ns,
                 });
             }
         }
-        let unknown = match lock_until(&self.unknown, deadline) {
-            Some(u) => *u,
-            None => {
-                unread += 1;
-                StackStats::default()
-            }
-        };
+        let mut unknown = self.unknown.sum().0;
+        match lock_until(&self.folded, deadline) {
+            Some(folded) => unknown.merge(*folded),
+            None => unread += 1,
+        }
         (records, unknown, unread)
     }
 }

@@ -46,7 +46,7 @@ impl StripedCountBytes {
 
 /// A stripe per thread, chosen from the address of a thread-local (distinct per thread).
 #[inline]
-fn stripe_index() -> usize {
+pub fn stripe_index() -> usize {
     thread_local! { static MARKER: u8 = const { 0 }; }
     let addr = MARKER.with(|m| m as *const u8 as usize);
     (super::hashing::mix(addr as u64) as usize) % STRIPES

@@ -5,6 +5,7 @@ use std::cell::{Cell, UnsafeCell};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
 
+use super::memo::{Memo, MemoKey, ReadLog};
 use super::modules;
 
 /// Frames kept per stack: the stack key (SPEC §8, K = 20).
@@ -30,11 +31,17 @@ impl CapturedStack {
     }
 }
 
-type Cache = CacheX86_64<MustNotAllocateDuringUnwind>;
+type RuleCache = CacheX86_64<MustNotAllocateDuringUnwind>;
+
+/// Everything a thread keeps for unwinding, in one thread-local slot.
+struct ThreadUnwinder {
+    rules: RuleCache,
+    memo: Memo,
+}
 
 thread_local! {
-    // The rule cache is per thread: lookups need `&mut`, and threads never share one.
-    static CACHE: UnsafeCell<Option<Box<Cache>>> = const { UnsafeCell::new(None) };
+    // Per thread: lookups need `&mut`, and threads never share one.
+    static THREAD: UnsafeCell<Option<Box<ThreadUnwinder>>> = const { UnsafeCell::new(None) };
     // [low, high) of this thread's stack; (0, 0) until first asked.
     static STACK_BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
@@ -81,55 +88,105 @@ fn walk(out: &mut CapturedStack) -> bool {
     let Some((low, high)) = stack_bounds(sp) else {
         return false;
     };
-    let own = OWN_CODE.get().cloned().unwrap_or(0..0);
-    let mut read_stack = |addr: u64| {
-        if addr >= low && addr.saturating_add(8) <= high && addr.is_multiple_of(8) {
-            // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
-            Ok(unsafe { *(addr as *const u64) })
-        } else {
-            Err(())
-        }
+    let key = MemoKey {
+        snapshot: snapshot as *const _ as usize,
+        sp,
+        bp: bp_key(bp, low, high),
     };
-    CACHE
+    THREAD
         .try_with(|cell| {
             // SAFETY: the cell is only touched by this thread, and never re-entered (the guard
             // keeps hooks from running inside this function).
             let slot = unsafe { &mut *cell.get() };
-            let cache = slot.get_or_insert_with(|| Box::new(Cache::new_in()));
-            let mut frames = snapshot.unwinder.iter_frames(
-                pc,
-                UnwindRegsX86_64::new(pc, sp, bp),
-                cache,
-                &mut read_stack,
-            );
-            let mut skipping_own = true;
-            let mut met_unknown = false;
-            let mut last = 0;
-            loop {
-                match frames.next() {
-                    Ok(Some(frame)) => {
-                        let address = frame.address();
-                        last = address;
-                        if skipping_own && own.contains(&address) {
-                            continue;
-                        }
-                        if skipping_own && !snapshot.covers(address) {
-                            // The allocator's direct caller is in an unscanned library.
-                            met_unknown = true;
-                        }
-                        skipping_own = false;
-                        out.frames[out.len] = address;
-                        out.len += 1;
-                        if out.len == MAX_FRAMES {
-                            return met_unknown;
-                        }
-                    }
-                    Ok(None) => return met_unknown,
-                    Err(_) => return met_unknown || (last != 0 && !snapshot.covers(last)),
-                }
+            let thread = slot.get_or_insert_with(|| {
+                Box::new(ThreadUnwinder {
+                    rules: RuleCache::new_in(),
+                    memo: Memo::new(),
+                })
+            });
+            if thread.memo.lookup(&key, out) {
+                return false;
             }
+            let mut reads = ReadLog::new();
+            let mut read_stack = |addr: u64| {
+                if addr >= low && addr.saturating_add(8) <= high && addr.is_multiple_of(8) {
+                    // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
+                    let value = unsafe { *(addr as *const u64) };
+                    reads.push(addr, value);
+                    Ok(value)
+                } else {
+                    reads.push_failed();
+                    Err(())
+                }
+            };
+            let met_unknown = unwind(
+                snapshot,
+                &mut thread.rules,
+                pc,
+                sp,
+                bp,
+                &mut read_stack,
+                out,
+            );
+            if !met_unknown {
+                thread.memo.store(key, &reads, out);
+            }
+            met_unknown
         })
         .unwrap_or(false)
+}
+
+/// The full walk with framehop. Returns whether it met an address outside every module.
+fn unwind(
+    snapshot: &modules::Snapshot,
+    rules: &mut RuleCache,
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
+    out: &mut CapturedStack,
+) -> bool {
+    let own = OWN_CODE.get().cloned().unwrap_or(0..0);
+    let mut frames =
+        snapshot
+            .unwinder
+            .iter_frames(pc, UnwindRegsX86_64::new(pc, sp, bp), rules, read_stack);
+    let mut skipping_own = true;
+    let mut met_unknown = false;
+    let mut last = 0;
+    loop {
+        match frames.next() {
+            Ok(Some(frame)) => {
+                let address = frame.address();
+                last = address;
+                if skipping_own && own.contains(&address) {
+                    continue;
+                }
+                if skipping_own && !snapshot.covers(address) {
+                    // The allocator's direct caller is in an unscanned library.
+                    met_unknown = true;
+                }
+                skipping_own = false;
+                out.frames[out.len] = address;
+                out.len += 1;
+                if out.len == MAX_FRAMES {
+                    return met_unknown;
+                }
+            }
+            Ok(None) => return met_unknown,
+            Err(_) => return met_unknown || (last != 0 && !snapshot.covers(last)),
+        }
+    }
+}
+
+/// The initial frame pointer matters to the unwinder only as an address it may read: values
+/// outside the stack behave alike (every read of them fails), so they share one key.
+fn bp_key(bp: u64, low: u64, high: u64) -> u64 {
+    if bp == 0 || (low <= bp && bp < high) {
+        bp
+    } else {
+        u64::MAX
+    }
 }
 
 /// This thread's stack range, or `None` when `sp` lies outside it (an alternate signal stack or

@@ -2,6 +2,7 @@
 //! (framehop), with frame pointers only as the fallback for code without unwind tables.
 
 pub mod capture;
+mod memo;
 pub mod modules;
 
 pub use capture::{capture_stack, CapturedStack, MAX_FRAMES};
