@@ -1,7 +1,9 @@
 //! The runtime's global allocator: glibc's `__libc_*` functions directly, so the runtime's own
 //! data structures never re-enter the hooks (and never show up in the user's report).
 
-use crate::libc_heap::{__libc_free, __libc_malloc, __libc_memalign, __libc_realloc};
+use crate::libc_heap::{
+    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc,
+};
 use std::alloc::{GlobalAlloc, Layout};
 
 /// glibc's malloc returns memory aligned to 16 bytes on 64-bit targets.
@@ -17,6 +19,20 @@ unsafe impl GlobalAlloc for LibcDirect {
             __libc_malloc(layout.size()) as *mut u8
         } else {
             __libc_memalign(layout.align(), layout.size()) as *mut u8
+        }
+    }
+
+    /// calloc hands out fresh mmap'd memory for large requests, so big zeroed tables cost no
+    /// resident memory until touched.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MALLOC_ALIGN {
+            __libc_calloc(1, layout.size()) as *mut u8
+        } else {
+            let ptr = self.alloc(layout);
+            if !ptr.is_null() {
+                std::ptr::write_bytes(ptr, 0, layout.size());
+            }
+            ptr
         }
     }
 

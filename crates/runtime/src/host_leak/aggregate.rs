@@ -39,7 +39,7 @@ pub fn build_report(
                 .add(block.size);
             unfreed_sizes.add(block.size);
             if event_mode {
-                raw_blocks.push((ptr, block.size, block.alloc_ts_ns, block.stack));
+                raw_blocks.push((ptr, block.size, ledger.alloc_ns(block), block.stack));
             }
         }
     });

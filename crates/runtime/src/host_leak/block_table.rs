@@ -9,13 +9,17 @@ use super::hashing::{mix, FastHash};
 
 pub const SHARDS: usize = 64;
 
-/// A live block: what the report needs about it.
+/// A live block: what the report needs about it. Kept small: the table holds one per live
+/// allocation of the program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Block {
     pub size: u64,
-    pub alloc_ts_ns: u64,
+    /// Milliseconds from the window's start (the clock is a coarse one anyway).
+    pub alloc_ms: u32,
     pub stack: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<Block>() == 16);
 
 pub type Shard = HashMap<usize, Block, FastHash>;
 

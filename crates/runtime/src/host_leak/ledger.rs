@@ -81,6 +81,17 @@ impl Ledger {
         self.sample_mask == 0 || (mix(ptr as u64 >> 4) >> 24) & self.sample_mask == 0
     }
 
+    /// Milliseconds from the window's start to `ts` (saturating after 49 days).
+    #[inline]
+    fn window_ms(&self, ts: u64) -> u32 {
+        (ts.saturating_sub(self.start_ns) / 1_000_000).min(u32::MAX as u64) as u32
+    }
+
+    /// The wall-clock time of a block's allocation.
+    pub fn alloc_ns(&self, block: &Block) -> u64 {
+        self.start_ns + block.alloc_ms as u64 * 1_000_000
+    }
+
     pub fn truncation_bits(&self) -> u32 {
         let mut bits = self.truncation.load(Ordering::Relaxed);
         if self.stacks.table_full_without_dead() {
@@ -160,7 +171,7 @@ impl Ledger {
                     ptr,
                     Block {
                         size,
-                        alloc_ts_ns: ts,
+                        alloc_ms: self.window_ms(ts),
                         stack: id,
                     },
                 )

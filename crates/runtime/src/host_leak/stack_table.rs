@@ -123,8 +123,7 @@ impl StackTable {
             index: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
                 .collect(),
-            // Zeroed and committed by the kernel only where touched.
-            counters: (0..cap).map(|_| SlotCounters::default()).collect(),
+            counters: zeroed_counters(cap as usize),
             unknown: SlotCounters::default(),
             free_slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
@@ -283,6 +282,14 @@ impl StackTable {
         }
         (records, unknown, unread)
     }
+}
+
+/// A zeroed counter array straight from calloc: the kernel commits pages only where a stack's
+/// counters are touched, so the cap's worth of slots costs nothing up front.
+fn zeroed_counters(len: usize) -> Box<[SlotCounters]> {
+    let zeroed = Box::<[SlotCounters]>::new_zeroed_slice(len);
+    // SAFETY: SlotCounters is atomics only, for which all-zero bytes are valid zero values.
+    unsafe { zeroed.assume_init() }
 }
 
 const _: () = assert!(MAX_FRAMES <= u8::MAX as usize);

@@ -1,0 +1,1456 @@
+//! End-to-end host leak detection (SPEC §8): the real `msmemscope-cli` launches C fixture
+//! programs (tests/fixtures/host_leaks.c, tests/fixtures/dl_leaker.c, built here with gcc) with
+//! the preloaded runtime, and the tests check the written overview / block detail against the
+//! fixtures' known heap behaviour, exactly where it is knowable.
+//!
+//! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
+//! and gcc on PATH.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+const RUNTIME_LIB: &str = "libmsmemscope_runtime.so";
+/// Every run is killed (and the test fails) after this long.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+// ------------------------------------------------------------------------------------------
+// Scratch directories and fixture builds
+
+/// A fresh directory under the system temp dir, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "msmemscope-host-leaks-{}-{}-{}",
+            tag,
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Fixtures {
+    prog: PathBuf,
+    dl_lib: PathBuf,
+}
+
+fn fixture_src(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn gcc(args: &[&str]) {
+    let out = Command::new("gcc")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run gcc (needed to build the C fixtures): {e}"));
+    assert!(
+        out.status.success(),
+        "gcc {:?} failed:\n{}",
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `target/tmp/host_leaks_fixtures-{pid}`: statics are never dropped, so the build directory
+/// outlives the process; directories left by earlier test processes (no longer running) are
+/// removed here.
+fn fixture_build_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    if let Ok(entries) = std::fs::read_dir(root) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix("host_leaks_fixtures-") else {
+                continue;
+            };
+            let Ok(pid) = pid.parse::<i32>() else {
+                continue;
+            };
+            // SAFETY: signal 0 only checks whether the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = root.join(format!("host_leaks_fixtures-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create fixture build dir");
+    dir
+}
+
+/// Builds the fixtures once per test process (tests run in parallel threads; the OnceLock
+/// serialises the build) and checks that the runtime library is where the CLI looks for it.
+fn fixtures() -> &'static Fixtures {
+    static F: OnceLock<Fixtures> = OnceLock::new();
+    F.get_or_init(|| {
+        let lib = Path::new(BIN).parent().unwrap().join(RUNTIME_LIB);
+        assert!(
+            lib.is_file(),
+            "{} is missing next to {}: run `cargo build --release` first, then \
+             `cargo test --release -p msmemscope-cli --test host_leaks`",
+            RUNTIME_LIB,
+            BIN
+        );
+        let dir = fixture_build_dir();
+        let prog = dir.join("host_leaks");
+        let dl_lib = dir.join("libdl_leaker.so");
+        let src = fixture_src("host_leaks.c");
+        let dl_src = fixture_src("dl_leaker.c");
+        gcc(&[
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-pthread",
+            src.to_str().unwrap(),
+            "-o",
+            prog.to_str().unwrap(),
+            "-ldl",
+        ]);
+        gcc(&[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-fomit-frame-pointer",
+            "-g",
+            dl_src.to_str().unwrap(),
+            "-o",
+            dl_lib.to_str().unwrap(),
+        ]);
+        Fixtures { prog, dl_lib }
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Running
+
+/// Runs `cmd` with piped stdout/stderr in its own process group; kills the group and fails
+/// the test if it runs longer than [`RUN_TIMEOUT`].
+fn output_with_timeout(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.process_group(0);
+    let mut child = cmd.spawn().expect("spawn");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status: ExitStatus = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if start.elapsed() > RUN_TIMEOUT {
+            // SAFETY: signalling the process group this function created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{:?} did not finish within {:?} (hang?)", cmd, RUN_TIMEOUT);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+/// The fixture program on its own, without the tool.
+fn run_plain(args: &[&str]) -> Output {
+    let mut cmd = Command::new(&fixtures().prog);
+    cmd.args(args).env_remove("LD_PRELOAD");
+    output_with_timeout(cmd)
+}
+
+/// One run of the fixture under `msmemscope-cli --analysis=host-leaks`.
+struct Run {
+    scratch: Scratch,
+    out: Output,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+
+    /// The single run directory `OUT/msmemscope_{pid}_{stamp}`.
+    fn run_dir(&self) -> PathBuf {
+        let out = self.scratch.path().join("out");
+        let dirs: Vec<PathBuf> = std::fs::read_dir(&out)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "no output dir {}: {e}\nstderr:\n{}",
+                    out.display(),
+                    self.stderr()
+                )
+            })
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("msmemscope_")
+            })
+            .collect();
+        assert_eq!(
+            dirs.len(),
+            1,
+            "expected exactly one run directory, got {dirs:?}"
+        );
+        dirs.into_iter().next().unwrap()
+    }
+
+    fn host_leak_files(&self) -> Vec<String> {
+        let dir = self.run_dir().join("host_leak");
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("no {}: {e}\nstderr:\n{}", dir.display(), self.stderr()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn overview_text(&self) -> String {
+        let path = self.run_dir().join("host_leak/leak_overview_1.txt");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "cannot read {}: {e}\nstderr:\n{}",
+                path.display(),
+                self.stderr()
+            )
+        })
+    }
+
+    fn overview(&self) -> Overview {
+        Overview::parse(&self.overview_text())
+    }
+}
+
+/// Runs the fixture with `tool_args` before it and `env` set (the MSMEMSCOPE_HOST_* knobs
+/// are cleared first, then MSMEMSCOPE_HOST_TOP_N=1024 unless `env` sets it).
+fn run_tool(tool_args: &[&str], env: &[(&str, &str)], target: &[&str]) -> Run {
+    run_tool_cmd(tool_args, env, fixtures().prog.to_str().unwrap(), target)
+}
+
+fn run_tool_cmd(tool_args: &[&str], env: &[(&str, &str)], prog: &str, target: &[&str]) -> Run {
+    let scratch = Scratch::new("run");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--analysis=host-leaks")
+        .args(tool_args)
+        .arg("-o")
+        .arg(scratch.path().join("out"))
+        .arg(prog)
+        .args(target)
+        .current_dir(scratch.path())
+        .env_remove("LD_PRELOAD");
+    for k in [
+        "MSMEMSCOPE_HOST_BLOCK_CAP",
+        "MSMEMSCOPE_HOST_OVERFLOW_CAP",
+        "MSMEMSCOPE_HOST_STACK_CAP",
+        "MSMEMSCOPE_HOST_TOP_N",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd.env("MSMEMSCOPE_HOST_TOP_N", "1024");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = output_with_timeout(cmd);
+    Run { scratch, out }
+}
+
+// ------------------------------------------------------------------------------------------
+// The overview, parsed
+
+/// `(blocks, bytes)`.
+type Counts = (u64, u64);
+/// `(unfreed, allocated, freed)` of a site or of all sites of one function.
+type SiteTotals = (Counts, Counts, Counts);
+
+#[derive(Debug, Clone, PartialEq)]
+struct Site {
+    label: String,
+    unfreed: (u64, u64),
+    allocated: (u64, u64),
+    freed: (u64, u64),
+    frames: Vec<String>,
+}
+
+impl Site {
+    /// The function name of the first frame (`function file:line` / `function (module+0x..)`).
+    fn first_function(&self) -> &str {
+        self.frames
+            .first()
+            .map(|f| f.split(' ').next().unwrap())
+            .unwrap_or("")
+    }
+}
+
+#[derive(Debug)]
+struct Overview {
+    text: String,
+    /// `Key: value` lines of the Data Health Analysis section.
+    health: BTreeMap<String, String>,
+    total_unfreed: (u64, u64),
+    /// `of which in the overflow channel (no stack): N blocks, B bytes`, if present.
+    overflow_unfreed: (u64, u64),
+    unfreed_dist: Vec<(String, u64, u64)>,
+    pre_window_dist: Vec<(String, u64, u64)>,
+    /// `(shown, with_unfreed)` from the TOP header.
+    top_shown: (u64, u64),
+    sites: Vec<Site>,
+}
+
+fn num(s: &str) -> u64 {
+    s.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number: {s:?}"))
+}
+
+/// `N (B bytes)` at the start of `s`.
+fn count_bytes(s: &str) -> (u64, u64) {
+    let s = s.trim();
+    let (n, rest) = s
+        .split_once(" (")
+        .unwrap_or_else(|| panic!("no `N (B bytes)` in {s:?}"));
+    let b = rest
+        .split_once(" bytes)")
+        .unwrap_or_else(|| panic!("no `bytes)` in {s:?}"))
+        .0;
+    (num(n), num(b))
+}
+
+/// `N / B` (from `unfreed N blocks / B bytes` etc.).
+fn slash_pair(s: &str) -> (u64, u64) {
+    let (a, b) = s
+        .split_once(" / ")
+        .unwrap_or_else(|| panic!("no ` / ` in {s:?}"));
+    let a = a.trim().split(' ').next().unwrap();
+    let b = b.trim().split(' ').next().unwrap();
+    (num(a), num(b))
+}
+
+impl Overview {
+    fn parse(text: &str) -> Overview {
+        let mut health = BTreeMap::new();
+        let mut total_unfreed = None;
+        let mut overflow_unfreed = (0, 0);
+        let mut unfreed_dist = Vec::new();
+        let mut pre_window_dist = Vec::new();
+        let mut top_shown = None;
+        let mut sites: Vec<Site> = Vec::new();
+        let mut section = String::new();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines
+                .first()
+                .is_some_and(|l| l.starts_with("====== Host Leak Overview: stage=1, pid=")),
+            "bad header in:\n{text}"
+        );
+        for line in &lines[1..] {
+            if line.starts_with("--- ") {
+                section = line.to_string();
+                if section.starts_with("--- TOP ") {
+                    // --- TOP 1024 Leak Sites (by unfreed bytes; X of Y sites with unfreed blocks shown) ---
+                    let inner = section.split_once("; ").expect("TOP header").1;
+                    let (x, rest) = inner.split_once(" of ").expect("TOP header X of Y");
+                    let y = rest.split(' ').next().unwrap();
+                    top_shown = Some((num(x), num(y)));
+                }
+                continue;
+            }
+            if line.trim().is_empty() {
+                continue;
+            }
+            if section.starts_with("--- Data Health Analysis") {
+                if let Some((k, v)) = line.split_once(": ") {
+                    health.insert(k.to_string(), v.to_string());
+                }
+            } else if section.starts_with("--- Total Unfreed") {
+                if let Some(rest) =
+                    line.strip_prefix("of which in the overflow channel (no stack): ")
+                {
+                    let (n, b) = rest.split_once(" blocks, ").expect("overflow line");
+                    overflow_unfreed = (num(n), num(b.trim_end_matches(" bytes")));
+                } else if total_unfreed.is_none() {
+                    let (n, rest) = line.split_once(" blocks, ").expect("total line");
+                    let b = rest.split(' ').next().unwrap();
+                    total_unfreed = Some((num(n), num(b)));
+                }
+            } else if section.starts_with("--- Unfreed Block Size Distribution")
+                || section.starts_with("--- Pre-Window Free Size Distribution")
+            {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                if cols[0] == "Size" {
+                    continue;
+                }
+                assert_eq!(cols.len(), 4, "bad distribution row {line:?}");
+                let row = (cols[0].to_string(), num(cols[1]), num(cols[2]));
+                if section.starts_with("--- Unfreed") {
+                    unfreed_dist.push(row);
+                } else {
+                    pre_window_dist.push(row);
+                }
+            } else if section.starts_with("--- TOP ") {
+                if let Some(frame) = line.strip_prefix("    ") {
+                    sites
+                        .last_mut()
+                        .expect("frame before site")
+                        .frames
+                        .push(frame.to_string());
+                } else if line.starts_with('#') {
+                    // #1 [stack 21] unfreed 1 blocks / 40000 bytes; allocated 1 / 40000 bytes; freed 0 / 0 bytes
+                    let label =
+                        line[line.find('[').unwrap() + 1..line.find(']').unwrap()].to_string();
+                    let rest = &line[line.find("] ").unwrap() + 2..];
+                    let parts: Vec<&str> = rest.split("; ").collect();
+                    assert_eq!(parts.len(), 3, "bad site line {line:?}");
+                    let unfreed = slash_pair(parts[0].strip_prefix("unfreed ").expect("unfreed"));
+                    let allocated =
+                        slash_pair(parts[1].strip_prefix("allocated ").expect("allocated"));
+                    let freed = slash_pair(parts[2].strip_prefix("freed ").expect("freed"));
+                    sites.push(Site {
+                        label,
+                        unfreed,
+                        allocated,
+                        freed,
+                        frames: Vec::new(),
+                    });
+                }
+            }
+        }
+        let ov = Overview {
+            text: text.to_string(),
+            health,
+            total_unfreed: total_unfreed.unwrap_or_else(|| panic!("no Total Unfreed in:\n{text}")),
+            overflow_unfreed,
+            unfreed_dist,
+            pre_window_dist,
+            top_shown: top_shown.unwrap_or_else(|| panic!("no TOP section in:\n{text}")),
+            sites,
+        };
+        ov.check_consistency();
+        ov
+    }
+
+    fn h(&self, key: &str) -> &str {
+        self.health
+            .get(key)
+            .unwrap_or_else(|| panic!("no Data Health line {key:?} in:\n{}", self.text))
+    }
+
+    fn allocations_tracked(&self) -> (u64, u64) {
+        count_bytes(self.h("Allocations tracked"))
+    }
+
+    fn frees_tracked(&self) -> (u64, u64) {
+        count_bytes(self.h("Frees tracked"))
+    }
+
+    fn truncation_bits(&self) -> u64 {
+        let v = self.h("Truncation");
+        num(v.strip_prefix("bits=").unwrap().split(' ').next().unwrap())
+    }
+
+    /// `Overflow channel: A (B bytes) allocations, F (G bytes) frees (no stacks)`.
+    fn overflow_channel(&self) -> ((u64, u64), (u64, u64)) {
+        let v = self.h("Overflow channel");
+        let (a, f) = v
+            .split_once(" allocations, ")
+            .expect("overflow channel line");
+        (count_bytes(a), count_bytes(f))
+    }
+
+    fn unattributed(&self) -> u64 {
+        num(self
+            .h("Unattributed allocations (unknown bucket)")
+            .split(' ')
+            .next()
+            .unwrap())
+    }
+
+    fn distinct_stacks(&self) -> u64 {
+        num(self.h("Distinct stacks (key = first 20 frames)"))
+    }
+
+    fn recycled(&self) -> u64 {
+        num(self.h("Dead-stack recycling").split(' ').next().unwrap())
+    }
+
+    fn verdict(&self) -> &str {
+        self.h("Verdict")
+    }
+
+    /// Sums of the listed sites whose first frame is `function`: (unfreed, allocated, freed).
+    fn by_function(&self, function: &str) -> Option<SiteTotals> {
+        let mine: Vec<&Site> = self
+            .sites
+            .iter()
+            .filter(|s| s.first_function() == function)
+            .collect();
+        if mine.is_empty() {
+            return None;
+        }
+        let sum = |f: fn(&Site) -> (u64, u64)| {
+            mine.iter()
+                .fold((0, 0), |acc, s| (acc.0 + f(s).0, acc.1 + f(s).1))
+        };
+        Some((sum(|s| s.unfreed), sum(|s| s.allocated), sum(|s| s.freed)))
+    }
+
+    fn expect_function(&self, function: &str) -> SiteTotals {
+        self.by_function(function)
+            .unwrap_or_else(|| panic!("no site with first frame {function} in:\n{}", self.text))
+    }
+
+    /// Invariants that hold for every report.
+    fn check_consistency(&self) {
+        let names: Vec<&str> = self.unfreed_dist.iter().map(|r| r.0.as_str()).collect();
+        let want = [
+            "0-256B",
+            "256B-1kB",
+            "1kB-4kB",
+            "4kB-32kB",
+            "32kB-256kB",
+            "256kB-1MB",
+            ">1MB",
+        ];
+        assert_eq!(names, want, "unfreed size buckets in:\n{}", self.text);
+        let names: Vec<&str> = self.pre_window_dist.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(names, want, "pre-window size buckets in:\n{}", self.text);
+        let dist_sum = self
+            .unfreed_dist
+            .iter()
+            .fold((0, 0), |a, r| (a.0 + r.1, a.1 + r.2));
+        assert_eq!(
+            dist_sum, self.total_unfreed,
+            "size distribution vs Total Unfreed in:\n{}",
+            self.text
+        );
+        let pre_sum = self
+            .pre_window_dist
+            .iter()
+            .fold((0, 0), |a, r| (a.0 + r.1, a.1 + r.2));
+        assert_eq!(
+            pre_sum,
+            count_bytes(self.h("Pre-window frees")),
+            "pre-window distribution vs Pre-window frees in:\n{}",
+            self.text
+        );
+        assert_eq!(
+            self.top_shown.0,
+            self.sites.len() as u64,
+            "TOP header count in:\n{}",
+            self.text
+        );
+        for w in self.sites.windows(2) {
+            assert!(
+                w[0].unfreed.1 >= w[1].unfreed.1,
+                "sites not sorted by unfreed bytes:\n{}",
+                self.text
+            );
+        }
+        for s in &self.sites {
+            assert!(s.unfreed.0 > 0, "listed site without unfreed blocks: {s:?}");
+            assert_eq!(s.allocated.0 - s.freed.0, s.unfreed.0, "site counts {s:?}");
+            assert_eq!(s.allocated.1 - s.freed.1, s.unfreed.1, "site bytes {s:?}");
+            if s.label != "unknown bucket" {
+                assert!(!s.frames.is_empty(), "site without frames {s:?}");
+            }
+        }
+    }
+
+    /// When every site with unfreed blocks is shown: the sites plus the overflow channel make
+    /// up Total Unfreed exactly.
+    fn check_sites_sum_to_total(&self) {
+        assert_eq!(
+            self.top_shown.0, self.top_shown.1,
+            "not all sites shown in:\n{}",
+            self.text
+        );
+        let sum = self.sites.iter().fold(self.overflow_unfreed, |a, s| {
+            (a.0 + s.unfreed.0, a.1 + s.unfreed.1)
+        });
+        assert_eq!(
+            sum, self.total_unfreed,
+            "sites + overflow vs Total Unfreed in:\n{}",
+            self.text
+        );
+    }
+}
+
+fn assert_exited(out: &Output, code: i32, what: &str) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{what}: status {:?}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. Leak sites
+
+#[test]
+fn every_leak_site_is_reported_exactly() {
+    let plain = run_plain(&["sites"]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool(&[], &[], &["sites"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(
+        run.out.stdout, plain.stdout,
+        "target stdout must pass through untouched"
+    );
+    assert_eq!(run.stdout(), "sites done\n");
+
+    // The launcher prints the overview on its stderr, then the report path.
+    let text = run.overview_text();
+    let report = run.run_dir().join("host_leak/leak_overview_1.txt");
+    let stderr = run.stderr();
+    let want_tail = format!("msmemscope: host leak report: {}\n", report.display());
+    assert!(
+        stderr.ends_with(&want_tail),
+        "stderr must end with {want_tail:?}:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(text.trim_end()),
+        "stderr must carry the overview:\n{stderr}"
+    );
+    assert_eq!(
+        run.host_leak_files(),
+        ["leak_overview_1.txt"],
+        "summary mode writes no CSV"
+    );
+
+    let ov = run.overview();
+    assert_eq!(ov.h("Report mode"), "summary");
+    assert_eq!(ov.truncation_bits(), 0);
+    assert_eq!(ov.unattributed(), 0);
+    assert_eq!(ov.overflow_channel(), ((0, 0), (0, 0)));
+    assert_eq!(ov.verdict(), "complete window data");
+    assert_eq!(ov.h("Sample rate"), "1 (every allocation tracked)");
+    assert_eq!(ov.h("Block size threshold"), "0 (all sizes tracked)");
+
+    // (function, unfreed, allocated, freed) — exact, from the fixture's contract.
+    let expected: &[(&str, Counts, Counts, Counts)] = &[
+        ("leak_table_at_start", (1, 40000), (1, 40000), (0, 0)),
+        ("leak_steady_growth", (50, 10000), (50, 10000), (0, 0)),
+        ("leak_posix_memalign", (1, 1000), (1, 1000), (0, 0)),
+        ("leak_aligned_alloc", (1, 2048), (1, 2048), (0, 0)),
+        ("leak_memalign", (1, 3000), (1, 3000), (0, 0)),
+        // valloc / pvalloc record the requested size, not the page-rounded one.
+        ("leak_valloc", (1, 5000), (1, 5000), (0, 0)),
+        ("leak_pvalloc", (1, 6000), (1, 6000), (0, 0)),
+        ("leak_calloc", (1, 7000), (1, 7000), (0, 0)),
+        // The malloc(100) site is fully freed (by the first realloc) and so not listed; the
+        // realloc call site allocated 200+400+800+1600 and freed the first three.
+        ("leak_realloc_chain", (1, 1600), (4, 3000), (3, 1400)),
+        ("thread_leaker_1", (10, 1100), (10, 1100), (0, 0)),
+        ("thread_leaker_2", (20, 4200), (20, 4200), (0, 0)),
+        ("thread_leaker_3", (30, 9300), (30, 9300), (0, 0)),
+        ("thread_leaker_4", (40, 16400), (40, 16400), (0, 0)),
+        ("ring_push", (16, 1920), (100, 12000), (84, 10080)),
+    ];
+    let mut known = (0, 0);
+    for &(function, unfreed, allocated, freed) in expected {
+        let got = ov.expect_function(function);
+        assert_eq!(
+            got,
+            (unfreed, allocated, freed),
+            "site {function} in:\n{text}"
+        );
+        known = (known.0 + unfreed.0, known.1 + unfreed.1);
+    }
+    // Each of the single-call-site leaks is exactly one site.
+    for function in [
+        "leak_table_at_start",
+        "leak_posix_memalign",
+        "leak_aligned_alloc",
+        "leak_memalign",
+        "leak_valloc",
+        "leak_pvalloc",
+        "leak_calloc",
+        "ring_push",
+    ] {
+        let n = ov
+            .sites
+            .iter()
+            .filter(|s| s.first_function() == function)
+            .count();
+        assert_eq!(n, 1, "{function} must be one site in:\n{text}");
+    }
+    // Frames carry file:line of the fixture for the program's own functions.
+    let table = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "leak_table_at_start")
+        .unwrap();
+    assert!(
+        table.frames[0].contains("host_leaks.c:"),
+        "frame {:?}",
+        table.frames[0]
+    );
+    assert!(
+        table.frames.iter().any(|f| f.starts_with("main ")),
+        "no main frame: {:?}",
+        table.frames
+    );
+
+    // Temporaries are not leaks.
+    assert!(
+        ov.by_function("temp_churn").is_none(),
+        "temp_churn listed as a leak site:\n{text}"
+    );
+    for s in &ov.sites {
+        assert!(
+            !s.frames.iter().any(|f| f.starts_with("temp_churn ")),
+            "temp_churn in {s:?}"
+        );
+    }
+    // No stdio buffer: stdout is unbuffered in the fixture.
+    assert!(
+        !text.contains("_IO_file_doallocate"),
+        "unexpected stdio buffer site:\n{text}"
+    );
+
+    ov.check_sites_sum_to_total();
+    assert_eq!(ov.overflow_unfreed, (0, 0));
+    // Whatever else is unfreed (libc thread bookkeeping) is on top of the known leaks.
+    assert!(ov.total_unfreed.0 >= known.0 && ov.total_unfreed.1 >= known.1);
+    // temp_churn: 2000 allocations and frees; ring 100; the known sites above.
+    let tracked = ov.allocations_tracked();
+    assert!(
+        tracked.0 >= 2000 + 100 + 50 + 10 + 5 + 100,
+        "allocations tracked {tracked:?}"
+    );
+    assert_eq!(
+        ov.allocations_tracked().0 - ov.frees_tracked().0,
+        ov.total_unfreed.0,
+        "allocations - frees must equal unfreed blocks in a complete window without sampling:\n{text}"
+    );
+    assert_eq!(
+        ov.allocations_tracked().1 - ov.frees_tracked().1,
+        ov.total_unfreed.1
+    );
+    // Size distribution of the known leaks alone is at least what the fixture puts there.
+    let bucket = |name: &str| {
+        ov.unfreed_dist
+            .iter()
+            .find(|r| r.0 == name)
+            .unwrap()
+            .clone()
+    };
+    assert!(bucket("32kB-256kB").1 >= 1 && bucket("32kB-256kB").2 >= 40000);
+    assert!(
+        bucket("4kB-32kB").1 >= 3,
+        "valloc, pvalloc, calloc: {:?}",
+        bucket("4kB-32kB")
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. Caps lowered by environment
+
+/// The "plain" fixture mode: 605 allocations (53800 bytes), 300 frees (14400 bytes), 305
+/// blocks / 39400 bytes unfreed, from plain_keep (300 / 14400) and plain_big (5 / 25000).
+const PLAIN_STDOUT: &str = "plain done: 305 blocks kept\n";
+
+#[test]
+fn plain_mode_counts_are_exact() {
+    let run = run_tool(&[], &[], &["plain"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), PLAIN_STDOUT);
+    let ov = run.overview();
+    assert_eq!(ov.allocations_tracked(), (605, 53800));
+    assert_eq!(ov.frees_tracked(), (300, 14400));
+    assert_eq!(ov.total_unfreed, (305, 39400));
+    assert_eq!(ov.truncation_bits(), 0);
+    assert_eq!(ov.expect_function("plain_keep").0, (300, 14400));
+    assert_eq!(ov.expect_function("plain_big").0, (5, 25000));
+    assert!(ov.by_function("plain_drop").is_none());
+    assert_eq!(
+        ov.sites.len(),
+        2,
+        "only plain_keep and plain_big leak:\n{}",
+        ov.text
+    );
+    ov.check_sites_sum_to_total();
+    let bucket = |name: &str| {
+        ov.unfreed_dist
+            .iter()
+            .find(|r| r.0 == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(bucket("0-256B"), ("0-256B".into(), 300, 14400));
+    assert_eq!(bucket("4kB-32kB"), ("4kB-32kB".into(), 5, 25000));
+}
+
+#[test]
+fn block_table_overflow_keeps_totals_exact() {
+    let plain = run_plain(&["plain"]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool(&[], &[("MSMEMSCOPE_HOST_BLOCK_CAP", "64")], &["plain"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.out.stdout, plain.stdout);
+    assert_eq!(run.stdout(), PLAIN_STDOUT);
+    let ov = run.overview();
+    assert_eq!(
+        ov.truncation_bits() & 1,
+        1,
+        "bit0 must be set:\n{}",
+        ov.text
+    );
+    assert_eq!(
+        ov.truncation_bits() & 4,
+        0,
+        "accounting must not stop:\n{}",
+        ov.text
+    );
+    let (ovf_alloc, ovf_free) = ov.overflow_channel();
+    assert!(ovf_alloc.0 > 0, "overflow allocations:\n{}", ov.text);
+    // Same totals as without caps.
+    assert_eq!(ov.allocations_tracked(), (605, 53800));
+    assert_eq!(ov.frees_tracked(), (300, 14400));
+    assert_eq!(
+        ov.total_unfreed,
+        (305, 39400),
+        "Total Unfreed must stay exact:\n{}",
+        ov.text
+    );
+    assert_eq!(
+        ov.overflow_unfreed,
+        (ovf_alloc.0 - ovf_free.0, ovf_alloc.1 - ovf_free.1),
+        "overflow unfreed vs overflow channel counts:\n{}",
+        ov.text
+    );
+    ov.check_sites_sum_to_total();
+    assert!(
+        !ov.verdict().contains("not usable"),
+        "verdict {:?}",
+        ov.verdict()
+    );
+}
+
+#[test]
+fn overflow_ledger_full_stops_accounting_and_says_so() {
+    let plain = run_plain(&["plain"]);
+    let run = run_tool(
+        &[],
+        &[
+            ("MSMEMSCOPE_HOST_BLOCK_CAP", "64"),
+            ("MSMEMSCOPE_HOST_OVERFLOW_CAP", "10"),
+        ],
+        &["plain"],
+    );
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.out.status.code(), plain.status.code());
+    assert_eq!(run.out.stdout, plain.stdout);
+    let ov = run.overview();
+    let bits = ov.truncation_bits();
+    assert_eq!(bits & 5, 5, "bit0 and bit2 must be set:\n{}", ov.text);
+    assert!(
+        ov.h("Truncation").contains("bit2"),
+        "{:?}",
+        ov.h("Truncation")
+    );
+    assert!(
+        ov.verdict().contains("not usable as a leak conclusion"),
+        "verdict {:?}",
+        ov.verdict()
+    );
+    assert!(ov.text.contains("not usable as a leak conclusion"));
+    // The prefix recorded is less than the whole run.
+    assert!(
+        ov.allocations_tracked().0 < 605,
+        "{:?}",
+        ov.allocations_tracked()
+    );
+    ov.check_sites_sum_to_total();
+}
+
+#[test]
+fn stack_table_cap_unknown_bucket_and_recycling() {
+    // deep_alloc at recursion depths 0..15: 16 distinct stacks (all shorter than 20 frames).
+    let base = run_tool(&[], &[], &["stacks", "keep", "16"]).overview();
+    assert_eq!(base.distinct_stacks(), 16, "\n{}", base.text);
+    assert_eq!(base.expect_function("deep_alloc").0, (16, 512));
+    assert_eq!(base.truncation_bits(), 0);
+
+    // All blocks kept: no dead stack to recycle; stacks past the cap go to the unknown bucket.
+    let keep = run_tool(
+        &[],
+        &[("MSMEMSCOPE_HOST_STACK_CAP", "4")],
+        &["stacks", "keep", "16"],
+    );
+    assert_exited(&keep.out, 0, "tool run");
+    assert_eq!(keep.stdout(), "stacks done\n");
+    let ov = keep.overview();
+    assert_eq!(
+        ov.truncation_bits() & 2,
+        2,
+        "bit1 must be set:\n{}",
+        ov.text
+    );
+    assert_eq!(ov.distinct_stacks(), 4, "\n{}", ov.text);
+    assert_eq!(ov.unattributed(), 12, "\n{}", ov.text);
+    assert_eq!(ov.recycled(), 0);
+    let unknown = ov
+        .sites
+        .iter()
+        .find(|s| s.label == "unknown bucket")
+        .expect("unknown bucket site");
+    assert_eq!(unknown.unfreed, (12, 384));
+    assert_eq!(ov.expect_function("deep_alloc").0, (4, 128));
+    assert_eq!(ov.total_unfreed, (16, 512));
+    ov.check_sites_sum_to_total();
+
+    // All blocks freed at once: every stack is dead when the next one comes, so each new stack
+    // past the cap recycles one.
+    let free = run_tool(
+        &[],
+        &[("MSMEMSCOPE_HOST_STACK_CAP", "4")],
+        &["stacks", "free", "16"],
+    );
+    assert_exited(&free.out, 0, "tool run");
+    let ov = free.overview();
+    assert_eq!(
+        ov.truncation_bits() & 2,
+        0,
+        "no stack was refused:\n{}",
+        ov.text
+    );
+    assert_eq!(ov.recycled(), 12, "\n{}", ov.text);
+    assert_eq!(ov.distinct_stacks(), 16, "\n{}", ov.text);
+    assert_eq!(ov.total_unfreed, (0, 0));
+    assert_eq!(ov.allocations_tracked(), (16, 512));
+    assert_eq!(ov.frees_tracked(), (16, 512));
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. Threshold and sampling
+
+/// The "sizes" mode: 37 blocks of 100 bytes (20 kept), 8 blocks of 2000 bytes (5 kept).
+#[test]
+fn block_size_threshold_untracked_counts() {
+    let all = run_tool(&[], &[], &["sizes"]).overview();
+    assert_eq!(all.allocations_tracked(), (45, 19700));
+    assert_eq!(all.frees_tracked(), (20, 7700));
+    assert_eq!(all.total_unfreed, (25, 12000));
+    assert_eq!(
+        all.expect_function("size_small"),
+        ((20, 2000), (37, 3700), (17, 1700))
+    );
+    assert_eq!(
+        all.sites.len(),
+        2,
+        "one site each for size_small and size_large:\n{}",
+        all.text
+    );
+    assert_eq!(
+        all.expect_function("size_large"),
+        ((5, 10000), (8, 16000), (3, 6000))
+    );
+
+    let run = run_tool(&["--block-size-threshold=1024"], &[], &["sizes"]);
+    assert_exited(&run.out, 0, "tool run");
+    let ov = run.overview();
+    assert_eq!(
+        ov.h("Block size threshold"),
+        "1024 bytes -- untracked below threshold: 37 (3700 bytes)",
+        "\n{}",
+        ov.text
+    );
+    assert_eq!(ov.allocations_tracked(), (8, 16000));
+    assert_eq!(ov.frees_tracked(), (3, 6000));
+    assert_eq!(ov.total_unfreed, (5, 10000));
+    assert_eq!(ov.sites.len(), 1, "only the large site:\n{}", ov.text);
+    assert_eq!(
+        ov.expect_function("size_large"),
+        ((5, 10000), (8, 16000), (3, 6000))
+    );
+    assert!(ov.by_function("size_small").is_none());
+    ov.check_sites_sum_to_total();
+    let cfg = std::fs::read_to_string(run.run_dir().join("config.json")).unwrap();
+    assert!(
+        cfg.contains("\"block_size_threshold\": 1024"),
+        "config.json:\n{cfg}"
+    );
+}
+
+#[test]
+fn sample_rate_is_rounded_and_reported() {
+    let unsampled = run_tool(&[], &[], &["plain"]).overview();
+    let run = run_tool(&["--sample-rate=3"], &[], &["plain"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), PLAIN_STDOUT);
+    let ov = run.overview();
+    let line = ov.h("Sample rate");
+    let prefix = "4, requested 3 -- SAMPLED VIEW";
+    assert!(line.starts_with(prefix), "Sample rate line {line:?}");
+    // ...; untracked: N (B bytes), F frees
+    let untracked = line
+        .split_once("untracked: ")
+        .unwrap_or_else(|| panic!("no untracked in {line:?}"))
+        .1;
+    let (alloc_part, free_part) = untracked.split_once("), ").unwrap();
+    let untracked_alloc = count_bytes(&format!("{alloc_part})"));
+    let untracked_frees = num(free_part
+        .strip_suffix(" frees")
+        .unwrap_or_else(|| panic!("{line:?}")));
+    let tracked = ov.allocations_tracked();
+    assert_eq!(
+        tracked.0 + untracked_alloc.0,
+        605,
+        "tracked + untracked allocations: {line:?}"
+    );
+    assert_eq!(
+        tracked.1 + untracked_alloc.1,
+        53800,
+        "tracked + untracked bytes: {line:?}"
+    );
+    // A free the sampler skips is not looked up, so the program's 300 frees and the frees of
+    // blocks from before the window (counted as pre-window frees in an unsampled run) add up
+    // over tracked, untracked and pre-window frees.
+    let pre_window_all = count_bytes(unsampled.h("Pre-window frees")).0;
+    let pre_window = count_bytes(ov.h("Pre-window frees")).0;
+    assert_eq!(
+        ov.frees_tracked().0 + untracked_frees + pre_window,
+        300 + pre_window_all,
+        "tracked + untracked + pre-window frees: {line:?}"
+    );
+    assert!(
+        tracked.0 > 0 && untracked_alloc.0 > 0,
+        "a 1/4 sample of 605: {line:?}"
+    );
+    // Sampled unfreed never exceeds the real unfreed.
+    assert!(ov.total_unfreed.0 <= 305 && ov.total_unfreed.1 <= 39400);
+    ov.check_sites_sum_to_total();
+    for s in &ov.sites {
+        assert!(
+            ["plain_keep", "plain_big"].contains(&s.first_function()),
+            "{s:?}"
+        );
+    }
+    let cfg = std::fs::read_to_string(run.run_dir().join("config.json")).unwrap();
+    assert!(cfg.contains("\"sample_rate\": 4"), "config.json:\n{cfg}");
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. Event mode
+
+/// RFC 4180: fields separated by commas, records by CRLF or LF, quoted fields may contain
+/// commas, line breaks and doubled quotes. Panics on malformed input.
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let mut records = Vec::new();
+    let mut record = Vec::new();
+    let mut field = String::new();
+    let mut chars = text.chars().peekable();
+    let mut at_field_start = true;
+    while let Some(c) = chars.next() {
+        if at_field_start && c == '"' {
+            // quoted field
+            loop {
+                match chars.next() {
+                    Some('"') if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    Some('"') => break,
+                    Some(ch) => field.push(ch),
+                    None => panic!("unterminated quoted field in CSV"),
+                }
+            }
+            at_field_start = false;
+            match chars.peek() {
+                Some(',') | Some('\n') | Some('\r') | None => {}
+                Some(other) => panic!("character {other:?} after closing quote"),
+            }
+            continue;
+        }
+        match c {
+            ',' => {
+                record.push(std::mem::take(&mut field));
+                at_field_start = true;
+            }
+            '\r' if chars.peek() == Some(&'\n') => {}
+            '\n' => {
+                record.push(std::mem::take(&mut field));
+                records.push(std::mem::take(&mut record));
+                at_field_start = true;
+            }
+            '"' => panic!("quote inside an unquoted field"),
+            _ => {
+                field.push(c);
+                at_field_start = false;
+            }
+        }
+    }
+    if !at_field_start || !field.is_empty() || !record.is_empty() {
+        record.push(field);
+        records.push(record);
+    }
+    records
+}
+
+const CSV_HEADER: [&str; 5] = [
+    "addr",
+    "size",
+    "alloc_ts",
+    "Call Stack(C)",
+    "Call Stack(Python)",
+];
+
+/// Checks the block detail against the overview; returns the data rows.
+fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
+    assert_eq!(
+        run.host_leak_files(),
+        ["block_detail_1.csv", "leak_overview_1.txt"]
+    );
+    let text = std::fs::read_to_string(run.run_dir().join("host_leak/block_detail_1.csv")).unwrap();
+    let first_line = text.lines().next().unwrap_or("");
+    assert_eq!(
+        first_line,
+        "addr,size,alloc_ts,Call Stack(C),Call Stack(Python)"
+    );
+    let records = parse_csv(&text);
+    assert_eq!(records[0], CSV_HEADER);
+    let rows = records[1..].to_vec();
+    assert_eq!(
+        rows.len() as u64,
+        ov.total_unfreed.0,
+        "one row per unfreed block"
+    );
+    let mut addrs = std::collections::HashSet::new();
+    let mut total = 0;
+    let mut prev = u64::MAX;
+    for r in &rows {
+        assert_eq!(r.len(), 5, "row {r:?}");
+        let addr =
+            u64::from_str_radix(r[0].strip_prefix("0x").expect("hex addr"), 16).expect("addr");
+        assert!(addrs.insert(addr), "duplicate address {}", r[0]);
+        let size = num(&r[1]);
+        assert!(
+            size <= prev,
+            "rows must be sorted by size descending: {size} after {prev}"
+        );
+        prev = size;
+        total += size;
+        let ts = num(&r[2]);
+        assert!(ts > 0);
+        assert!(!r[3].is_empty(), "C stack of {r:?}");
+        assert_eq!(r[4], "", "no Python stack for a C program");
+    }
+    assert_eq!(
+        total, ov.total_unfreed.1,
+        "bytes of all rows vs Total Unfreed"
+    );
+    rows
+}
+
+#[test]
+fn event_mode_writes_block_detail_csv() {
+    let run = run_tool(&["--host-leak-mode=event"], &[], &["event"]);
+    assert_exited(&run.out, 0, "tool run");
+    let ov = run.overview();
+    assert!(
+        ov.h("Report mode").starts_with("event"),
+        "{:?}",
+        ov.h("Report mode")
+    );
+    assert_eq!(ov.total_unfreed, (12, 78000));
+    assert_eq!(ov.expect_function("event_site_a").0, (6, 57000));
+    assert_eq!(ov.expect_function("event_site_b").0, (6, 21000));
+    let rows = check_block_detail(&run, &ov);
+    let sizes: Vec<u64> = rows.iter().map(|r| num(&r[1])).collect();
+    assert_eq!(
+        sizes,
+        (1..=12).rev().map(|k| k * 1000).collect::<Vec<u64>>()
+    );
+    for r in &rows {
+        let size = num(&r[1]);
+        let frames: Vec<&str> = r[3].lines().collect();
+        let want = if size >= 7000 {
+            "event_site_a "
+        } else {
+            "event_site_b "
+        };
+        assert!(frames[0].starts_with(want), "size {size}: stack {:?}", r[3]);
+        assert!(frames[0].contains("host_leaks.c:"), "{:?}", frames[0]);
+        assert!(frames.iter().any(|f| f.starts_with("main ")), "{:?}", r[3]);
+    }
+    // alloc_ts follows the fixture's allocation order.
+    let order = [
+        6000, 12000, 1000, 9000, 4000, 11000, 2000, 8000, 3000, 10000, 5000, 7000,
+    ];
+    let ts_of = |size: u64| num(&rows.iter().find(|r| num(&r[1]) == size).unwrap()[2]);
+    for w in order.windows(2) {
+        assert!(
+            ts_of(w[0]) <= ts_of(w[1]),
+            "alloc_ts of {} after {}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[test]
+fn event_mode_block_detail_matches_overview_with_threads() {
+    let run = run_tool(&["--host-leak-mode=event"], &[], &["sites"]);
+    assert_exited(&run.out, 0, "tool run");
+    let ov = run.overview();
+    assert_eq!(ov.truncation_bits(), 0);
+    let rows = check_block_detail(&run, &ov);
+    // Per first-frame function, the rows agree with the sites.
+    for function in [
+        "leak_steady_growth",
+        "thread_leaker_3",
+        "ring_push",
+        "leak_pvalloc",
+    ] {
+        let mine: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|r| r[3].split(' ').next() == Some(function))
+            .collect();
+        let bytes: u64 = mine.iter().map(|r| num(&r[1])).sum();
+        assert_eq!(
+            (mine.len() as u64, bytes),
+            ov.expect_function(function).0,
+            "{function}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. Stress, fork + exec, fork without exec
+
+#[test]
+fn stress_threads_cross_thread_frees_and_system() {
+    const OPS: &str = "150000"; // per thread; 8 threads, ~8 heap operations per round
+    let plain = run_plain(&["stress", OPS]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool(&[], &[], &["stress", OPS]);
+    assert_exited(&run.out, 0, "tool run");
+    // The two children may print in either order (different threads); compare line sets.
+    let sorted = |b: &[u8]| {
+        let mut v: Vec<String> = String::from_utf8_lossy(b)
+            .lines()
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        sorted(&run.out.stdout),
+        sorted(&plain.stdout),
+        "output under the tool differs"
+    );
+    assert_eq!(
+        sorted(&run.out.stdout),
+        [
+            "child-ran",
+            "forked-child-ran",
+            "stress done: 8 threads x 150000 rounds"
+        ],
+    );
+    assert!(run
+        .stdout()
+        .ends_with("stress done: 8 threads x 150000 rounds\n"));
+    // The shell started by system() is not the launcher's child: one report only.
+    assert_eq!(run.host_leak_files(), ["leak_overview_1.txt"]);
+    let ov = run.overview();
+    assert_eq!(ov.truncation_bits(), 0, "\n{}", ov.text);
+    assert_eq!(ov.verdict(), "complete window data");
+    let rounds = 8 * 150_000u64;
+    // malloc, calloc, realloc (new block) and malloc per round; as many frees.
+    assert!(
+        ov.allocations_tracked().0 >= 4 * rounds,
+        "{:?}",
+        ov.allocations_tracked()
+    );
+    assert!(
+        ov.frees_tracked().0 >= 4 * rounds,
+        "{:?}",
+        ov.frees_tracked()
+    );
+    // Everything the workers allocate is freed (the queue is drained before exit).
+    for s in &ov.sites {
+        assert!(
+            !s.frames
+                .iter()
+                .any(|f| f.starts_with("stress_worker ") || f.starts_with("q_push ")),
+            "worker block reported unfreed: {s:?}"
+        );
+    }
+    assert_eq!(
+        ov.allocations_tracked().0 - ov.frees_tracked().0,
+        ov.total_unfreed.0
+    );
+    assert!(
+        ov.total_unfreed.0 < 64,
+        "only libc bookkeeping may remain:\n{}",
+        ov.text
+    );
+    ov.check_sites_sum_to_total();
+}
+
+fn fork_without_exec(how: &str, child_status: i32) {
+    let plain = run_plain(&["fork", how]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool(&[], &[], &["fork", how]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.out.stdout, plain.stdout);
+    assert_eq!(run.stdout(), format!("child status {child_status}\n"));
+    // Only the target writes a report; the forked child writes none.
+    assert_eq!(run.host_leak_files(), ["leak_overview_1.txt"]);
+    let reports = run
+        .stderr()
+        .matches("msmemscope: host leak report: ")
+        .count();
+    assert_eq!(reports, 1, "stderr:\n{}", run.stderr());
+    let ov = run.overview();
+    // The child's allocations are not the parent's.
+    assert_eq!(ov.allocations_tracked(), (3, 2331), "\n{}", ov.text);
+    assert_eq!(ov.frees_tracked(), (0, 0));
+    assert_eq!(ov.expect_function("parent_leak").0, (3, 2331));
+    assert!(ov.by_function("child_churn").is_none());
+}
+
+#[test]
+fn fork_child_exiting_with_exit_writes_no_report() {
+    fork_without_exec("exit", 3);
+}
+
+#[test]
+fn fork_child_exiting_with_underscore_exit_writes_no_report() {
+    fork_without_exec("_exit", 4);
+}
+
+// ------------------------------------------------------------------------------------------
+// 6. dlopen
+
+#[test]
+fn dlopened_library_leak_is_named() {
+    let lib = fixtures().dl_lib.to_str().unwrap().to_string();
+    let run = run_tool(&[], &[], &["dlopen", &lib]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "dlopen done\n");
+    let ov = run.overview();
+    assert_eq!(
+        ov.expect_function("dl_leaker_alloc"),
+        ((6, 25926), (6, 25926), (0, 0))
+    );
+    let site = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "dl_leaker_alloc")
+        .unwrap();
+    assert!(
+        site.frames[0].contains("dl_leaker.c:"),
+        "frames {:?}",
+        site.frames
+    );
+    assert!(
+        site.frames[1].starts_with("dl_leaker_leak "),
+        "frames {:?}",
+        site.frames
+    );
+    assert!(
+        site.frames.iter().any(|f| f.starts_with("main ")),
+        "frames {:?}",
+        site.frames
+    );
+    ov.check_sites_sum_to_total();
+}
+
+// ------------------------------------------------------------------------------------------
+// 7. Exit status, signals, argv
+
+#[test]
+fn exit_status_is_passed_through() {
+    let run = run_tool(&[], &[], &["exit", "7"]);
+    assert_exited(&run.out, 7, "tool run");
+    assert_eq!(run.stdout(), "exiting with 7\n");
+    // exit() closes the window: the report is written.
+    let ov = run.overview();
+    assert_eq!(ov.verdict(), "complete window data");
+}
+
+#[test]
+fn signal_death_is_passed_through() {
+    let plain = run_plain(&["abort"]);
+    assert_eq!(plain.status.signal(), Some(libc::SIGABRT));
+    let run = run_tool(&[], &[], &["abort"]);
+    let st = run.out.status;
+    assert!(
+        st.signal() == Some(libc::SIGABRT) || st.code() == Some(128 + libc::SIGABRT),
+        "launcher status {st:?} for a target killed by SIGABRT\nstderr:\n{}",
+        run.stderr()
+    );
+    assert_eq!(run.out.stdout, plain.stdout);
+    assert_eq!(run.stdout(), "about to abort\n");
+}
+
+#[test]
+fn target_argv_is_passed_exactly() {
+    let args = [
+        "argv",
+        "--analysis=x",
+        "-o",
+        "a b",
+        "",
+        "--help",
+        "--",
+        "-",
+        "\"q\"",
+        "--sample-rate=3",
+    ];
+    let plain = run_plain(&args);
+    let run = run_tool(&[], &[], &args);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.out.stdout, plain.stdout);
+    let want = "[0]=<--analysis=x>\n[1]=<-o>\n[2]=<a b>\n[3]=<>\n[4]=<--help>\n[5]=<-->\n[6]=<->\n\
+                [7]=<\"q\">\n[8]=<--sample-rate=3>\n";
+    assert_eq!(run.stdout(), want);
+    // The target's options did not change the tool's settings.
+    let ov = run.overview();
+    assert_eq!(ov.h("Sample rate"), "1 (every allocation tracked)");
+}
