@@ -12,9 +12,8 @@ use super::overflow::OverflowLedger;
 use super::settings::WindowSettings;
 use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
-use super::thread_stacks;
 use crate::clock::realtime_ns;
-use crate::unwind::{capture_stack, CapturedStack};
+use crate::unwind::{with_stack, CapturedStack};
 
 /// After a recycling pass that freed nothing, wait this long before scanning again.
 const RECYCLE_RETRY_MS: u64 = 50;
@@ -57,7 +56,7 @@ impl Ledger {
         Ledger {
             sample_mask: settings.sample_rate.saturating_sub(1),
             blocks: BlockTable::new(settings.block_cap),
-            stacks: StackTable::new(settings.stack_cap),
+            stacks: StackTable::new(settings.stack_cap, (stage as u64) << 24),
             overflow: OverflowLedger::new(settings.overflow_cap),
             settings,
             stage,
@@ -121,8 +120,13 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
-        let mut stack = CapturedStack::empty();
-        capture_stack(&mut stack);
+        with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
+    }
+
+    /// Inserts a block allocated from `stack`. `tag` is the stack's memo tag, where the stack's
+    /// id is kept with the stack-table generation it is valid in: `generation << 32 | id + 1`.
+    #[inline]
+    fn insert(&self, ptr: usize, size: u64, stack: &CapturedStack, tag: &mut u64) {
         let ts = realtime_ns();
         let mut may_recycle = true;
         loop {
@@ -146,12 +150,12 @@ impl Ledger {
             }
             let id = if stack.len == 0 {
                 UNKNOWN_STACK
-            } else if let Some(id) = thread_stacks::lookup(&stack, generation) {
-                id
+            } else if *tag != 0 && *tag >> 32 == generation & 0xffff_ffff {
+                (*tag & 0xffff_ffff) as u32 - 1
             } else {
-                match self.stacks.intern(&stack) {
+                match self.stacks.intern(stack) {
                     Interned::Id(id) => {
-                        thread_stacks::remember(&stack, id, generation);
+                        *tag = (generation & 0xffff_ffff) << 32 | (id as u64 + 1);
                         id
                     }
                     Interned::Full if may_recycle => {

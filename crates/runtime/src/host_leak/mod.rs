@@ -8,5 +8,5 @@ pub mod overflow;
 pub mod settings;
 pub mod stack_table;
 pub mod striped;
-mod thread_stacks;
 pub mod window;
+mod zeroed_array;

@@ -17,6 +17,7 @@ use msmemscope_core::host_leak::CountBytes;
 
 use super::block_table::lock_until;
 use super::hashing::FastHash;
+use super::zeroed_array::{Zeroable, ZeroedArray};
 use crate::unwind::{CapturedStack, MAX_FRAMES};
 
 /// The unknown bucket's id.
@@ -41,45 +42,69 @@ impl Hash for StackKey {
     }
 }
 
-#[repr(align(32))]
+/// One stack's counters in one stripe.
 #[derive(Default)]
-struct Stripe {
+struct Counter {
     count: AtomicU64,
     bytes: AtomicU64,
     last_alloc_ns: AtomicU64,
 }
 
-/// One stack's allocation counters.
-#[derive(Default)]
-struct SlotCounters {
-    stripes: [Stripe; STRIPES],
+// SAFETY: atomics only; all-zero bytes are zero values.
+unsafe impl Zeroable for Counter {}
+
+/// Allocation counters of every slot, striped by thread: each stripe is its own array, so
+/// threads in different stripes never write the same cache line.
+struct StripedCounters {
+    stripes: Vec<ZeroedArray<Counter>>,
 }
 
-impl SlotCounters {
-    #[inline]
-    fn add(&self, size: u64, ts: u64) {
-        let stripe = &self.stripes[super::striped::stripe_index() % STRIPES];
-        stripe.count.fetch_add(1, Ordering::Relaxed);
-        stripe.bytes.fetch_add(size, Ordering::Relaxed);
-        stripe.last_alloc_ns.store(ts, Ordering::Relaxed);
+impl StripedCounters {
+    fn new(slots: usize) -> StripedCounters {
+        let stripes = (0..STRIPES)
+            .map_while(|_| ZeroedArray::new(slots))
+            .collect();
+        StripedCounters { stripes }
     }
 
-    fn sum(&self) -> (CountBytes, u64) {
+    fn len(&self) -> usize {
+        self.stripes.first().map_or(0, |s| s.len())
+    }
+
+    #[inline]
+    fn add(&self, slot: usize, size: u64, ts: u64) -> bool {
+        let Some(stripe) = self.stripes.get(super::striped::stripe_index() % STRIPES) else {
+            return false;
+        };
+        let Some(counter) = stripe.get(slot) else {
+            return false;
+        };
+        counter.count.fetch_add(1, Ordering::Relaxed);
+        counter.bytes.fetch_add(size, Ordering::Relaxed);
+        counter.last_alloc_ns.store(ts, Ordering::Relaxed);
+        true
+    }
+
+    fn sum(&self, slot: usize) -> (CountBytes, u64) {
         let mut total = CountBytes::default();
         let mut last = 0;
-        for s in &self.stripes {
-            total.count += s.count.load(Ordering::Relaxed);
-            total.bytes += s.bytes.load(Ordering::Relaxed);
-            last = last.max(s.last_alloc_ns.load(Ordering::Relaxed));
+        for stripe in &self.stripes {
+            if let Some(c) = stripe.get(slot) {
+                total.count += c.count.load(Ordering::Relaxed);
+                total.bytes += c.bytes.load(Ordering::Relaxed);
+                last = last.max(c.last_alloc_ns.load(Ordering::Relaxed));
+            }
         }
         (total, last)
     }
 
-    fn reset(&self) {
-        for s in &self.stripes {
-            s.count.store(0, Ordering::Relaxed);
-            s.bytes.store(0, Ordering::Relaxed);
-            s.last_alloc_ns.store(0, Ordering::Relaxed);
+    fn reset(&self, slot: usize) {
+        for stripe in &self.stripes {
+            if let Some(c) = stripe.get(slot) {
+                c.count.store(0, Ordering::Relaxed);
+                c.bytes.store(0, Ordering::Relaxed);
+                c.last_alloc_ns.store(0, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -101,8 +126,8 @@ pub struct StackRecord {
 
 pub struct StackTable {
     index: Box<[Mutex<HashMap<StackKey, u32, FastHash>>]>,
-    counters: Box<[SlotCounters]>,
-    unknown: SlotCounters,
+    /// Slots `0..cap` for interned stacks, slot `cap` for the unknown bucket.
+    counters: StripedCounters,
     /// Slot allocation: fresh slots from `next_slot`, recycled ones from `free_slots`.
     free_slots: Mutex<Vec<u32>>,
     next_slot: AtomicU64,
@@ -118,13 +143,14 @@ pub struct StackTable {
 }
 
 impl StackTable {
-    pub fn new(cap: u64) -> StackTable {
+    /// `first_generation` must be even and differ between windows: ids memoized by threads
+    /// are tagged with the generation and must not be taken for another window's.
+    pub fn new(cap: u64, first_generation: u64) -> StackTable {
         StackTable {
             index: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
                 .collect(),
-            counters: zeroed_counters(cap as usize),
-            unknown: SlotCounters::default(),
+            counters: StripedCounters::new(cap as usize + 1),
             free_slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
             cap,
@@ -133,7 +159,7 @@ impl StackTable {
             folded: Mutex::new(CountBytes::default()),
             unattributed_allocs: AtomicU64::new(0),
             full_without_dead: AtomicBool::new(false),
-            generation: AtomicU64::new(0),
+            generation: AtomicU64::new(first_generation),
         }
     }
 
@@ -166,9 +192,11 @@ impl StackTable {
         if let Some(slot) = self.free_slots.lock().ok().and_then(|mut f| f.pop()) {
             return Some(slot);
         }
+        // Without counter mappings (mmap refused) no stack can be counted: all go unknown.
+        let usable = self.cap.min(self.counters.len().saturating_sub(1) as u64);
         self.next_slot
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.cap).then_some(n + 1)
+                (n < usable).then_some(n + 1)
             })
             .ok()
             .map(|n| n as u32)
@@ -177,13 +205,16 @@ impl StackTable {
     /// Counts an allocation against `id` (or the unknown bucket).
     #[inline]
     pub fn count_alloc(&self, id: u32, size: u64, ts: u64) {
-        match self.counters.get(id as usize) {
-            Some(counters) => counters.add(size, ts),
-            None => {
-                self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
-                self.unknown.add(size, ts)
-            }
+        if id == UNKNOWN_STACK {
+            self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
+            self.counters.add(self.unknown_slot(), size, ts);
+        } else {
+            self.counters.add(id as usize, size, ts);
         }
+    }
+
+    fn unknown_slot(&self) -> usize {
+        self.cap as usize
     }
 
     pub fn mark_full_without_dead(&self) {
@@ -211,9 +242,8 @@ impl StackTable {
                 if live.get(*slot as usize).copied().unwrap_or(true) {
                     return true;
                 }
-                let counters = &self.counters[*slot as usize];
-                folded.merge(counters.sum().0);
-                counters.reset();
+                folded.merge(self.counters.sum(*slot as usize).0);
+                self.counters.reset(*slot as usize);
                 freed_slots.push(*slot);
                 false
             });
@@ -266,7 +296,7 @@ impl StackTable {
                 continue;
             };
             for (key, &slot) in index.iter() {
-                let (allocated, last_alloc_ns) = self.counters[slot as usize].sum();
+                let (allocated, last_alloc_ns) = self.counters.sum(slot as usize);
                 records.push(StackRecord {
                     id: slot,
                     frames: key.0.as_slice().to_vec(),
@@ -275,21 +305,13 @@ impl StackTable {
                 });
             }
         }
-        let mut unknown = self.unknown.sum().0;
+        let mut unknown = self.counters.sum(self.unknown_slot()).0;
         match lock_until(&self.folded, deadline) {
             Some(folded) => unknown.merge(*folded),
             None => unread += 1,
         }
         (records, unknown, unread)
     }
-}
-
-/// A zeroed counter array straight from calloc: the kernel commits pages only where a stack's
-/// counters are touched, so the cap's worth of slots costs nothing up front.
-fn zeroed_counters(len: usize) -> Box<[SlotCounters]> {
-    let zeroed = Box::<[SlotCounters]>::new_zeroed_slice(len);
-    // SAFETY: SlotCounters is atomics only, for which all-zero bytes are valid zero values.
-    unsafe { zeroed.assume_init() }
 }
 
 const _: () = assert!(MAX_FRAMES <= u8::MAX as usize);

@@ -29,7 +29,7 @@ impl Default for StripedCountBytes {
 impl StripedCountBytes {
     #[inline]
     pub fn add(&self, bytes: u64) {
-        let stripe = &self.stripes[stripe_index()];
+        let stripe = &self.stripes[stripe_index() % STRIPES];
         stripe.count.fetch_add(1, Ordering::Relaxed);
         stripe.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -44,10 +44,22 @@ impl StripedCountBytes {
     }
 }
 
-/// A stripe per thread, chosen from the address of a thread-local (distinct per thread).
+/// This thread's stripe: handed out round-robin at a thread's first use, so that the first
+/// threads of a program never share one.
 #[inline]
 pub fn stripe_index() -> usize {
-    thread_local! { static MARKER: u8 = const { 0 }; }
-    let addr = MARKER.with(|m| m as *const u8 as usize);
-    (super::hashing::mix(addr as u64) as usize) % STRIPES
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! { static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) }; }
+    STRIPE
+        .try_with(|stripe| {
+            let mut index = stripe.get();
+            if index == usize::MAX {
+                index = NEXT.fetch_add(1, Ordering::Relaxed);
+                stripe.set(index);
+            }
+            index
+        })
+        .unwrap_or(0)
 }

@@ -1,11 +1,11 @@
 //! Taking the caller's stack from inside a hook.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::UnsafeCell;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
 
-use super::memo::{Memo, MemoKey, ReadLog};
+use super::memo::{Memo, MemoKey, ReadLog, StackRange};
 use super::modules;
 
 /// Frames kept per stack: the stack key (SPEC §8, K = 20).
@@ -37,13 +37,27 @@ type RuleCache = CacheX86_64<MustNotAllocateDuringUnwind>;
 struct ThreadUnwinder {
     rules: RuleCache,
     memo: Memo,
+    /// [low, high) of this thread's stack; (0, 0) until first asked.
+    bounds: (u64, u64),
+}
+
+impl ThreadUnwinder {
+    /// The part of this thread's stack a walk from `sp` may read, or `None` when `sp` lies
+    /// outside the stack (an alternate signal stack or a user-level stack switch): then no
+    /// stack is taken rather than reading unknown memory.
+    fn stack_range(&mut self, sp: u64) -> Option<StackRange> {
+        let (low, high) = self.bounds;
+        if !(low <= sp && sp < high) {
+            self.bounds = query_stack_bounds()?;
+        }
+        let (low, high) = self.bounds;
+        (low <= sp && sp < high).then_some(StackRange { low: sp, high })
+    }
 }
 
 thread_local! {
     // Per thread: lookups need `&mut`, and threads never share one.
     static THREAD: UnsafeCell<Option<Box<ThreadUnwinder>>> = const { UnsafeCell::new(None) };
-    // [low, high) of this thread's stack; (0, 0) until first asked.
-    static STACK_BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// Address range of this library's own code: frames inside it are the hook itself.
@@ -53,25 +67,15 @@ pub fn set_own_code_range(range: std::ops::Range<u64>) {
     let _ = OWN_CODE.set(range);
 }
 
-/// Captures the current thread's stack, skipping the runtime's own frames. Must be called with
-/// the reentrancy guard held: the first call on a thread allocates (rule cache, stack bounds).
-pub fn capture_stack(out: &mut CapturedStack) {
-    if walk(out) {
-        // The stack met code of a library loaded since the last scan: take it again with the
-        // new modules.
-        if modules::refresh_for_unknown_address() {
-            walk(out);
-        }
-    }
-}
-
-/// Walks the stack into `out`; returns whether it met an address outside every known module.
+/// Captures the current thread's stack, skipping the runtime's own frames, and calls `f` with
+/// it and its memo tag (0 when the stack was walked afresh, else what `f` stored last time for
+/// the same stack). Must be called with the reentrancy guard held: the first call on a thread
+/// allocates (rule cache, memo, stack bounds).
 #[inline(never)]
-fn walk(out: &mut CapturedStack) -> bool {
-    out.len = 0;
-    let Some(snapshot) = modules::current() else {
-        return false;
-    };
+pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
+    let mut f = Some(f);
+    let mut call =
+        |stack: &CapturedStack, tag: &mut u64| (f.take().expect("called once"))(stack, tag);
     let (pc, sp, bp): (u64, u64, u64);
     // SAFETY: reads rip, rsp and rbp into registers; touches no memory and no flags.
     unsafe {
@@ -85,55 +89,107 @@ fn walk(out: &mut CapturedStack) -> bool {
             options(nomem, nostack, preserves_flags),
         );
     }
-    let Some((low, high)) = stack_bounds(sp) else {
-        return false;
-    };
-    let key = MemoKey {
-        snapshot: snapshot as *const _ as usize,
-        sp,
-        bp: bp_key(bp, low, high),
-    };
-    THREAD
-        .try_with(|cell| {
-            // SAFETY: the cell is only touched by this thread, and never re-entered (the guard
-            // keeps hooks from running inside this function).
-            let slot = unsafe { &mut *cell.get() };
-            let thread = slot.get_or_insert_with(|| {
-                Box::new(ThreadUnwinder {
-                    rules: RuleCache::new_in(),
-                    memo: Memo::new(),
-                })
-            });
-            if thread.memo.lookup(&key, out) {
-                return false;
+    let walked = THREAD.try_with(|cell| {
+        let snapshot = modules::current()?;
+        // SAFETY: the cell is only touched by this thread, and never re-entered (the guard
+        // keeps hooks from running inside this function).
+        let slot = unsafe { &mut *cell.get() };
+        let thread = slot.get_or_insert_with(|| {
+            Box::new(ThreadUnwinder {
+                rules: RuleCache::new_in(),
+                memo: Memo::new(),
+                bounds: (0, 0),
+            })
+        });
+        let range = thread.stack_range(sp)?;
+        let key = MemoKey {
+            snapshot: snapshot as *const _ as usize,
+            sp,
+            bp: range.class_of(bp),
+        };
+        if let Some(slot) = thread.memo.lookup(&key, range) {
+            let entry = thread.memo.entry(slot)?;
+            return Some(call(&entry.stack, &mut entry.tag));
+        }
+        let mut stack = CapturedStack::empty();
+        let mut log = ReadLog::new();
+        let mut snapshot = snapshot;
+        if walk(
+            snapshot,
+            &mut thread.rules,
+            pc,
+            sp,
+            bp,
+            range,
+            &mut log,
+            &mut stack,
+        ) {
+            // The stack met code of a library loaded since the last scan: walk again with the
+            // new modules, and do not memoize the first attempt.
+            if !modules::refresh_for_unknown_address() {
+                let mut tag = 0;
+                return Some(call(&stack, &mut tag));
             }
-            let mut reads = ReadLog::new();
-            let mut read_stack = |addr: u64| {
-                if addr >= low && addr.saturating_add(8) <= high && addr.is_multiple_of(8) {
-                    // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
-                    let value = unsafe { *(addr as *const u64) };
-                    reads.push(addr, value);
-                    Ok(value)
-                } else {
-                    reads.push_failed();
-                    Err(())
-                }
-            };
-            let met_unknown = unwind(
+            snapshot = modules::current()?;
+            log = ReadLog::new();
+            stack = CapturedStack::empty();
+            walk(
                 snapshot,
                 &mut thread.rules,
                 pc,
                 sp,
                 bp,
-                &mut read_stack,
-                out,
+                range,
+                &mut log,
+                &mut stack,
             );
-            if !met_unknown {
-                thread.memo.store(key, &reads, out);
+        }
+        let key = MemoKey {
+            snapshot: snapshot as *const _ as usize,
+            ..key
+        };
+        match thread.memo.store(key, range, log, &stack) {
+            Some(entry) => Some(call(&entry.stack, &mut entry.tag)),
+            None => {
+                let mut tag = 0;
+                Some(call(&stack, &mut tag))
             }
-            met_unknown
-        })
-        .unwrap_or(false)
+        }
+    });
+    match walked {
+        Ok(Some(result)) => result,
+        // No modules yet, a foreign stack, or thread-local storage already torn down.
+        _ => {
+            let mut tag = 0;
+            call(&CapturedStack::empty(), &mut tag)
+        }
+    }
+}
+
+/// One walk into `out`, recording the stack words read. Returns whether it met an address
+/// outside every known module.
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    snapshot: &modules::Snapshot,
+    rules: &mut RuleCache,
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    range: StackRange,
+    log: &mut ReadLog,
+    out: &mut CapturedStack,
+) -> bool {
+    let mut read_stack = |addr: u64| {
+        if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
+            // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
+            let value = unsafe { *(addr as *const u64) };
+            log.push(addr, value);
+            Ok(value)
+        } else {
+            Err(())
+        }
+    };
+    unwind(snapshot, rules, pc, sp, bp, &mut read_stack, out)
 }
 
 /// The full walk with framehop. Returns whether it met an address outside every module.
@@ -177,32 +233,6 @@ fn unwind(
             Err(_) => return met_unknown || (last != 0 && !snapshot.covers(last)),
         }
     }
-}
-
-/// The initial frame pointer matters to the unwinder only as an address it may read: values
-/// outside the stack behave alike (every read of them fails), so they share one key.
-fn bp_key(bp: u64, low: u64, high: u64) -> u64 {
-    if bp == 0 || (low <= bp && bp < high) {
-        bp
-    } else {
-        u64::MAX
-    }
-}
-
-/// This thread's stack range, or `None` when `sp` lies outside it (an alternate signal stack or
-/// a user-level stack switch): then no stack is taken rather than reading unknown memory.
-fn stack_bounds(sp: u64) -> Option<(u64, u64)> {
-    STACK_BOUNDS
-        .try_with(|cell| {
-            let (mut low, mut high) = cell.get();
-            if !(low <= sp && sp < high) {
-                (low, high) = query_stack_bounds()?;
-                cell.set((low, high));
-            }
-            (low <= sp && sp < high).then_some((sp, high))
-        })
-        .ok()
-        .flatten()
 }
 
 fn query_stack_bounds() -> Option<(u64, u64)> {

@@ -1,26 +1,57 @@
 //! Memoized unwinding. The unwinder is a pure function of its starting registers (pc, sp, bp)
 //! and of the stack words it reads. When a hook is entered again with the same sp (and an
-//! equivalent bp) and every word the last walk read still holds the same value, the walk would
-//! produce the same frames, so they are copied instead of recomputed. Checking is a handful of
-//! loads and compares; a loop that allocates from one call site hits every time.
+//! equivalent bp) and every word the last walk read still holds an equivalent value, the walk
+//! would produce the same frames, so they are reused instead of recomputed. Checking is a
+//! handful of loads and compares; a loop that allocates from one call site hits every time.
+//!
+//! "Equivalent": return addresses must be equal. A saved frame pointer only matters as an
+//! address the unwinder may read: every value outside the stack (a heap pointer or a counter
+//! in code built without frame pointers) makes such reads fail alike, so those values form one
+//! class. Each entry also carries a tag the caller may use to remember what it derived from the
+//! stack (the ledger keeps the stack's id there).
 
 use super::capture::CapturedStack;
 
 const SLOTS: usize = 16;
 /// Walks that read more words than this are not memoized.
 const MAX_READS: usize = 48;
+/// Values this far below the stack pointer may still reach the stack once offset by a rule.
+const BELOW_STACK_MARGIN: u64 = 4096;
+
+/// The stack range a walk may read, and the classes of values it reads there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct StackRange {
+    pub low: u64,
+    pub high: u64,
+}
+
+impl StackRange {
+    /// Values a frame pointer may hold that could lead a read into the stack stay themselves;
+    /// all others are one class.
+    #[inline]
+    pub fn class_of(&self, value: u64) -> u64 {
+        if value == 0 || (self.low.saturating_sub(BELOW_STACK_MARGIN) <= value && value < self.high)
+        {
+            value
+        } else {
+            u64::MAX
+        }
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct MemoKey {
     /// The module snapshot the walk used: a module change invalidates every entry.
     pub snapshot: usize,
     pub sp: u64,
+    /// The starting frame pointer's class.
     pub bp: u64,
 }
 
 /// The stack words one walk read, in order.
 pub struct ReadLog {
     reads: [(u64, u64); MAX_READS],
+    exact: [bool; MAX_READS],
     len: usize,
     overflowed: bool,
 }
@@ -29,6 +60,7 @@ impl ReadLog {
     pub fn new() -> ReadLog {
         ReadLog {
             reads: [(0, 0); MAX_READS],
+            exact: [true; MAX_READS],
             len: 0,
             overflowed: false,
         }
@@ -44,16 +76,29 @@ impl ReadLog {
         }
     }
 
-    /// A read outside the stack bounds: it fails the same way for the same key.
-    #[inline]
-    pub fn push_failed(&mut self) {}
+    /// After the walk: reads that produced a frame's return address must match exactly; the
+    /// others (saved frame pointers) only by class.
+    fn classify(&mut self, frames: &[u64], range: StackRange) {
+        for i in 0..self.len {
+            let (addr, value) = self.reads[i];
+            let is_return_address = frames.contains(&value);
+            self.exact[i] = is_return_address;
+            if !is_return_address {
+                self.reads[i] = (addr, range.class_of(value));
+            }
+        }
+    }
 }
 
-struct Entry {
+pub struct Entry {
     key: MemoKey,
+    range: StackRange,
     reads: [(u64, u64); MAX_READS],
+    exact: [bool; MAX_READS],
     n_reads: usize,
-    stack: CapturedStack,
+    pub stack: CapturedStack,
+    /// Free for the caller: 0 when the entry is new.
+    pub tag: u64,
 }
 
 pub struct Memo {
@@ -72,35 +117,124 @@ impl Memo {
         ((key.sp >> 4) as usize ^ (key.sp >> 12) as usize) % SLOTS
     }
 
-    /// Copies the memoized frames into `out` when the entry for `key` is still valid.
+    /// The slot of the entry for `key` if the stack still reads the same.
     #[inline]
-    pub fn lookup(&self, key: &MemoKey, out: &mut CapturedStack) -> bool {
-        let Some(entry) = &self.entries[Self::slot(key)] else {
-            return false;
-        };
-        if entry.key != *key {
-            return false;
+    pub fn lookup(&self, key: &MemoKey, range: StackRange) -> Option<usize> {
+        let slot = Self::slot(key);
+        let entry = self.entries[slot].as_ref()?;
+        if entry.key != *key || entry.range != range {
+            return None;
         }
-        for &(addr, value) in &entry.reads[..entry.n_reads] {
-            // SAFETY: every recorded address was inside this thread's stack, at or above the
-            // same sp as now, so it is mapped and readable.
-            if unsafe { *(addr as *const u64) } != value {
-                return false;
+        for i in 0..entry.n_reads {
+            let (addr, expected) = entry.reads[i];
+            // SAFETY: every recorded address was inside this thread's stack range, at or above
+            // the same sp as now, so it is mapped and readable.
+            let value = unsafe { *(addr as *const u64) };
+            let value = if entry.exact[i] {
+                value
+            } else {
+                range.class_of(value)
+            };
+            if value != expected {
+                return None;
             }
         }
-        *out = entry.stack;
-        true
+        Some(slot)
     }
 
-    pub fn store(&mut self, key: MemoKey, log: &ReadLog, stack: &CapturedStack) {
+    /// The entry in `slot` (from [`Memo::lookup`]).
+    #[inline]
+    pub fn entry(&mut self, slot: usize) -> Option<&mut Entry> {
+        self.entries[slot].as_mut()
+    }
+
+    /// Remembers a walk; returns the new entry, or `None` when the walk cannot be memoized.
+    pub fn store(
+        &mut self,
+        key: MemoKey,
+        range: StackRange,
+        mut log: ReadLog,
+        stack: &CapturedStack,
+    ) -> Option<&mut Entry> {
         if log.overflowed {
-            return;
+            return None;
         }
-        self.entries[Self::slot(&key)] = Some(Entry {
+        log.classify(stack.as_slice(), range);
+        let slot = &mut self.entries[Self::slot(&key)];
+        *slot = Some(Entry {
             key,
+            range,
             reads: log.reads,
+            exact: log.exact,
             n_reads: log.len,
             stack: *stack,
+            tag: 0,
         });
+        slot.as_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_keep_stack_values_and_merge_the_rest() {
+        let range = StackRange {
+            low: 0x10_000,
+            high: 0x20_000,
+        };
+        assert_eq!(range.class_of(0x18_000), 0x18_000);
+        assert_eq!(range.class_of(0x10_000 - 16), 0x10_000 - 16);
+        assert_eq!(range.class_of(0), 0);
+        assert_eq!(range.class_of(0x20_000), u64::MAX);
+        assert_eq!(range.class_of(0x5555_0000), u64::MAX);
+        assert_eq!(range.class_of(7), u64::MAX);
+    }
+
+    /// A fake stack: the memo must hit while the words read are unchanged, miss when a return
+    /// address changes, and hit when only a saved non-stack frame pointer changes.
+    #[test]
+    fn validates_reads() {
+        let mut words = vec![0u64; 64];
+        let base = words.as_ptr() as u64;
+        let range = StackRange {
+            low: base,
+            high: base + 64 * 8,
+        };
+        words[3] = 0x4000_1234; // a return address
+        words[5] = 0xdead_beef_0000; // a saved rbp holding heap data
+        let key = MemoKey {
+            snapshot: 1,
+            sp: base,
+            bp: u64::MAX,
+        };
+        let mut stack = CapturedStack::empty();
+        stack.frames[0] = 0x4000_1234;
+        stack.len = 1;
+        let mut log = ReadLog::new();
+        log.push(base + 3 * 8, words[3]);
+        log.push(base + 5 * 8, words[5]);
+        let mut memo = Memo::new();
+        memo.store(key, range, log, &stack).unwrap().tag = 42;
+        let tag = |memo: &mut Memo| {
+            memo.lookup(&key, range)
+                .and_then(|s| memo.entry(s))
+                .map(|e| e.tag)
+        };
+        assert_eq!(tag(&mut memo), Some(42));
+        words[5] = 0xfeed_0000_0000;
+        assert_eq!(tag(&mut memo), Some(42));
+        words[5] = base + 8; // now a stack address: different class
+        assert!(memo.lookup(&key, range).is_none());
+        words[5] = 0xfeed_0000_0000;
+        words[3] = 0x4000_9999;
+        assert!(memo.lookup(&key, range).is_none());
+        let other_sp = MemoKey {
+            sp: base + 8,
+            ..key
+        };
+        assert!(memo.lookup(&other_sp, range).is_none());
+        std::hint::black_box(&words);
     }
 }
