@@ -1415,6 +1415,30 @@ fn exit_status_is_passed_through() {
 }
 
 #[test]
+fn frees_by_atexit_handlers_and_destructors_still_count() {
+    let run = run_tool(&[], &[], &["exit-frees"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "exit frees armed\n");
+    let ov = run.overview();
+    assert_eq!(
+        ov.expect_function("exit_leak"),
+        ((1, 700), (1, 700), (0, 0))
+    );
+    // Sites are listed only while they hold unfreed blocks.
+    assert_eq!(
+        ov.by_function("alloc_freed_by_atexit"),
+        None,
+        "an atexit handler's free was missed"
+    );
+    assert_eq!(
+        ov.by_function("alloc_freed_by_destructor"),
+        None,
+        "a destructor's free was missed"
+    );
+    assert!(ov.frees_tracked().1 >= 8000, "{}", ov.text);
+}
+
+#[test]
 fn signal_death_is_passed_through() {
     let plain = run_plain(&["abort"]);
     assert_eq!(plain.status.signal(), Some(libc::SIGABRT));
