@@ -111,19 +111,10 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
             let entry = thread.memo.entry(slot)?;
             return Some(call(&entry.stack, &mut entry.tag));
         }
-        let mut stack = CapturedStack::empty();
-        let mut log = ReadLog::new();
+        let start = WalkStart { pc, sp, bp, range };
+        let (mut stack, mut log) = (CapturedStack::empty(), ReadLog::new());
         let mut snapshot = snapshot;
-        if walk(
-            snapshot,
-            &mut thread.rules,
-            pc,
-            sp,
-            bp,
-            range,
-            &mut log,
-            &mut stack,
-        ) {
+        if walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack) {
             // The stack met code of a library loaded since the last scan: walk again with the
             // new modules, and do not memoize the first attempt.
             if !modules::refresh_for_unknown_address() {
@@ -131,18 +122,8 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
                 return Some(call(&stack, &mut tag));
             }
             snapshot = modules::current()?;
-            log = ReadLog::new();
-            stack = CapturedStack::empty();
-            walk(
-                snapshot,
-                &mut thread.rules,
-                pc,
-                sp,
-                bp,
-                range,
-                &mut log,
-                &mut stack,
-            );
+            (stack, log) = (CapturedStack::empty(), ReadLog::new());
+            walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
         }
         let key = MemoKey {
             snapshot: snapshot as *const _ as usize,
@@ -166,19 +147,24 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
     }
 }
 
-/// One walk into `out`, recording the stack words read. Returns whether it met an address
-/// outside every known module.
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    snapshot: &modules::Snapshot,
-    rules: &mut RuleCache,
+/// Where a walk starts: the hook's registers and the stack it may read.
+struct WalkStart {
     pc: u64,
     sp: u64,
     bp: u64,
     range: StackRange,
+}
+
+/// One walk into `out`, recording the stack words read. Returns whether it met an address
+/// outside every known module.
+fn walk(
+    snapshot: &modules::Snapshot,
+    rules: &mut RuleCache,
+    start: &WalkStart,
     log: &mut ReadLog,
     out: &mut CapturedStack,
 ) -> bool {
+    let range = start.range;
     let mut read_stack = |addr: u64| {
         if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
             // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
@@ -189,7 +175,15 @@ fn walk(
             Err(())
         }
     };
-    unwind(snapshot, rules, pc, sp, bp, &mut read_stack, out)
+    unwind(
+        snapshot,
+        rules,
+        start.pc,
+        start.sp,
+        start.bp,
+        &mut read_stack,
+        out,
+    )
 }
 
 /// The full walk with framehop. Returns whether it met an address outside every module.
