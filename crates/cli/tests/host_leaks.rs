@@ -285,6 +285,7 @@ fn run_tool_cmd(tool_args: &[&str], env: &[(&str, &str)], prog: &str, target: &[
         "MSMEMSCOPE_HOST_OVERFLOW_CAP",
         "MSMEMSCOPE_HOST_STACK_CAP",
         "MSMEMSCOPE_HOST_TOP_N",
+        "MSMEMSCOPE_HOST_BEAT_MS",
     ] {
         cmd.env_remove(k);
     }
@@ -310,6 +311,12 @@ struct Site {
     unfreed: (u64, u64),
     allocated: (u64, u64),
     freed: (u64, u64),
+    /// `suspected_leak`, `growth_watch/turnover`, `resident/early`, ...
+    class: String,
+    lsi: f64,
+    /// `Growth=1.00 ...` factors as printed (`-` when unknown).
+    factors: BTreeMap<String, String>,
+    resident: bool,
     frames: Vec<String>,
 }
 
@@ -428,13 +435,27 @@ impl Overview {
                 } else {
                     pre_window_dist.push(row);
                 }
-            } else if section.starts_with("--- TOP ") {
+            } else if section.starts_with("--- TOP ") || section.starts_with("--- Resident") {
+                if line.starts_with("Series: ") {
+                    continue;
+                }
                 if let Some(frame) = line.strip_prefix("    ") {
                     sites
                         .last_mut()
                         .expect("frame before site")
                         .frames
                         .push(frame.to_string());
+                } else if let Some(assessment) = line.strip_prefix("  ") {
+                    // suspected_leak LSI=94.0 Growth=1.00 ... slope=+1.0 B/beat beats=16
+                    let site = sites.last_mut().expect("assessment before site");
+                    let mut words = assessment.split(' ');
+                    site.class = words.next().unwrap().to_string();
+                    for word in words {
+                        if let Some((k, v)) = word.split_once('=') {
+                            site.factors.insert(k.to_string(), v.to_string());
+                        }
+                    }
+                    site.lsi = site.factors["LSI"].parse().expect("LSI value");
                 } else if line.starts_with('#') {
                     // #1 [stack 21] unfreed 1 blocks / 40000 bytes; allocated 1 / 40000 bytes; freed 0 / 0 bytes
                     let label =
@@ -451,6 +472,10 @@ impl Overview {
                         unfreed,
                         allocated,
                         freed,
+                        class: String::new(),
+                        lsi: f64::NAN,
+                        factors: BTreeMap::new(),
+                        resident: section.starts_with("--- Resident"),
                         frames: Vec::new(),
                     });
                 }
@@ -574,20 +599,40 @@ impl Overview {
             "pre-window distribution vs Pre-window frees in:\n{}",
             self.text
         );
+        let top: Vec<&Site> = self.sites.iter().filter(|s| !s.resident).collect();
+        let resident: Vec<&Site> = self.sites.iter().filter(|s| s.resident).collect();
         assert_eq!(
             self.top_shown.0,
-            self.sites.len() as u64,
+            top.len() as u64,
             "TOP header count in:\n{}",
             self.text
         );
-        for w in self.sites.windows(2) {
+        for w in top.windows(2) {
+            assert!(
+                w[0].lsi >= w[1].lsi,
+                "TOP sites not sorted by LSI:\n{}",
+                self.text
+            );
+        }
+        for w in resident.windows(2) {
             assert!(
                 w[0].unfreed.1 >= w[1].unfreed.1,
-                "sites not sorted by unfreed bytes:\n{}",
+                "resident sites not sorted by unfreed bytes:\n{}",
                 self.text
             );
         }
         for s in &self.sites {
+            assert!(
+                !s.class.is_empty(),
+                "site without its assessment line: {s:?}"
+            );
+            assert_eq!(
+                s.resident,
+                s.class.starts_with("resident/"),
+                "class {} in the wrong section:\n{}",
+                s.class,
+                self.text
+            );
             assert!(s.unfreed.0 > 0, "listed site without unfreed blocks: {s:?}");
             assert_eq!(s.allocated.0 - s.freed.0, s.unfreed.0, "site counts {s:?}");
             assert_eq!(s.allocated.1 - s.freed.1, s.unfreed.1, "site bytes {s:?}");
@@ -1399,6 +1444,111 @@ fn dlopened_library_leak_is_named() {
         site.frames
     );
     ov.check_sites_sum_to_total();
+}
+
+// ------------------------------------------------------------------------------------------
+// 8. Leak Suspicion Index
+
+#[test]
+fn lsi_separates_leaks_from_caches_and_rings() {
+    let plain = run_plain(&["lsi"]);
+    assert_exited(&plain, 0, "plain run");
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "lsi done, threads=1\n"
+    );
+    // 100 ms beats: the ~4 s run gives about 40 beats.
+    let run = run_tool(&[], &[("MSMEMSCOPE_HOST_BEAT_MS", "100")], &["lsi"]);
+    assert_exited(&run.out, 0, "tool run");
+    // Beats are taken on the program's own threads: its thread count is unchanged.
+    assert_eq!(run.out.stdout, plain.stdout);
+    let ov = run.overview();
+    ov.check_sites_sum_to_total();
+    let series = ov
+        .text
+        .lines()
+        .find(|l| l.starts_with("Series: "))
+        .expect("series line");
+    assert!(
+        series.starts_with("Series: top-k=256, max-stacks=1024, beats="),
+        "{series}"
+    );
+    assert!(series.contains("(100 ms each)"), "{series}");
+
+    let top: Vec<&Site> = ov.sites.iter().filter(|s| !s.resident).collect();
+    let first = top.first().expect("a TOP row");
+    assert_eq!(first.first_function(), "lsi_steady_leak", "{}", ov.text);
+    assert_eq!(first.class, "suspected_leak", "{}", ov.text);
+    assert!(first.lsi >= 60.0, "{}", ov.text);
+    assert_eq!(first.unfreed, (400, 400_000));
+    assert_eq!(first.factors["Release"], "1.00");
+    assert_eq!(first.factors["Scale"], "1.00");
+    assert_eq!(first.factors["Lifetime"], "0.50"); // no frees
+    let growth: f64 = first.factors["Growth"].parse().expect("Growth printed");
+    assert!(growth > 0.8, "{}", ov.text);
+    assert!(
+        first.factors["Pattern"].parse::<f64>().is_ok(),
+        "{}",
+        ov.text
+    );
+    assert!(!first.factors.contains_key("degraded"), "{}", ov.text);
+
+    let slow = top
+        .iter()
+        .find(|s| s.first_function() == "lsi_slow_leak")
+        .expect("slow leak row");
+    assert_eq!(slow.unfreed, (16, 1024));
+    assert!(
+        slow.class == "suspected_leak" || slow.class == "growth_watch",
+        "{}",
+        ov.text
+    );
+
+    let table = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "lsi_table_at_start")
+        .unwrap();
+    assert!(table.resident, "{}", ov.text);
+    assert_eq!(table.class, "resident/early");
+    assert_eq!(table.factors["Growth"], "0.00");
+
+    let ring = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "lsi_ring_entry")
+        .unwrap();
+    assert_eq!(ring.unfreed, (32, 4096));
+    assert_eq!(ring.allocated, (2000, 256_000));
+    assert!(
+        ring.resident,
+        "the ring must not be in the TOP N:\n{}",
+        ov.text
+    );
+    assert_eq!(ring.class, "resident/turnover");
+    assert_eq!(ov.by_function("lsi_temporary"), None);
+}
+
+#[test]
+fn short_program_rows_are_insufficient_series() {
+    let run = run_tool(&[], &[], &["plain"]);
+    assert_exited(&run.out, 0, "tool run");
+    let ov = run.overview();
+    assert!(!ov.sites.is_empty());
+    for site in &ov.sites {
+        assert_eq!(
+            site.factors.get("degraded").map(String::as_str),
+            Some("insufficient_series"),
+            "{site:?}"
+        );
+        assert_eq!(site.factors["Growth"], "-");
+        assert_eq!(site.factors["Pattern"], "-");
+        assert_eq!(site.factors["slope"], "-");
+        assert!(
+            !site.resident,
+            "a short window must not be classified resident: {site:?}"
+        );
+    }
 }
 
 // ------------------------------------------------------------------------------------------

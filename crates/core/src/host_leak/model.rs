@@ -1,6 +1,7 @@
 //! What a closed (or snapshotted) host-leak window produced. Plain data: the runtime fills it,
 //! the renderers only read it, and tests build it by hand.
 
+use super::lsi::Assessment;
 use super::SizeHistogram;
 use crate::config::HostLeakMode;
 
@@ -85,14 +86,27 @@ pub struct DataHealth {
 }
 
 /// One call stack's line in the report. `stack_id == None` is the unknown bucket.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LeakSite {
     pub stack_id: Option<u32>,
     pub unfreed: CountBytes,
     pub allocated: CountBytes,
     pub freed: CountBytes,
+    pub assessment: Assessment,
     /// Rendered frames, innermost first.
     pub frames: Vec<String>,
+}
+
+/// How the beat series were taken, for the TOP N section's first line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeriesMeta {
+    pub top_k: usize,
+    pub max_series: usize,
+    pub beat_ms: u64,
+    pub beats_taken: u64,
+    pub window_beats: f64,
+    pub series: usize,
+    pub evicted: usize,
 }
 
 /// One unfreed block for `block_detail_{stage}.csv`.
@@ -105,7 +119,7 @@ pub struct BlockDetail {
     pub python_stack: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct HostLeakReport {
     pub stage: u32,
     pub pid: u32,
@@ -118,8 +132,11 @@ pub struct HostLeakReport {
     pub overflow_unfreed: CountBytes,
     pub unfreed_sizes: SizeHistogram,
     pub prewindow_free_sizes: SizeHistogram,
-    /// Every site with unfreed blocks, ordered by unfreed bytes (then count), largest first.
+    /// Sites with unfreed blocks that are not resident, ordered by LSI (then unfreed bytes).
     pub sites: Vec<LeakSite>,
+    /// Resident sites (caches, pools, rings), ordered by unfreed bytes; not in the TOP N.
+    pub resident: Vec<LeakSite>,
+    pub series: SeriesMeta,
     pub top_n: usize,
 }
 
@@ -142,13 +159,24 @@ impl HostLeakReport {
         reasons
     }
 
-    pub fn sort_sites(sites: &mut [LeakSite]) {
-        sites.sort_by(|a, b| {
+    /// Splits assessed sites into (leak sites by LSI, resident sites by unfreed bytes).
+    pub fn rank_sites(sites: Vec<LeakSite>) -> (Vec<LeakSite>, Vec<LeakSite>) {
+        let (mut resident, mut leaks): (Vec<LeakSite>, Vec<LeakSite>) =
+            sites.into_iter().partition(|s| s.assessment.is_resident());
+        let by_bytes = |a: &LeakSite, b: &LeakSite| {
             b.unfreed
                 .bytes
                 .cmp(&a.unfreed.bytes)
                 .then(b.unfreed.count.cmp(&a.unfreed.count))
                 .then(a.stack_id.cmp(&b.stack_id))
+        };
+        leaks.sort_by(|a, b| {
+            b.assessment
+                .lsi
+                .total_cmp(&a.assessment.lsi)
+                .then_with(|| by_bytes(a, b))
         });
+        resident.sort_by(by_bytes);
+        (leaks, resident)
     }
 }

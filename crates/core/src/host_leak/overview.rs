@@ -72,12 +72,7 @@ pub fn render_overview(report: &HostLeakReport) -> String {
 
     top_sites(&mut out, report);
     out.push('\n');
-    let _ = writeln!(out, "--- Resident Baselines ---");
-    let _ = writeln!(
-        out,
-        "(resident classification needs the per-stack beat series, which this window did not \
-         collect; every site with unfreed blocks is listed above)"
-    );
+    resident(&mut out, report);
     out
 }
 
@@ -230,30 +225,79 @@ fn top_sites(out: &mut String, report: &HostLeakReport) {
     let shown = report.sites.len().min(report.top_n);
     let _ = writeln!(
         out,
-        "--- TOP {} Leak Sites (by unfreed bytes; {} of {} sites with unfreed blocks shown) ---",
+        "--- TOP {} Leak Sites (by LSI; {} of {} sites with unfreed blocks shown) ---",
         report.top_n,
         shown,
         report.sites.len()
     );
+    let m = &report.series;
+    let _ = writeln!(
+        out,
+        "Series: top-k={}, max-stacks={}, beats={} ({} ms each), window={:.1} beats, series={}, evicted={}",
+        m.top_k, m.max_series, m.beats_taken, m.beat_ms, m.window_beats, m.series, m.evicted
+    );
     for (rank, site) in report.sites.iter().take(shown).enumerate() {
-        site_block(out, rank + 1, site);
+        site_block(out, &format!("#{}", rank + 1), site);
     }
 }
 
-fn site_block(out: &mut String, rank: usize, site: &LeakSite) {
+fn resident(out: &mut String, report: &HostLeakReport) {
+    // A closed window lists every resident site; an interim snapshot at most TOP N.
+    let shown = if report.interim {
+        report.resident.len().min(report.top_n)
+    } else {
+        report.resident.len()
+    };
+    let _ = writeln!(
+        out,
+        "--- Resident Baselines ({} of {} sites shown; caches, pools and rings: not in the TOP N) ---",
+        shown,
+        report.resident.len()
+    );
+    for (rank, site) in report.resident.iter().take(shown).enumerate() {
+        site_block(out, &format!("#R{}", rank + 1), site);
+    }
+}
+
+fn factor(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"))
+}
+
+fn site_block(out: &mut String, rank: &str, site: &LeakSite) {
     let id = match site.stack_id {
         Some(id) => format!("stack {id}"),
         None => "unknown bucket".to_string(),
     };
     let _ = writeln!(
         out,
-        "#{rank} [{id}] unfreed {} blocks / {} bytes; allocated {} / {} bytes; freed {} / {} bytes",
+        "{rank} [{id}] unfreed {} blocks / {} bytes; allocated {} / {} bytes; freed {} / {} bytes",
         site.unfreed.count,
         site.unfreed.bytes,
         site.allocated.count,
         site.allocated.bytes,
         site.freed.count,
         site.freed.bytes
+    );
+    let a = &site.assessment;
+    let f = &a.factors;
+    let slope = a
+        .slope
+        .map_or_else(|| "-".to_string(), |s| format!("{s:+.1}"));
+    let degraded = a
+        .degraded
+        .map(|d| format!(" degraded={}", d.label()))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  {} LSI={:.1} Growth={} Release={} Lifetime={} Pattern={} Scale={} slope={slope} B/beat beats={}{degraded}",
+        a.class_label(),
+        a.lsi,
+        factor(f.growth),
+        factor(Some(f.release)),
+        factor(Some(f.lifetime)),
+        factor(f.pattern),
+        factor(Some(f.scale)),
+        a.beats,
     );
     if site.frames.is_empty() {
         let text = match site.stack_id {

@@ -8,13 +8,17 @@ use std::time::Instant;
 
 use msmemscope_core::config::HostLeakMode;
 use msmemscope_core::host_leak::detail_csv::{render_block_detail, sort_blocks};
+use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::overview::render_overview;
 use msmemscope_core::host_leak::{
-    BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SizeHistogram, WindowSpan,
+    BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta, SizeHistogram,
+    WindowSpan,
 };
 use msmemscope_core::symbolize::Symbolizer;
 
+use super::beats;
 use super::ledger::Ledger;
+use super::stack_table::StackCounts;
 use super::stack_table::UNKNOWN_STACK;
 use crate::clock::realtime_ns;
 use crate::unwind::modules;
@@ -27,16 +31,18 @@ pub fn build_report(
 ) -> (HostLeakReport, Option<Vec<BlockDetail>>) {
     let end_ns = realtime_ns();
     let event_mode = ledger.settings.mode == HostLeakMode::Event && !interim;
+    // The closing sample ends every series at the moment of the report.
+    ledger.take_beat(ledger.beats.beat_at(end_ns), true);
+    let end_ms = end_ns.saturating_sub(ledger.start_ns) / 1_000_000;
 
-    let mut unfreed_by_stack: HashMap<u32, CountBytes> = HashMap::new();
+    let mut unfreed_by_stack: HashMap<u32, Unfreed> = HashMap::new();
     let mut unfreed_sizes = SizeHistogram::default();
     let mut raw_blocks: Vec<(usize, u64, u64, u32)> = Vec::new();
     let mut unread = ledger.blocks.for_each_shard(deadline, |shard| {
         for (&ptr, block) in shard {
-            unfreed_by_stack
-                .entry(block.stack)
-                .or_default()
-                .add(block.size);
+            let entry = unfreed_by_stack.entry(block.stack).or_default();
+            entry.blocks.add(block.size);
+            entry.age_ms_sum += end_ms.saturating_sub(block.alloc_ms as u64);
             unfreed_sizes.add(block.size);
             if event_mode {
                 raw_blocks.push((ptr, block.size, ledger.alloc_ns(block), block.stack));
@@ -63,52 +69,78 @@ pub fn build_report(
     unread += unread_stacks;
 
     let mut allocations = overflow_allocations;
-    allocations.merge(unknown);
+    allocations.merge(unknown.allocated);
     for s in &stacks {
-        allocations.merge(s.allocated);
+        allocations.merge(s.counts.allocated);
     }
 
-    let mut sites: Vec<LeakSite> = Vec::new();
+    let window = WindowFacts {
+        start_ns: ledger.start_ns,
+        end_ns,
+        beat_ms: ledger.beats.beat_ms(),
+    };
+    let window_beats = window.beats();
+    let assess_site = |id: Option<u32>, counts: &StackCounts, unfreed: &Unfreed| {
+        let facts = SiteFacts {
+            unfreed: unfreed.blocks,
+            allocated: counts.allocated,
+            freed_count: counts.freed.count,
+            mean_live_age_ms: unfreed.age_ms_sum as f64 / unfreed.blocks.count.max(1) as f64,
+            mean_freed_lifetime_ms: counts.freed_lifetime_ms as f64
+                / counts.freed.count.max(1) as f64,
+            last_alloc_ns: counts.last_alloc_ns,
+        };
+        lsi::assess(&ledger.beats.series_of(id, window_beats), &facts, &window)
+    };
+    let mut all_sites: Vec<LeakSite> = Vec::new();
     let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
     for s in stacks {
-        let Some(&unfreed) = unfreed_by_stack.get(&s.id) else {
+        let Some(unfreed) = unfreed_by_stack.get(&s.id) else {
             continue;
         };
-        frames_of.insert(s.id, s.frames);
-        sites.push(LeakSite {
+        all_sites.push(LeakSite {
             stack_id: Some(s.id),
-            unfreed,
-            allocated: s.allocated,
-            freed: minus(s.allocated, unfreed),
+            unfreed: unfreed.blocks,
+            allocated: s.counts.allocated,
+            freed: s.counts.freed,
+            assessment: assess_site(Some(s.id), &s.counts, unfreed),
             frames: Vec::new(),
         });
+        frames_of.insert(s.id, s.frames);
     }
-    if let Some(&unfreed) = unfreed_by_stack.get(&UNKNOWN_STACK) {
-        sites.push(LeakSite {
+    if let Some(unfreed) = unfreed_by_stack.get(&UNKNOWN_STACK) {
+        all_sites.push(LeakSite {
             stack_id: None,
-            unfreed,
-            allocated: unknown,
-            freed: minus(unknown, unfreed),
+            unfreed: unfreed.blocks,
+            allocated: unknown.allocated,
+            freed: unknown.freed,
+            assessment: assess_site(None, &unknown, unfreed),
             frames: Vec::new(),
         });
     }
-    HostLeakReport::sort_sites(&mut sites);
+    let (mut sites, mut resident) = HostLeakReport::rank_sites(all_sites);
 
+    // Symbolize what the report shows: the TOP N, the resident rows, and in event mode every
+    // site (the block details carry stacks).
     let top_n = ledger.settings.top_n;
     let mut symbols = SymbolCache::new();
-    let symbolize_all = event_mode;
-    for (rank, site) in sites.iter_mut().enumerate() {
-        if rank >= top_n && !symbolize_all {
-            break;
-        }
+    let shown_leaks = if event_mode { sites.len() } else { top_n };
+    for site in sites
+        .iter_mut()
+        .take(shown_leaks)
+        .chain(resident.iter_mut())
+    {
         if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
             site.frames = symbols.render(frames);
         }
     }
 
     let details = event_mode.then(|| {
-        let by_id: HashMap<Option<u32>, &Vec<String>> =
-            sites.iter().map(|s| (s.stack_id, &s.frames)).collect();
+        let by_id: HashMap<Option<u32>, &Vec<String>> = sites
+            .iter()
+            .chain(resident.iter())
+            .map(|s| (s.stack_id, &s.frames))
+            .collect();
         let mut details: Vec<BlockDetail> = raw_blocks
             .into_iter()
             .map(|(addr, size, ts, stack)| {
@@ -127,8 +159,8 @@ pub fn build_report(
     });
 
     let mut unfreed = overflow_unfreed;
-    for cb in unfreed_by_stack.values() {
-        unfreed.merge(*cb);
+    for u in unfreed_by_stack.values() {
+        unfreed.merge(u.blocks);
     }
     // Every tracked block is either still in the ledger or was freed.
     let frees = minus(allocations, unfreed);
@@ -141,6 +173,7 @@ pub fn build_report(
         prewindow_frees.merge(cb);
     }
 
+    let summary = ledger.beats.summary();
     let s = &ledger.settings;
     let health = DataHealth {
         mode: s.mode,
@@ -182,9 +215,26 @@ pub fn build_report(
         unfreed_sizes,
         prewindow_free_sizes,
         sites,
+        resident,
+        series: SeriesMeta {
+            top_k: beats::TOP_K,
+            max_series: beats::MAX_SERIES,
+            beat_ms: summary.beat_ms,
+            beats_taken: summary.beats_taken,
+            window_beats,
+            series: summary.series,
+            evicted: summary.evicted,
+        },
         top_n,
     };
     (report, details)
+}
+
+/// A stack's unfreed blocks and their summed ages, from the block walk.
+#[derive(Default)]
+struct Unfreed {
+    blocks: CountBytes,
+    age_ms_sum: u64,
 }
 
 fn minus(a: CountBytes, b: CountBytes) -> CountBytes {

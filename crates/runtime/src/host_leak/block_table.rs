@@ -54,9 +54,15 @@ impl BlockTable {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Removes `ptr`'s block, calling `on_removed` with it under the shard lock.
     #[inline]
-    pub fn remove(&self, ptr: usize) -> Option<Block> {
-        self.shard(ptr).remove(&ptr)
+    pub fn remove(&self, ptr: usize, on_removed: impl FnOnce(&Block)) -> Option<Block> {
+        let mut shard = self.shard(ptr);
+        let block = shard.remove(&ptr)?;
+        // Still under the shard lock: a recycling pass sees either the block or what
+        // `on_removed` recorded about it.
+        on_removed(&block);
+        Some(block)
     }
 
     /// Puts back a block removed by a `realloc` that then failed.

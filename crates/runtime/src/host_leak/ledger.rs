@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
 
+use super::beats::Beats;
 use super::block_table::{Block, BlockTable};
 use super::hashing::mix;
 use super::overflow::OverflowLedger;
@@ -34,6 +35,7 @@ pub struct Ledger {
     pub frees_untracked: StripedCountBytes,
     pub prewindow_frees: [StripedCountBytes; 7],
     last_failed_recycle_ms: AtomicU64,
+    pub beats: Beats,
     /// Blocks found still in the table when their address was handed out again: their free
     /// happened where no hook saw it.
     pub missed_frees: AtomicU64,
@@ -53,14 +55,16 @@ pub enum Taken {
 
 impl Ledger {
     pub fn new(settings: WindowSettings, stage: u32) -> Ledger {
+        let start_ns = realtime_ns();
         Ledger {
+            beats: Beats::new(start_ns, settings.beat_ms),
             sample_mask: settings.sample_rate.saturating_sub(1),
             blocks: BlockTable::new(settings.block_cap),
             stacks: StackTable::new(settings.stack_cap, (stage as u64) << 24),
             overflow: OverflowLedger::new(settings.overflow_cap),
             settings,
             stage,
-            start_ns: realtime_ns(),
+            start_ns,
             truncation: AtomicU32::new(0),
             stopped: AtomicBool::new(false),
             stopped_at_ns: AtomicU64::new(0),
@@ -84,6 +88,12 @@ impl Ledger {
     #[inline]
     fn window_ms(&self, ts: u64) -> u32 {
         (ts.saturating_sub(self.start_ns) / 1_000_000).min(u32::MAX as u64) as u32
+    }
+
+    /// How long `block` has lived, in milliseconds.
+    #[inline]
+    fn lifetime_ms(&self, block: &Block) -> u64 {
+        (self.window_ms(realtime_ns()) as u64).saturating_sub(block.alloc_ms as u64)
     }
 
     /// The wall-clock time of a block's allocation.
@@ -120,13 +130,24 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return;
         }
-        with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
+        let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
+        if let Some(beat) = self.beats.due(ts) {
+            self.take_beat(beat as f64, false);
+        }
+    }
+
+    /// Samples every stack's live memory into the beat series.
+    pub fn take_beat(&self, beat: f64, closing: bool) {
+        let mut live = Vec::new();
+        self.stacks.for_each_live(|id, cb| live.push((id, cb)));
+        self.beats.record(beat, &mut live, closing);
     }
 
     /// Inserts a block allocated from `stack`. `tag` is the stack's memo tag, where the stack's
     /// id is kept with the stack-table generation it is valid in: `generation << 32 | id + 1`.
+    /// Returns the allocation's timestamp.
     #[inline]
-    fn insert(&self, ptr: usize, size: u64, stack: &CapturedStack, tag: &mut u64) {
+    fn insert(&self, ptr: usize, size: u64, stack: &CapturedStack, tag: &mut u64) -> u64 {
         let ts = realtime_ns();
         let mut may_recycle = true;
         loop {
@@ -138,7 +159,7 @@ impl Ledger {
                 if !self.overflow.insert(ptr, size) {
                     self.stop(ts);
                 }
-                return;
+                return ts;
             }
             // A stack id is taken and used under the block shard lock, with the stack table
             // stable (even generation): a recycling pass cannot free the id meanwhile.
@@ -184,7 +205,7 @@ impl Ledger {
                 // The address was still recorded: its free happened where no hook saw it.
                 self.missed_frees.fetch_add(1, Ordering::Relaxed);
             }
-            return;
+            return ts;
         }
     }
 
@@ -210,11 +231,12 @@ impl Ledger {
             }
         });
         let freed = self.stacks.finish_recycling(&live);
-        if freed == 0 {
+        self.beats.forget(&freed);
+        if freed.is_empty() {
             self.last_failed_recycle_ms
                 .store(now.max(1), Ordering::Relaxed);
         }
-        freed
+        freed.len() as u64
     }
 
     fn stop(&self, ts: u64) {
@@ -232,7 +254,11 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return Taken::Ignored;
         }
-        if let Some(block) = self.blocks.remove(ptr) {
+        let removed = self.blocks.remove(ptr, |block| {
+            self.stacks
+                .count_free(block.stack, block.size, self.lifetime_ms(block));
+        });
+        if let Some(block) = removed {
             return Taken::Block(block);
         }
         if let Some(size) = self.overflow.remove(ptr) {
@@ -266,9 +292,13 @@ impl Ledger {
     pub fn restore(&self, ptr: usize, taken: Taken, block_generation: u64) {
         match taken {
             Taken::Block(mut block) => {
+                self.stacks
+                    .uncount_free(block.stack, block.size, self.lifetime_ms(&block));
                 // The block was out of the table while its stack may have been recycled.
                 if self.stacks.generation() != block_generation {
                     block.stack = UNKNOWN_STACK;
+                    self.stacks
+                        .count_alloc(UNKNOWN_STACK, block.size, self.alloc_ns(&block));
                 }
                 self.blocks.restore(ptr, block)
             }

@@ -1,6 +1,7 @@
 //! Host heap leak detection: the window, its sharded ledger, and the report at close.
 
 pub mod aggregate;
+pub mod beats;
 pub mod block_table;
 pub mod hashing;
 pub mod ledger;

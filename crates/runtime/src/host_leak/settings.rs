@@ -22,6 +22,7 @@ pub struct WindowSettings {
     pub overflow_cap: u64,
     pub stack_cap: u64,
     pub top_n: usize,
+    pub beat_ms: u64,
 }
 
 /// The environment's overrides, read once at start (the runtime then removes them from the
@@ -32,6 +33,7 @@ pub struct CapOverrides {
     pub overflow_cap: Option<u64>,
     pub stack_cap: Option<u64>,
     pub top_n: Option<usize>,
+    pub beat_ms: Option<u64>,
 }
 
 impl CapOverrides {
@@ -46,6 +48,7 @@ impl CapOverrides {
             overflow_cap: num(ENV_OVERFLOW_CAP),
             stack_cap: num(ENV_STACK_CAP),
             top_n: num(ENV_TOP_N).map(|n| n as usize),
+            beat_ms: num(super::beats::ENV_BEAT_MS),
         }
     }
 }
@@ -71,6 +74,10 @@ impl WindowSettings {
                 .unwrap_or(DEFAULT_STACK_CAP)
                 .min(DEFAULT_STACK_CAP),
             top_n: caps.top_n.unwrap_or(DEFAULT_TOP_N).clamp(1, MAX_TOP_N),
+            beat_ms: caps
+                .beat_ms
+                .unwrap_or(super::beats::DEFAULT_BEAT_MS)
+                .clamp(10, 60_000),
         }
     }
 }

@@ -45,16 +45,45 @@ impl Hash for StackKey {
 /// One stack's counters in one stripe.
 #[derive(Default)]
 struct Counter {
-    count: AtomicU64,
-    bytes: AtomicU64,
+    allocated: AtomicU64,
+    allocated_bytes: AtomicU64,
     last_alloc_ns: AtomicU64,
+    freed: AtomicU64,
+    freed_bytes: AtomicU64,
+    /// Sum of the freed blocks' lifetimes, milliseconds.
+    freed_lifetime_ms: AtomicU64,
 }
 
 // SAFETY: atomics only; all-zero bytes are zero values.
 unsafe impl Zeroable for Counter {}
 
-/// Allocation counters of every slot, striped by thread: each stripe is its own array, so
-/// threads in different stripes never write the same cache line.
+/// A stack's counters summed over the stripes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCounts {
+    pub allocated: CountBytes,
+    pub freed: CountBytes,
+    pub freed_lifetime_ms: u64,
+    pub last_alloc_ns: u64,
+}
+
+impl StackCounts {
+    pub fn live(&self) -> CountBytes {
+        CountBytes {
+            count: self.allocated.count.saturating_sub(self.freed.count),
+            bytes: self.allocated.bytes.saturating_sub(self.freed.bytes),
+        }
+    }
+
+    fn merge(&mut self, other: StackCounts) {
+        self.allocated.merge(other.allocated);
+        self.freed.merge(other.freed);
+        self.freed_lifetime_ms += other.freed_lifetime_ms;
+        self.last_alloc_ns = self.last_alloc_ns.max(other.last_alloc_ns);
+    }
+}
+
+/// The counters of every slot, striped by thread: each stripe is its own array, so threads in
+/// different stripes never write the same cache line.
 struct StripedCounters {
     stripes: Vec<ZeroedArray<Counter>>,
 }
@@ -72,38 +101,85 @@ impl StripedCounters {
     }
 
     #[inline]
-    fn add(&self, slot: usize, size: u64, ts: u64) -> bool {
-        let Some(stripe) = self.stripes.get(super::striped::stripe_index() % STRIPES) else {
-            return false;
-        };
-        let Some(counter) = stripe.get(slot) else {
-            return false;
-        };
-        counter.count.fetch_add(1, Ordering::Relaxed);
-        counter.bytes.fetch_add(size, Ordering::Relaxed);
-        counter.last_alloc_ns.store(ts, Ordering::Relaxed);
-        true
+    fn mine(&self, slot: usize) -> Option<&Counter> {
+        self.stripes
+            .get(super::striped::stripe_index() % STRIPES)?
+            .get(slot)
     }
 
-    fn sum(&self, slot: usize) -> (CountBytes, u64) {
-        let mut total = CountBytes::default();
-        let mut last = 0;
-        for stripe in &self.stripes {
-            if let Some(c) = stripe.get(slot) {
-                total.count += c.count.load(Ordering::Relaxed);
-                total.bytes += c.bytes.load(Ordering::Relaxed);
-                last = last.max(c.last_alloc_ns.load(Ordering::Relaxed));
+    #[inline]
+    fn add(&self, slot: usize, size: u64, ts: u64) {
+        if let Some(c) = self.mine(slot) {
+            c.allocated.fetch_add(1, Ordering::Relaxed);
+            c.allocated_bytes.fetch_add(size, Ordering::Relaxed);
+            c.last_alloc_ns.store(ts, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a free; `sign` -1 undoes one (a `realloc` that failed after its block was taken).
+    #[inline]
+    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool) {
+        if let Some(c) = self.mine(slot) {
+            if undo {
+                c.freed.fetch_sub(1, Ordering::Relaxed);
+                c.freed_bytes.fetch_sub(size, Ordering::Relaxed);
+                c.freed_lifetime_ms
+                    .fetch_sub(lifetime_ms, Ordering::Relaxed);
+            } else {
+                c.freed.fetch_add(1, Ordering::Relaxed);
+                c.freed_bytes.fetch_add(size, Ordering::Relaxed);
+                c.freed_lifetime_ms
+                    .fetch_add(lifetime_ms, Ordering::Relaxed);
             }
         }
-        (total, last)
+    }
+
+    fn sum(&self, slot: usize) -> StackCounts {
+        let mut total = StackCounts::default();
+        for stripe in &self.stripes {
+            if let Some(c) = stripe.get(slot) {
+                // Stripes may be updated by other threads meanwhile: wrapping sums keep an
+                // undo racing its free from showing as a huge number for long.
+                total.allocated.count = total
+                    .allocated
+                    .count
+                    .wrapping_add(c.allocated.load(Ordering::Relaxed));
+                total.allocated.bytes = total
+                    .allocated
+                    .bytes
+                    .wrapping_add(c.allocated_bytes.load(Ordering::Relaxed));
+                total.freed.count = total
+                    .freed
+                    .count
+                    .wrapping_add(c.freed.load(Ordering::Relaxed));
+                total.freed.bytes = total
+                    .freed
+                    .bytes
+                    .wrapping_add(c.freed_bytes.load(Ordering::Relaxed));
+                total.freed_lifetime_ms = total
+                    .freed_lifetime_ms
+                    .wrapping_add(c.freed_lifetime_ms.load(Ordering::Relaxed));
+                total.last_alloc_ns = total
+                    .last_alloc_ns
+                    .max(c.last_alloc_ns.load(Ordering::Relaxed));
+            }
+        }
+        total
     }
 
     fn reset(&self, slot: usize) {
         for stripe in &self.stripes {
             if let Some(c) = stripe.get(slot) {
-                c.count.store(0, Ordering::Relaxed);
-                c.bytes.store(0, Ordering::Relaxed);
-                c.last_alloc_ns.store(0, Ordering::Relaxed);
+                for a in [
+                    &c.allocated,
+                    &c.allocated_bytes,
+                    &c.last_alloc_ns,
+                    &c.freed,
+                    &c.freed_bytes,
+                    &c.freed_lifetime_ms,
+                ] {
+                    a.store(0, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -120,8 +196,7 @@ pub enum Interned {
 pub struct StackRecord {
     pub id: u32,
     pub frames: Vec<u64>,
-    pub allocated: CountBytes,
-    pub last_alloc_ns: u64,
+    pub counts: StackCounts,
 }
 
 pub struct StackTable {
@@ -134,7 +209,7 @@ pub struct StackTable {
     cap: u64,
     interned: AtomicU64,
     recycled: AtomicU64,
-    folded: Mutex<CountBytes>,
+    folded: Mutex<StackCounts>,
     unattributed_allocs: AtomicU64,
     full_without_dead: AtomicBool,
     /// Even while stable, odd while dead stacks are being recycled. Readers that see it even
@@ -156,7 +231,7 @@ impl StackTable {
             cap,
             interned: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
-            folded: Mutex::new(CountBytes::default()),
+            folded: Mutex::new(StackCounts::default()),
             unattributed_allocs: AtomicU64::new(0),
             full_without_dead: AtomicBool::new(false),
             generation: AtomicU64::new(first_generation),
@@ -207,9 +282,40 @@ impl StackTable {
     pub fn count_alloc(&self, id: u32, size: u64, ts: u64) {
         if id == UNKNOWN_STACK {
             self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
-            self.counters.add(self.unknown_slot(), size, ts);
+        }
+        self.counters.add(self.slot_of(id), size, ts);
+    }
+
+    /// Counts the free of a block of `id` that lived `lifetime_ms`. Called under the block's
+    /// shard lock, so a recycling pass sees either the block or its free.
+    #[inline]
+    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64) {
+        self.counters
+            .free(self.slot_of(id), size, lifetime_ms, false);
+    }
+
+    /// Undoes [`StackTable::count_free`].
+    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64) {
+        self.counters
+            .free(self.slot_of(id), size, lifetime_ms, true);
+    }
+
+    #[inline]
+    fn slot_of(&self, id: u32) -> usize {
+        if id == UNKNOWN_STACK {
+            self.unknown_slot()
         } else {
-            self.counters.add(id as usize, size, ts);
+            id as usize
+        }
+    }
+
+    /// Calls `visit(id, live)` for every slot handed out so far (freed slots show nothing live).
+    pub fn for_each_live(&self, mut visit: impl FnMut(u32, CountBytes)) {
+        for slot in 0..self.slots_in_use_bound() {
+            let live = self.counters.sum(slot).live();
+            if live.count > 0 {
+                visit(slot as u32, live);
+            }
         }
     }
 
@@ -233,31 +339,31 @@ impl StackTable {
     }
 
     /// Frees every interned stack whose slot is not in `live`, folding its counts into the
-    /// unknown bucket, and ends the pass. Returns how many were freed.
-    pub fn finish_recycling(&self, live: &[bool]) -> u64 {
+    /// unknown bucket, and ends the pass. Returns the freed slots.
+    pub fn finish_recycling(&self, live: &[bool]) -> Vec<u32> {
         let mut freed_slots = Vec::new();
-        let mut folded = CountBytes::default();
+        let mut folded = StackCounts::default();
         for shard in 0..SHARDS {
             self.lock_index(shard).retain(|_, slot| {
                 if live.get(*slot as usize).copied().unwrap_or(true) {
                     return true;
                 }
-                folded.merge(self.counters.sum(*slot as usize).0);
+                folded.merge(self.counters.sum(*slot as usize));
                 self.counters.reset(*slot as usize);
                 freed_slots.push(*slot);
                 false
             });
         }
-        let freed = freed_slots.len() as u64;
         if let Ok(mut f) = self.folded.lock() {
             f.merge(folded);
         }
         if let Ok(mut free) = self.free_slots.lock() {
-            free.extend(freed_slots);
+            free.extend(freed_slots.iter().copied());
         }
-        self.recycled.fetch_add(freed, Ordering::Relaxed);
+        self.recycled
+            .fetch_add(freed_slots.len() as u64, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::AcqRel);
-        freed
+        freed_slots
     }
 
     /// Slots handed out so far: the size of a liveness map.
@@ -285,9 +391,9 @@ impl StackTable {
         self.cap
     }
 
-    /// Copies out every stack with its counters, and the unknown bucket's allocations (direct
-    /// and folded from recycled stacks). Returns the number of unread index shards.
-    pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, CountBytes, u32) {
+    /// Copies out every stack with its counters, and the unknown bucket's counters (direct and
+    /// folded from recycled stacks). Returns the number of unread index shards.
+    pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, StackCounts, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
         for shard in self.index.iter() {
@@ -296,16 +402,14 @@ impl StackTable {
                 continue;
             };
             for (key, &slot) in index.iter() {
-                let (allocated, last_alloc_ns) = self.counters.sum(slot as usize);
                 records.push(StackRecord {
                     id: slot,
                     frames: key.0.as_slice().to_vec(),
-                    allocated,
-                    last_alloc_ns,
+                    counts: self.counters.sum(slot as usize),
                 });
             }
         }
-        let mut unknown = self.counters.sum(self.unknown_slot()).0;
+        let mut unknown = self.counters.sum(self.unknown_slot());
         match lock_until(&self.folded, deadline) {
             Some(folded) => unknown.merge(*folded),
             None => unread += 1,

@@ -1,0 +1,678 @@
+//! The Leak Suspicion Index: how much a call stack's unfreed memory looks like a leak rather
+//! than a cache, a pool or work in flight (SPEC §8).
+//!
+//! `LSI = 100 · (0.26·G + 0.21·R + 0.12·S + 0.12·P + 0.29·E)`, every factor clipped to [0, 1]:
+//!
+//! * **G, growth**: the weighted least-squares slope of the stack's live bytes per beat, over
+//!   the points after the warm-up beats, divided by the stack's mean allocated bytes per beat.
+//!   1 = everything allocated stays; 0 = flat or shrinking.
+//! * **R, release**: unfreed bytes / allocated bytes.
+//! * **S, lifetime**: mean age of the unfreed blocks against the mean lifetime of the freed
+//!   ones, as `age / (age + lifetime)`: 0.5 when alike, towards 1 when the survivors are far
+//!   older than blocks usually live. 0.5 with fewer than 8 frees.
+//! * **P, pattern**: the recent slope against the base slope: does the growth go on? Recent =
+//!   the last 25% of the series' beats, at least 10 beats, leaving at least 2 base points.
+//! * **E, scale**: `max(log10(1 + unfreed count) / 2, log10(1 + unfreed MiB) / 2.8)`.
+//!
+//! Without a usable series, G and P are unknown: shown as `-`, the row says why, and the LSI
+//! counts them as the neutral 0.5. Nothing is guessed.
+//!
+//! Classification: **resident/early** when G < 0.05 and the stack's newest allocation lies in
+//! the first 20% of the window; **resident/turnover** when R ≤ 0.3 and the tail is flat;
+//! otherwise **suspected_leak** when LSI ≥ 60, else **growth_watch**, with `/turnover` appended
+//! when R ≤ 0.3 but the tail still rises. The tail is flat when, over the recent span, live
+//! bytes grew by at most 5% of the live bytes at its end (recent slope × recent beats / live):
+//! a cache that turns over stays level, while a leak hidden in heavy traffic (every twentieth
+//! request kept, say) keeps adding a visible share of what is live.
+
+use super::model::CountBytes;
+
+pub const WEIGHT_GROWTH: f64 = 0.26;
+pub const WEIGHT_RELEASE: f64 = 0.21;
+pub const WEIGHT_LIFETIME: f64 = 0.12;
+pub const WEIGHT_PATTERN: f64 = 0.12;
+pub const WEIGHT_SCALE: f64 = 0.29;
+/// Beats at the start of a window that growth ignores (start-up allocations).
+pub const WARMUP_BEATS: u32 = 5;
+/// Points after the warm-up needed for a slope.
+pub const MIN_POINTS: usize = 3;
+pub const MIN_FREES_FOR_LIFETIME: u64 = 8;
+pub const SUSPECTED_LEAK_LSI: f64 = 60.0;
+pub const NEUTRAL: f64 = 0.5;
+
+/// One sample of a stack's live memory: at `beat` (beats since the window opened), weighted by
+/// the number of beats it stands for (more after the series' resolution was halved).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SeriesPoint {
+    pub beat: f64,
+    pub live_bytes: f64,
+    /// Live blocks at that beat (not a factor input; kept for displays of the series).
+    pub live_blocks: f64,
+    pub weight: f64,
+}
+
+/// Why a site has no usable series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Degradation {
+    /// The stack was never among the top-k stacks at a beat.
+    NoSeries,
+    /// Its series was dropped to make room for another (at most 1024 series).
+    SeriesEvicted,
+    /// Too few points after the warm-up (a short window).
+    InsufficientSeries,
+    /// The window outlasted the warm-up but no beat was taken after it (no thread allocated
+    /// after the warm-up to drive the beat).
+    NoWarmupThread,
+}
+
+impl Degradation {
+    pub fn label(self) -> &'static str {
+        match self {
+            Degradation::NoSeries => "no_series",
+            Degradation::SeriesEvicted => "series_evicted",
+            Degradation::InsufficientSeries => "insufficient_series",
+            Degradation::NoWarmupThread => "no_warmup_thread",
+        }
+    }
+}
+
+/// A site's series as the report has it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Series {
+    Points(Vec<SeriesPoint>),
+    Missing(Degradation),
+}
+
+/// What the ledger knows about a site besides its series.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SiteFacts {
+    pub unfreed: CountBytes,
+    pub allocated: CountBytes,
+    pub freed_count: u64,
+    pub mean_live_age_ms: f64,
+    pub mean_freed_lifetime_ms: f64,
+    /// Time of the newest allocation, nanoseconds since the epoch.
+    pub last_alloc_ns: u64,
+}
+
+/// The window, in wall-clock time and in beats.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowFacts {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub beat_ms: u64,
+}
+
+impl WindowFacts {
+    pub fn beats(&self) -> f64 {
+        let ms = self.end_ns.saturating_sub(self.start_ns) as f64 / 1e6;
+        (ms / self.beat_ms.max(1) as f64).max(1.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Factors {
+    pub growth: Option<f64>,
+    pub release: f64,
+    pub lifetime: f64,
+    pub pattern: Option<f64>,
+    pub scale: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    SuspectedLeak,
+    GrowthWatch,
+    ResidentEarly,
+    ResidentTurnover,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Assessment {
+    pub factors: Factors,
+    pub lsi: f64,
+    pub class: Class,
+    /// `/turnover`: most of what the stack allocated was freed, but its tail still rises.
+    pub turnover: bool,
+    /// Live-bytes slope over the points after the warm-up, bytes per beat.
+    pub slope: Option<f64>,
+    /// Points the slope was fitted to.
+    pub beats: usize,
+    pub degraded: Option<Degradation>,
+}
+
+impl Assessment {
+    pub fn is_resident(&self) -> bool {
+        matches!(self.class, Class::ResidentEarly | Class::ResidentTurnover)
+    }
+
+    /// `suspected_leak`, `growth_watch/turnover`, `resident/early`, ...
+    pub fn class_label(&self) -> String {
+        let base = match self.class {
+            Class::SuspectedLeak => "suspected_leak",
+            Class::GrowthWatch => "growth_watch",
+            Class::ResidentEarly => "resident/early",
+            Class::ResidentTurnover => "resident/turnover",
+        };
+        if self.turnover && !self.is_resident() {
+            format!("{base}/turnover")
+        } else {
+            base.to_string()
+        }
+    }
+}
+
+fn clip(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x.clamp(0.0, 1.0)
+    }
+}
+
+/// Weighted least-squares slope of live bytes over beats; `None` with fewer than 2 distinct
+/// beats.
+pub fn weighted_slope(points: &[SeriesPoint]) -> Option<f64> {
+    let w: f64 = points.iter().map(|p| p.weight).sum();
+    if points.len() < 2 || w <= 0.0 {
+        return None;
+    }
+    let mx = points.iter().map(|p| p.weight * p.beat).sum::<f64>() / w;
+    let my = points.iter().map(|p| p.weight * p.live_bytes).sum::<f64>() / w;
+    let sxx: f64 = points
+        .iter()
+        .map(|p| p.weight * (p.beat - mx).powi(2))
+        .sum();
+    if sxx <= 0.0 {
+        return None;
+    }
+    let sxy: f64 = points
+        .iter()
+        .map(|p| p.weight * (p.beat - mx) * (p.live_bytes - my))
+        .sum();
+    Some(sxy / sxx)
+}
+
+/// Splits post-warm-up points into (base, recent): recent covers the last 25% of their beats,
+/// at least 10 beats, and each part keeps at least 2 points. `None` when that is impossible.
+pub fn split_recent(points: &[SeriesPoint]) -> Option<(&[SeriesPoint], &[SeriesPoint])> {
+    if points.len() < 4 {
+        return None;
+    }
+    let first = points.first()?.beat;
+    let last = points.last()?.beat;
+    let span = ((last - first) * 0.25).max(10.0);
+    let mut cut = points.partition_point(|p| p.beat < last - span);
+    cut = cut.clamp(2, points.len() - 2);
+    Some((&points[..cut], &points[cut..]))
+}
+
+/// Largest growth of the tail, as a share of the live bytes at its end, that still counts as
+/// flat.
+pub const FLAT_TAIL: f64 = 0.05;
+
+/// G, P and the tail's rise from a series; or why they are unknown.
+struct SeriesFactors {
+    growth: f64,
+    slope: f64,
+    beats: usize,
+    pattern: Option<f64>,
+    /// Growth over the recent span as a share of the live bytes at its end.
+    tail_rise: f64,
+}
+
+/// Growth of `points` over their span (by their fitted slope) as a share of the last live bytes.
+fn rise(points: &[SeriesPoint], slope: f64) -> f64 {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return 0.0;
+    };
+    let grown = slope * (last.beat - first.beat);
+    if grown <= 0.0 {
+        0.0
+    } else {
+        grown / last.live_bytes.max(1.0)
+    }
+}
+
+fn series_factors(
+    points: &[SeriesPoint],
+    mean_alloc_per_beat: f64,
+) -> Result<SeriesFactors, Degradation> {
+    let after: Vec<SeriesPoint> = points
+        .iter()
+        .copied()
+        .filter(|p| p.beat >= WARMUP_BEATS as f64)
+        .collect();
+    if after.len() < MIN_POINTS {
+        return Err(Degradation::InsufficientSeries);
+    }
+    let slope = weighted_slope(&after).ok_or(Degradation::InsufficientSeries)?;
+    let norm = |s: f64| {
+        if mean_alloc_per_beat > 0.0 {
+            s / mean_alloc_per_beat
+        } else {
+            0.0
+        }
+    };
+    let (pattern, tail_rise) = match split_recent(&after) {
+        Some((base, recent)) => {
+            let base_slope = weighted_slope(base).unwrap_or(0.0);
+            let recent_slope = weighted_slope(recent).unwrap_or(0.0);
+            let pattern = if base_slope > 0.0 {
+                clip(recent_slope / base_slope)
+            } else if recent_slope > 0.0 {
+                1.0
+            } else {
+                0.0
+            };
+            (Some(pattern), rise(recent, recent_slope))
+        }
+        None => (None, rise(&after, slope)),
+    };
+    Ok(SeriesFactors {
+        growth: clip(norm(slope)),
+        slope,
+        beats: after.len(),
+        pattern,
+        tail_rise,
+    })
+}
+
+/// Scale of the unfreed memory alone (no series needed).
+pub fn scale_factor(unfreed: CountBytes) -> f64 {
+    let by_count = (1.0 + unfreed.count as f64).log10() / 2.0;
+    let by_mib = (1.0 + unfreed.bytes as f64 / (1024.0 * 1024.0)).log10() / 2.8;
+    clip(by_count.max(by_mib))
+}
+
+pub fn lifetime_factor(site: &SiteFacts) -> f64 {
+    if site.freed_count < MIN_FREES_FOR_LIFETIME {
+        return NEUTRAL;
+    }
+    let age = site.mean_live_age_ms.max(0.0);
+    let life = site.mean_freed_lifetime_ms.max(0.0);
+    if age + life <= 0.0 {
+        NEUTRAL
+    } else {
+        clip(age / (age + life))
+    }
+}
+
+pub fn lsi(f: &Factors) -> f64 {
+    100.0
+        * (WEIGHT_GROWTH * f.growth.unwrap_or(NEUTRAL)
+            + WEIGHT_RELEASE * f.release
+            + WEIGHT_LIFETIME * f.lifetime
+            + WEIGHT_PATTERN * f.pattern.unwrap_or(NEUTRAL)
+            + WEIGHT_SCALE * f.scale)
+}
+
+/// Assesses one site.
+pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assessment {
+    let beats = window.beats();
+    let mean_alloc_per_beat = site.allocated.bytes as f64 / beats;
+    let release = if site.allocated.bytes == 0 {
+        0.0
+    } else {
+        clip(site.unfreed.bytes as f64 / site.allocated.bytes as f64)
+    };
+    let computed = match series {
+        Series::Points(points) => series_factors(points, mean_alloc_per_beat),
+        Series::Missing(reason) => Err(*reason),
+    };
+    let (growth, pattern, slope, fitted, tail_rise, mut degraded) = match &computed {
+        Ok(s) => (
+            Some(s.growth),
+            s.pattern,
+            Some(s.slope),
+            s.beats,
+            Some(s.tail_rise),
+            None,
+        ),
+        Err(reason) => (None, None, None, 0, None, Some(*reason)),
+    };
+    if degraded.is_none() && pattern.is_none() {
+        degraded = Some(Degradation::InsufficientSeries);
+    }
+    let factors = Factors {
+        growth,
+        release,
+        lifetime: lifetime_factor(site),
+        pattern,
+        scale: scale_factor(site.unfreed),
+    };
+    let lsi = lsi(&factors);
+
+    let window_ns = window.end_ns.saturating_sub(window.start_ns) as f64;
+    let newest_early = site.last_alloc_ns.saturating_sub(window.start_ns) as f64 <= 0.2 * window_ns;
+    let turnover_share = release <= 0.3;
+    let tail_flat = tail_rise.map(|r| r <= FLAT_TAIL);
+    let class = if growth.is_some_and(|g| g < 0.05) && newest_early {
+        Class::ResidentEarly
+    } else if turnover_share && tail_flat == Some(true) {
+        Class::ResidentTurnover
+    } else if lsi >= SUSPECTED_LEAK_LSI {
+        Class::SuspectedLeak
+    } else {
+        Class::GrowthWatch
+    };
+    Assessment {
+        factors,
+        lsi,
+        class,
+        turnover: turnover_share && tail_flat == Some(false),
+        slope,
+        beats: fitted,
+        degraded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn cb(count: u64, bytes: u64) -> CountBytes {
+        CountBytes { count, bytes }
+    }
+
+    fn points(values: &[(f64, f64)]) -> Vec<SeriesPoint> {
+        values
+            .iter()
+            .map(|&(beat, live)| SeriesPoint {
+                beat,
+                live_bytes: live,
+                live_blocks: 1.0,
+                weight: 1.0,
+            })
+            .collect()
+    }
+
+    /// Live bytes at beats 1..=n from `f`.
+    fn series(n: u32, f: impl Fn(f64) -> f64) -> Vec<SeriesPoint> {
+        (1..=n)
+            .map(|b| SeriesPoint {
+                beat: b as f64,
+                live_bytes: f(b as f64),
+                live_blocks: 1.0,
+                weight: 1.0,
+            })
+            .collect()
+    }
+
+    /// A 20-beat window of 1 s beats.
+    fn window() -> WindowFacts {
+        WindowFacts {
+            start_ns: 0,
+            end_ns: 20_000_000_000,
+            beat_ms: 1000,
+        }
+    }
+
+    fn site(unfreed: CountBytes, allocated: CountBytes, freed_count: u64) -> SiteFacts {
+        SiteFacts {
+            unfreed,
+            allocated,
+            freed_count,
+            mean_live_age_ms: 0.0,
+            mean_freed_lifetime_ms: 0.0,
+            last_alloc_ns: 19_900_000_000,
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn slope_of_a_line_and_weights() {
+        assert_eq!(
+            weighted_slope(&points(&[(0.0, 5.0), (2.0, 9.0)])),
+            Some(2.0)
+        );
+        assert_eq!(weighted_slope(&points(&[(1.0, 5.0)])), None);
+        assert_eq!(weighted_slope(&points(&[(1.0, 5.0), (1.0, 7.0)])), None);
+        // A heavy point pulls the fit: (0,0) w1, (1,0) w1, (2,6) w2.
+        let p = vec![
+            SeriesPoint {
+                beat: 0.0,
+                live_bytes: 0.0,
+                live_blocks: 0.0,
+                weight: 1.0,
+            },
+            SeriesPoint {
+                beat: 1.0,
+                live_bytes: 0.0,
+                live_blocks: 0.0,
+                weight: 1.0,
+            },
+            SeriesPoint {
+                beat: 2.0,
+                live_bytes: 6.0,
+                live_blocks: 1.0,
+                weight: 2.0,
+            },
+        ];
+        // mx = 1.25, my = 3, sxx = 1.5625+0.0625+1.125 = 2.75, sxy = 3.75+0.75+4.5 = 9
+        assert!(close(weighted_slope(&p).unwrap(), 9.0 / 2.75));
+    }
+
+    #[test]
+    fn growth_is_slope_over_mean_allocation() {
+        // 1000 B allocated per beat, all kept: live grows 1000 B/beat -> G = 1.
+        let s = Series::Points(series(20, |b| 1000.0 * b));
+        let a = assess(&s, &site(cb(20, 20_000), cb(20, 20_000), 0), &window());
+        assert_eq!(a.factors.growth, Some(1.0));
+        assert!(close(a.slope.unwrap(), 1000.0));
+        assert_eq!(a.beats, 16); // beats 5..=20
+                                 // Half of it kept: G = 0.5.
+        let s = Series::Points(series(20, |b| 500.0 * b));
+        let a = assess(&s, &site(cb(10, 10_000), cb(20, 20_000), 10), &window());
+        assert!(close(a.factors.growth.unwrap(), 0.5));
+        // Shrinking: clipped to 0.
+        let s = Series::Points(series(20, |b| 20_000.0 - 100.0 * b));
+        let a = assess(&s, &site(cb(1, 18_000), cb(20, 20_000), 19), &window());
+        assert_eq!(a.factors.growth, Some(0.0));
+    }
+
+    #[test]
+    fn release_is_unfreed_over_allocated() {
+        let s = Series::Missing(Degradation::NoSeries);
+        let a = assess(&s, &site(cb(1, 250), cb(4, 1000), 3), &window());
+        assert!(close(a.factors.release, 0.25));
+        let a = assess(&s, &site(cb(0, 0), cb(0, 0), 0), &window());
+        assert_eq!(a.factors.release, 0.0);
+    }
+
+    #[test]
+    fn lifetime_compares_live_age_with_freed_lifetime() {
+        let mut f = site(cb(1, 1), cb(10, 10), 7);
+        f.mean_live_age_ms = 900.0;
+        f.mean_freed_lifetime_ms = 100.0;
+        assert_eq!(lifetime_factor(&f), NEUTRAL); // fewer than 8 frees
+        f.freed_count = 8;
+        assert!(close(lifetime_factor(&f), 0.9));
+        f.mean_live_age_ms = 100.0;
+        assert!(close(lifetime_factor(&f), 0.5));
+        f.mean_live_age_ms = 0.0;
+        f.mean_freed_lifetime_ms = 0.0;
+        assert_eq!(lifetime_factor(&f), NEUTRAL);
+    }
+
+    #[test]
+    fn pattern_compares_recent_with_base_slope() {
+        // Growth that stopped at beat 10 of 30: recent slope 0 -> P = 0.
+        let stopped = series(30, |b| 100.0 * b.min(10.0));
+        let (base, recent) = split_recent(
+            &stopped
+                .iter()
+                .copied()
+                .filter(|p| p.beat >= 5.0)
+                .collect::<Vec<_>>(),
+        )
+        .map(|(b, r)| (b.to_vec(), r.to_vec()))
+        .unwrap();
+        // Points 5..=30 (26): span 25 -> recent = last 10 beats: beats 21..=30 (cut at 20).
+        assert_eq!(base.len(), 15);
+        assert_eq!(recent.len(), 11);
+        let w = WindowFacts {
+            end_ns: 30_000_000_000,
+            ..window()
+        };
+        let a = assess(
+            &Series::Points(stopped),
+            &site(cb(10, 1000), cb(10, 1000), 0),
+            &w,
+        );
+        assert_eq!(a.factors.pattern, Some(0.0));
+        // Steady growth: recent = base -> P = 1.
+        let steady = series(30, |b| 100.0 * b);
+        let a = assess(
+            &Series::Points(steady),
+            &site(cb(30, 3000), cb(30, 3000), 0),
+            &w,
+        );
+        assert!(close(a.factors.pattern.unwrap(), 1.0));
+        // Growth that started late: base flat, recent rising -> P = 1.
+        let late = series(30, |b| if b < 21.0 { 0.0 } else { 100.0 * (b - 20.0) });
+        let a = assess(
+            &Series::Points(late),
+            &site(cb(10, 1000), cb(10, 1000), 0),
+            &w,
+        );
+        assert_eq!(a.factors.pattern, Some(1.0));
+    }
+
+    #[test]
+    fn scale_by_count_or_size() {
+        assert_eq!(scale_factor(cb(0, 0)), 0.0);
+        assert!(close(scale_factor(cb(9, 100)), 0.5)); // log10(10)/2
+        assert_eq!(scale_factor(cb(99, 100)), 1.0); // log10(100)/2
+                                                    // 1 block of 9 MiB: by size log10(10)/2.8.
+        assert!(close(scale_factor(cb(1, 9 * MIB)), 1.0 / 2.8));
+    }
+
+    #[test]
+    fn lsi_weights_sum_to_100() {
+        let all = Factors {
+            growth: Some(1.0),
+            release: 1.0,
+            lifetime: 1.0,
+            pattern: Some(1.0),
+            scale: 1.0,
+        };
+        assert!(close(lsi(&all), 100.0));
+        let neutral = Factors {
+            growth: None,
+            release: 0.0,
+            lifetime: 0.0,
+            pattern: None,
+            scale: 0.0,
+        };
+        assert!(close(lsi(&neutral), 100.0 * (0.26 + 0.12) * 0.5));
+    }
+
+    #[test]
+    fn steady_leak_is_a_suspected_leak() {
+        let s = Series::Points(series(20, |b| 1000.0 * b));
+        let a = assess(&s, &site(cb(200, 20_000), cb(200, 20_000), 0), &window());
+        // G 1, R 1, S 0.5 (no frees), P 1, E = min(1, log10(201)/2) = 1.
+        assert!(close(a.lsi, 100.0 * (0.26 + 0.21 + 0.06 + 0.12 + 0.29)));
+        assert_eq!(a.class, Class::SuspectedLeak);
+        assert_eq!(a.class_label(), "suspected_leak");
+        assert_eq!(a.degraded, None);
+    }
+
+    #[test]
+    fn one_off_table_is_resident_early() {
+        let s = Series::Points(series(20, |_| 40_000.0));
+        let mut f = site(cb(1, 40_000), cb(1, 40_000), 0);
+        f.last_alloc_ns = 10_000_000; // at 0.01 s of 20 s
+        let a = assess(&s, &f, &window());
+        assert_eq!(a.factors.growth, Some(0.0));
+        assert_eq!(a.class, Class::ResidentEarly);
+        assert_eq!(a.class_label(), "resident/early");
+    }
+
+    #[test]
+    fn bounded_ring_is_resident_turnover() {
+        // 16 blocks of 120 B kept of 2000 allocated; live flat at 1920 B.
+        let s = Series::Points(series(20, |_| 1920.0));
+        let a = assess(&s, &site(cb(16, 1920), cb(2000, 240_000), 1984), &window());
+        assert_eq!(a.class, Class::ResidentTurnover);
+        assert!(!a.turnover);
+    }
+
+    #[test]
+    fn leak_hidden_in_heavy_turnover_is_not_resident() {
+        // 1 block in 20 kept: R = 0.05, G = 0.05, but live grows steadily.
+        let s = Series::Points(series(20, |b| 500.0 * b));
+        let a = assess(
+            &s,
+            &site(cb(100, 10_000), cb(2000, 200_000), 1900),
+            &window(),
+        );
+        assert!(close(a.factors.growth.unwrap(), 0.05));
+        assert!(!a.is_resident(), "{:?}", a.class);
+        assert!(a.turnover);
+        // Recent span: beats 11..=20 (cut at 10): rise 500 * 9 / 10_000 = 0.45.
+        assert_eq!(a.class_label(), "growth_watch/turnover");
+    }
+
+    #[test]
+    fn turnover_with_rising_tail_is_flagged() {
+        // Mostly freed (R = 0.2) but live still rises 2000 B/beat over 10_000 B/beat allocated.
+        let s = Series::Points(series(20, |b| 2000.0 * b));
+        let a = assess(
+            &s,
+            &site(cb(400, 40_000), cb(2000, 200_000), 1600),
+            &window(),
+        );
+        assert!(close(a.factors.release, 0.2));
+        assert!(a.turnover);
+        assert!(
+            a.class_label().ends_with("/turnover"),
+            "{}",
+            a.class_label()
+        );
+        assert!(!a.is_resident());
+    }
+
+    #[test]
+    fn growth_watch_below_threshold() {
+        // Little kept, slowly: G 0.1, R 0.4, small scale.
+        let s = Series::Points(series(20, |b| 10.0 * b));
+        let a = assess(&s, &site(cb(2, 200), cb(5, 500), 3), &window());
+        assert!(a.lsi < SUSPECTED_LEAK_LSI, "{}", a.lsi);
+        assert_eq!(a.class, Class::GrowthWatch);
+    }
+
+    #[test]
+    fn degraded_rows_are_neutral_and_labelled() {
+        let f = site(cb(200, 20_000), cb(200, 20_000), 0);
+        for reason in [
+            Degradation::NoSeries,
+            Degradation::SeriesEvicted,
+            Degradation::InsufficientSeries,
+            Degradation::NoWarmupThread,
+        ] {
+            let a = assess(&Series::Missing(reason), &f, &window());
+            assert_eq!(a.degraded, Some(reason));
+            assert_eq!(a.factors.growth, None);
+            assert_eq!(a.factors.pattern, None);
+            assert!(close(
+                a.lsi,
+                100.0 * (0.26 * 0.5 + 0.21 + 0.06 + 0.12 * 0.5 + 0.29)
+            ));
+            assert_ne!(a.class, Class::ResidentEarly);
+        }
+        // Points only inside the warm-up: insufficient.
+        let short = Series::Points(series(4, |b| 100.0 * b));
+        assert_eq!(
+            assess(&short, &f, &window()).degraded,
+            Some(Degradation::InsufficientSeries)
+        );
+        assert_eq!(Degradation::NoWarmupThread.label(), "no_warmup_thread");
+    }
+}
