@@ -310,3 +310,213 @@ fn site_block(out: &mut String, rank: &str, site: &LeakSite) {
         let _ = writeln!(out, "    {frame}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host_leak::lsi::{assess, Degradation, Series, SeriesPoint, SiteFacts, WindowFacts};
+    use crate::host_leak::model::{DataHealth, SeriesMeta, WindowSpan};
+
+    fn cb(count: u64, bytes: u64) -> CountBytes {
+        CountBytes { count, bytes }
+    }
+
+    fn health() -> DataHealth {
+        DataHealth {
+            mode: HostLeakMode::Summary,
+            allocations: cb(1000, 100_000),
+            frees: cb(900, 60_000),
+            distinct_stacks: 3,
+            unknown_bucket_allocations: 0,
+            recycled_stacks: 0,
+            truncation_bits: 0,
+            stopped_at_ns: None,
+            overflow_allocations: cb(0, 0),
+            overflow_frees: cb(0, 0),
+            prewindow_frees: cb(0, 0),
+            sample_rate: 1,
+            sample_rate_requested: 1,
+            untracked_sampled: cb(0, 0),
+            frees_untracked: 0,
+            block_size_threshold: 0,
+            untracked_below_threshold: cb(0, 0),
+            symbolized_frames: 2,
+            total_frames: 2,
+            block_cap: 20_000_000,
+            overflow_cap: 5_000_000,
+            stack_cap: 400_000,
+            unread_shards: 0,
+        }
+    }
+
+    fn site(id: u32, series: Series, facts: SiteFacts, frame: &str) -> LeakSite {
+        let window = WindowFacts {
+            start_ns: 0,
+            end_ns: 20_000_000_000,
+            beat_ms: 1000,
+        };
+        LeakSite {
+            stack_id: Some(id),
+            unfreed: facts.unfreed,
+            allocated: facts.allocated,
+            freed: cb(
+                facts.allocated.count - facts.unfreed.count,
+                facts.allocated.bytes - facts.unfreed.bytes,
+            ),
+            assessment: assess(&series, &facts, &window),
+            frames: vec![frame.to_string()],
+        }
+    }
+
+    fn report(sites: Vec<LeakSite>, interim: bool) -> HostLeakReport {
+        let (sites, resident) = HostLeakReport::rank_sites(sites);
+        HostLeakReport {
+            stage: 2,
+            pid: 77,
+            interim,
+            window: WindowSpan {
+                start_ns: 0,
+                end_ns: 20_000_000_000,
+                still_open: interim,
+            },
+            health: health(),
+            unfreed: cb(100, 40_000),
+            overflow_unfreed: cb(0, 0),
+            unfreed_sizes: SizeHistogram::default(),
+            prewindow_free_sizes: SizeHistogram::default(),
+            sites,
+            resident,
+            series: SeriesMeta {
+                top_k: 256,
+                max_series: 1024,
+                beat_ms: 1000,
+                beats_taken: 20,
+                window_beats: 20.0,
+                series: 3,
+                evicted: 0,
+            },
+            top_n: 10,
+        }
+    }
+
+    fn line(values: impl Fn(f64) -> f64) -> Series {
+        Series::Points(
+            (1..=20)
+                .map(|b| SeriesPoint {
+                    beat: b as f64,
+                    live_bytes: values(b as f64),
+                    live_blocks: 1.0,
+                    weight: 1.0,
+                })
+                .collect(),
+        )
+    }
+
+    fn facts(unfreed: CountBytes, allocated: CountBytes, last_alloc_ns: u64) -> SiteFacts {
+        SiteFacts {
+            unfreed,
+            allocated,
+            freed_count: allocated.count - unfreed.count,
+            mean_live_age_ms: 0.0,
+            mean_freed_lifetime_ms: 0.0,
+            last_alloc_ns,
+        }
+    }
+
+    fn sample() -> Vec<LeakSite> {
+        vec![
+            site(
+                1,
+                line(|_| 30_000.0),
+                facts(cb(1, 30_000), cb(1, 30_000), 1_000_000),
+                "table_init a.c:1",
+            ),
+            site(
+                2,
+                line(|b| 500.0 * b),
+                facts(cb(99, 10_000), cb(99, 10_000), 19_000_000_000),
+                "leak a.c:2",
+            ),
+            site(
+                3,
+                Series::Missing(Degradation::SeriesEvicted),
+                facts(cb(1, 8), cb(1, 8), 19_000_000_000),
+                "rare a.c:3",
+            ),
+        ]
+    }
+
+    #[test]
+    fn sections_order_and_classes() {
+        let text = render_overview(&report(sample(), false));
+        assert!(text.starts_with("====== Host Leak Overview: stage=2, pid=77 ======\n"));
+        let order: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
+        assert_eq!(order.len(), 6, "{text}");
+        assert!(order[3].starts_with("--- Pre-Window Free Size Distribution"));
+        assert_eq!(
+            order[4],
+            "--- TOP 10 Leak Sites (by LSI; 2 of 2 sites with unfreed blocks shown) ---"
+        );
+        assert_eq!(
+            order[5],
+            "--- Resident Baselines (1 of 1 sites shown; caches, pools and rings: not in the TOP N) ---"
+        );
+        assert!(text.contains(
+            "Series: top-k=256, max-stacks=1024, beats=20 (1000 ms each), window=20.0 beats, series=3, evicted=0\n"
+        ));
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        assert_eq!(rows[0], "#1 [stack 2] unfreed 99 blocks / 10000 bytes; allocated 99 / 10000 bytes; freed 0 / 0 bytes");
+        assert!(rows[1].starts_with("#2 [stack 3]"));
+        assert!(rows[2].starts_with("#R1 [stack 1]"));
+        assert!(text.contains("\n  suspected_leak LSI=94.0 Growth=1.00 Release=1.00 Lifetime=0.50 Pattern=1.00 Scale=1.00 slope=+500.0 B/beat beats=16\n    leak a.c:2\n"), "{text}");
+        assert!(text.contains("Growth=- Release=1.00 Lifetime=0.50 Pattern=- Scale=0.15 slope=- B/beat beats=0 degraded=series_evicted\n"), "{text}");
+        assert!(text.contains("\n  resident/early LSI="), "{text}");
+        assert!(!text.contains("NOTE:"));
+    }
+
+    #[test]
+    fn interim_snapshot_is_marked_and_caps_residents() {
+        let mut r = report(sample(), true);
+        r.top_n = 1;
+        r.resident.push(r.resident[0].clone());
+        let text = render_overview(&r);
+        assert!(text
+            .starts_with("====== Host Leak Overview (interim snapshot): stage=2, pid=77 ======\n"));
+        assert!(
+            text.contains("(20.000 s) (interim snapshot, window open)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("--- Resident Baselines (1 of 2 sites shown;"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn cache_turnover_note_when_prewindow_frees_dominate() {
+        let mut r = report(sample(), false);
+        r.prewindow_free_sizes.add(50_001); // more than half of 100_000 allocated bytes
+        assert!(render_overview(&r).contains("NOTE: pre-window frees exceed half"));
+        let mut r = report(sample(), false);
+        r.prewindow_free_sizes.add(50_000);
+        assert!(!render_overview(&r).contains("NOTE:"));
+    }
+
+    #[test]
+    fn incomplete_data_is_not_a_conclusion() {
+        let mut r = report(sample(), false);
+        r.health.truncation_bits = 0b101;
+        r.health.stopped_at_ns = Some(5_000_000_000);
+        let text = render_overview(&r);
+        assert!(
+            text.contains("Truncation: bits=5 (bit0 block table full"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Verdict: INCOMPLETE, not usable as a leak conclusion: accounting stopped"
+            ),
+            "{text}"
+        );
+    }
+}

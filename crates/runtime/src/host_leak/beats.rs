@@ -268,6 +268,66 @@ mod tests {
     }
 
     #[test]
+    fn reasons_for_a_missing_series() {
+        use msmemscope_core::host_leak::lsi::Degradation;
+        let missing = |s: LsiSeries| match s {
+            LsiSeries::Missing(reason) => Some(reason),
+            LsiSeries::Points(_) => None,
+        };
+        let beats = Beats::new(0, 1000);
+        // A window shorter than the warm-up plus the minimum points.
+        assert_eq!(
+            missing(beats.series_of(Some(1), 7.9)),
+            Some(Degradation::InsufficientSeries)
+        );
+        // Long enough, but only beats inside the warm-up and the closing sample were taken.
+        beats.record(3.0, &mut vec![(1, cb(10))], false);
+        beats.record(30.5, &mut vec![(1, cb(10))], true);
+        assert_eq!(
+            missing(beats.series_of(Some(1), 30.5)),
+            Some(Degradation::NoWarmupThread)
+        );
+        // A beat after the warm-up: stack 1 has a series, stack 2 never made the top-k.
+        beats.record(6.0, &mut vec![(1, cb(10))], false);
+        assert_eq!(missing(beats.series_of(Some(1), 30.5)), None);
+        assert_eq!(
+            missing(beats.series_of(Some(2), 30.5)),
+            Some(Degradation::NoSeries)
+        );
+        assert_eq!(
+            missing(beats.series_of(None, 30.5)),
+            Some(Degradation::NoSeries)
+        );
+        // A recycled stack's series is gone with it.
+        beats.forget(&[1]);
+        assert_eq!(
+            missing(beats.series_of(Some(1), 30.5)),
+            Some(Degradation::NoSeries)
+        );
+    }
+
+    #[test]
+    fn keeps_the_top_k_by_live_bytes() {
+        let beats = Beats::new(0, 1000);
+        let mut live: Vec<(u32, CountBytes)> = (0..(TOP_K as u32 + 10))
+            .map(|i| (i, cb(i as u64)))
+            .collect();
+        beats.record(6.0, &mut live, false);
+        assert_eq!(beats.summary().series, TOP_K);
+        // The 10 smallest were left out.
+        for id in 0..10 {
+            assert!(matches!(
+                beats.series_of(Some(id), 20.0),
+                LsiSeries::Missing(_)
+            ));
+        }
+        assert!(matches!(
+            beats.series_of(Some(10), 20.0),
+            LsiSeries::Points(_)
+        ));
+    }
+
+    #[test]
     fn evicts_the_smallest_series_beyond_the_limit() {
         let beats = Beats::new(0, 1000);
         for round in 0..2u32 {
