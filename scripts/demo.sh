@@ -3,6 +3,7 @@
 # is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/setup.sh
 cargo build --release --quiet
 mkdir -p target/demo
 gcc -O2 -g -fomit-frame-pointer -pthread -o target/demo/leaky examples/leaky.c

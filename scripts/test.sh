@@ -3,6 +3,8 @@
 # the end-to-end tests run real programs under the preloaded runtime library).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The virtual environment, the release build and the Python package (idempotent).
+scripts/setup.sh
 # The shell-wrapper tests run bash and zsh.
 if ! command -v zsh >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
@@ -16,3 +18,6 @@ cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 cargo build --release --workspace
 cargo test --release --workspace
+.venv/bin/ruff format --check --quiet python tests/python
+.venv/bin/ruff check --quiet python tests/python
+.venv/bin/python -m pytest -q tests/python

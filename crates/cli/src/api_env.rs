@@ -11,6 +11,7 @@ use crate::launcher::runtime_library;
 const SOURCED: &str = "MSMEMSCOPE_SOURCED";
 /// Tells a preloaded runtime which hooks the user asked for.
 pub const API_ENV: &str = "MSMEMSCOPE_API_ENV";
+const NVTX: &str = msmemscope_core::launch_env::NVTX_INJECTION;
 
 pub fn run(request: ApiEnvRequest) -> ExitCode {
     if std::env::var_os(SOURCED).is_none() {
@@ -48,10 +49,15 @@ pub fn shell_code(request: ApiEnvRequest, library: &str, current: &str) -> Strin
             };
             let mut entries = vec![library];
             entries.extend(others);
-            format!(
+            let mut code = format!(
                 "export LD_PRELOAD={}\nexport {API_ENV}={kind}\n",
                 quote(&entries.join(":"))
-            )
+            );
+            if kind != "host" {
+                // Device-side runs also take NVTX marks.
+                code.push_str(&format!("export {NVTX}={}\n", quote(library)));
+            }
+            code
         }
         ApiEnvRequest::Unload => {
             let mut code = if others.is_empty() {
@@ -60,6 +66,7 @@ pub fn shell_code(request: ApiEnvRequest, library: &str, current: &str) -> Strin
                 format!("export LD_PRELOAD={}\n", quote(&others.join(":")))
             };
             code.push_str(&format!("unset {API_ENV}\n"));
+            code.push_str(&format!("unset {NVTX}\n"));
             code
         }
     }
@@ -89,13 +96,26 @@ mod tests {
 
     #[test]
     fn unload_keeps_others_or_unsets() {
-        let code = shell_code(ApiEnvRequest::Unload, "/x/lib.so", "/x/lib.so:/a b.so");
+        // LD_PRELOAD entries may be separated by colons or spaces.
+        let code = shell_code(ApiEnvRequest::Unload, "/x/lib.so", "/x/lib.so:/a.so /b.so");
         assert_eq!(
             code,
-            "export LD_PRELOAD='/a'\nunset MSMEMSCOPE_API_ENV\n".replace("'/a'", "'/a:b.so'")
+            "export LD_PRELOAD='/a.so:/b.so'\nunset MSMEMSCOPE_API_ENV\nunset NVTX_INJECTION64_PATH\n"
         );
         let code = shell_code(ApiEnvRequest::Unload, "/x/lib.so", "/x/lib.so");
-        assert_eq!(code, "unset LD_PRELOAD\nunset MSMEMSCOPE_API_ENV\n");
+        assert_eq!(
+            code,
+            "unset LD_PRELOAD\nunset MSMEMSCOPE_API_ENV\nunset NVTX_INJECTION64_PATH\n"
+        );
+    }
+
+    #[test]
+    fn device_load_sets_the_nvtx_injection() {
+        let code = shell_code(ApiEnvRequest::Load(ApiEnvKind::Device), "/x/lib.so", "");
+        assert_eq!(
+            code,
+            "export LD_PRELOAD='/x/lib.so'\nexport MSMEMSCOPE_API_ENV=device\nexport NVTX_INJECTION64_PATH='/x/lib.so'\n"
+        );
     }
 
     #[test]

@@ -14,8 +14,8 @@
 //! 5. [`refuse_unavailable`]: what this build cannot run yet.
 
 use msmemscope_core::config::{
-    parse_input_paths, parse_pid, resolve, set_option, Analysis, ConfigError, DataFormat,
-    GivenOptions, LogLevel, OptionName, RunConfig,
+    parse_input_paths, parse_pid, resolve, set_option, Analysis, ConfigError, GivenOptions,
+    LogLevel, OptionName, RunConfig,
 };
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -509,8 +509,8 @@ pub fn parse(args: Vec<OsString>) -> Result<Command, UsageError> {
         Scan::Help => return Ok(Command::Help(help_text())),
         Scan::Version => return Ok(Command::Version(version_text())),
     };
-    let (command, given) = build(scanned)?;
-    refuse_unavailable(&command, &given)?;
+    let (command, _given) = build(scanned)?;
+    refuse_unavailable(&command)?;
     Ok(command)
 }
 
@@ -665,20 +665,21 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 }
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
-const AVAILABILITY: &str = "only --analysis=host-leaks launches (with --log-level, -v, -q, \
---output-path, --host-leak-mode, --block-size-threshold, --sample-rate), --load-api-env and \
---unload-api-env run; every other mode and option is checked, then refused as not available yet.";
+const AVAILABILITY: &str = "--analysis=host-leaks and the event dump (--analysis=none, or the \
+default leaks, whose report comes in a later build) launch with every dump option; \
+--analysis=decompose|inefficient|oom, --watch, --compare and --pid are checked, then refused as \
+not available yet.";
 
 fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
     Err(UsageError(format!(
-        "{what} is not available yet in this build; use --analysis=host-leaks"
+        "{what} is not available yet in this build; use --analysis=host-leaks or the event dump"
     )))
 }
 
 /// The capability gate: everything this build parses and validates but cannot run yet. It is
 /// the last stage, so a bad value is always reported as such first. Each later feature deletes
 /// its lines here (and updates [`AVAILABILITY`]).
-fn refuse_unavailable(command: &Command, given: &GivenOptions) -> Result<(), UsageError> {
+fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
     let config = match command {
         Command::Help(_) | Command::Version(_) | Command::ApiEnv(_) => return Ok(()),
         Command::Compare { .. } => {
@@ -695,39 +696,14 @@ fn refuse_unavailable(command: &Command, given: &GivenOptions) -> Result<(), Usa
     };
     for analysis in &config.analysis {
         match analysis {
-            Analysis::HostLeaks => {}
-            Analysis::Leaks if !given.contains(OptionName::Analysis) => {
-                return not_yet("the default --analysis=leaks (the event dump)")
-            }
-            Analysis::Leaks => return not_yet("--analysis=leaks (the event dump)"),
+            // The leaks analysis of the event dump comes later: the dump itself is written, and
+            // the launcher says at the end that the analysis did not run.
+            Analysis::HostLeaks | Analysis::Leaks => {}
             other => return not_yet(format_args!("--analysis={other}")),
         }
     }
-    if config.analysis.is_empty() {
-        if given.contains(OptionName::Steps) {
-            return not_yet("--steps (the event dump without analyses)");
-        }
-        return not_yet("--analysis=none (the event dump without analyses)");
-    }
     if config.watch.is_some() {
         return not_yet("--watch");
-    }
-    if config.format == DataFormat::Db {
-        return not_yet("--format=db");
-    }
-    let event_dump_only = [
-        OptionName::Events,
-        OptionName::Level,
-        OptionName::Steps,
-        OptionName::CallStack,
-        OptionName::CollectMode,
-        OptionName::Device,
-    ];
-    if let Some(option) = event_dump_only.into_iter().find(|o| given.contains(*o)) {
-        return not_yet(format_args!(
-            "{} (an option of the event dump)",
-            option.cli()
-        ));
     }
     Ok(())
 }
@@ -735,7 +711,7 @@ fn refuse_unavailable(command: &Command, given: &GivenOptions) -> Result<(), Usa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use msmemscope_core::config::{EventKind, HostLeakMode};
+    use msmemscope_core::config::{DataFormat, EventKind, HostLeakMode};
 
     fn parse_strs(args: &[&str]) -> Result<Command, UsageError> {
         parse(args.iter().map(OsString::from).collect())
@@ -1019,23 +995,25 @@ mod tests {
     #[test]
     fn capability_gate() {
         let refused = [
-            (&["prog"][..], "the default --analysis=leaks (the event dump) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=leaks", "prog"][..], "--analysis=leaks (the event dump) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=oom:5 is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=inefficient", "prog"][..], "--analysis=inefficient is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=none", "prog"][..], "--analysis=none (the event dump without analyses) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--steps=1", "prog"][..], "--steps (the event dump without analyses) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=host-leaks", "--format=db", "prog"][..], "--format=db is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=host-leaks", "--device=npu:0", "prog"][..], "--device (an option of the event dump) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=host-leaks", "--events=alloc,free", "prog"][..], "--events (an option of the event dump) is not available yet in this build; use --analysis=host-leaks"),
-            (&["--analysis=host-leaks", "--call-stack=c", "prog"][..], "--call-stack (an option of the event dump) is not available yet in this build; use --analysis=host-leaks"),
+            (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=oom:5 is not available yet in this build; use --analysis=host-leaks or the event dump"),
+            (&["--analysis=inefficient", "prog"][..], "--analysis=inefficient is not available yet in this build; use --analysis=host-leaks or the event dump"),
+            (&["--watch=aten::add,aten::mul", "prog"][..], "--watch is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--compare", "--input-path=a,b"][..], "--compare is not available yet in this build"),
             (&["--pid=7"][..], "--pid is not available yet in this build"),
         ];
         for (args, message) in refused {
             assert_eq!(error(args), message, "for {args:?}");
         }
-        let (config, _) = launch(&["--analysis=host-leaks", "--format=csv", "prog"]);
-        assert_eq!(config.format, DataFormat::Csv);
+        // The event dump launches, with the default analysis or none.
+        let (config, _) = launch(&["prog"]);
+        assert_eq!(config.analysis, vec![Analysis::Leaks]);
+        let (config, _) = launch(&["--analysis=none", "--format=db", "--steps=1,2", "prog"]);
+        assert_eq!(config.format, DataFormat::Db);
+        assert_eq!(config.steps, vec![1, 2]);
+        // Host-leaks refuses the dump's options rather than ignore them.
+        assert_eq!(
+            error(&["--analysis=host-leaks", "--events=alloc,free", "prog"]),
+            "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --events"
+        );
     }
 }

@@ -6,10 +6,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use msmemscope_core::config::{LogLevel, RunConfig};
+use msmemscope_core::config::{Analysis, LogLevel, RunConfig};
 use msmemscope_core::launch_env;
 
-use crate::run_dir;
+use msmemscope_core::run_dir;
 
 /// Where the runtime library is: `MSMEMSCOPE_RUNTIME_LIB`, else next to this executable.
 pub fn runtime_library() -> Result<PathBuf, String> {
@@ -46,7 +46,7 @@ pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let dir = match run_dir::create(config) {
+    let dir = match run_dir::create(config, std::process::id()) {
         Ok(dir) => dir,
         Err(line) => {
             eprintln!("msmemscope: {line}");
@@ -69,6 +69,20 @@ pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
         .env("LD_PRELOAD", preload)
         .env(launch_env::RUN_DIR, &dir)
         .env(launch_env::LAUNCHER_PID, std::process::id().to_string());
+    if !config.host_leaks() {
+        // Marks from NVTX-annotated code (the nvtx package, torch.cuda.nvtx) reach the runtime.
+        command.env(launch_env::NVTX_INJECTION, &library);
+        // A Python target turns the PyTorch tracker on by itself once it imports torch.
+        match python_autostart_path() {
+            Some(path) => {
+                command.env("PYTHONPATH", path);
+            }
+            None => log(
+                &dir,
+                "Python package not found: PyTorch tracking cannot start by itself",
+            ),
+        }
+    }
 
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -100,8 +114,71 @@ pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
 
     if config.host_leaks() {
         report_host_leaks(&dir, config, &status);
+    } else {
+        report_event_dump(&dir, config);
     }
     pass_through(status)
+}
+
+/// `PYTHONPATH` for the target: our autostart `sitecustomize`, the package, then the user's.
+fn python_autostart_path() -> Option<OsString> {
+    let root = python_package_root()?;
+    let mut path = OsString::from(root.join("msmemscope").join("_autostart"));
+    path.push(":");
+    path.push(&root);
+    if let Some(user) = std::env::var_os("PYTHONPATH") {
+        if !user.is_empty() {
+            path.push(":");
+            path.push(user);
+        }
+    }
+    Some(path)
+}
+
+/// The directory holding the `msmemscope` Python package: `MSMEMSCOPE_PYTHON_DIR`, or the
+/// source tree's `python/` two levels above this executable (`target/release`).
+fn python_package_root() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os(launch_env::PYTHON_DIR).map(PathBuf::from),
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join("python"))),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|dir| dir.join("msmemscope").join("__init__.py").is_file())
+}
+
+fn report_event_dump(dir: &Path, config: &RunConfig) {
+    let mut dumps: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("device_"))
+        .flat_map(|e| {
+            std::fs::read_dir(e.path().join("dump"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .collect();
+    dumps.sort();
+    if dumps.is_empty() {
+        eprintln!(
+            "msmemscope: no events were recorded; run directory {}",
+            dir.display()
+        );
+    }
+    for dump in dumps {
+        eprintln!("msmemscope: event dump: {}", dump.display());
+    }
+    if config.analysis.contains(&Analysis::Leaks) {
+        eprintln!(
+            "msmemscope: the leaks analysis is not available yet in this build: the dump was written, no leak report"
+        );
+    }
 }
 
 fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::ExitStatus) {

@@ -4,7 +4,6 @@
 mod api_env;
 mod args;
 mod launcher;
-mod run_dir;
 
 use std::process::ExitCode;
 

@@ -11,3 +11,7 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const LOG_DIR: &str = "msmemscope_logs";
 /// File name of the runtime library.
 pub const RUNTIME_LIBRARY: &str = "libmsmemscope_runtime.so";
+/// Where NVTX-annotated code looks for its injection library (our runtime).
+pub const NVTX_INJECTION: &str = "NVTX_INJECTION64_PATH";
+/// Overrides where the launcher finds the Python package (`<dir>/msmemscope`).
+pub const PYTHON_DIR: &str = "MSMEMSCOPE_PYTHON_DIR";

@@ -1,9 +1,12 @@
-//! msmemscope-core: the pure part of msmemscope: configuration, the host-leak report model and
-//! its renderers, symbolization. It does no FFI and holds no process-global state, so the CLI,
-//! the preloaded runtime library and (later) the Python extension all share it.
+//! msmemscope-core: the part of msmemscope without process-global state: configuration, the
+//! event model and its sinks' formats, the host-leak report model and its renderers, the LSI,
+//! symbolization and the run directory. The CLI, the preloaded runtime library and the Python
+//! extension all share it; it calls libc only for file flags and local time.
 
 pub mod config;
+pub mod events;
 pub mod host_leak;
 pub mod launch_env;
+pub mod run_dir;
 pub mod symbolize;
 pub mod time_fmt;

@@ -54,7 +54,7 @@ pub struct Symbolizer {
     loaders: HashMap<usize, Option<addr2line::Loader>>,
     /// Fallback name lookup for modules without a usable symbol table (e.g. stripped system
     /// libraries whose exported names only `dladdr` knows). Given the run-time address.
-    fallback: Option<Box<dyn Fn(u64) -> Option<String>>>,
+    fallback: Option<Box<dyn Fn(u64) -> Option<String> + Send>>,
 }
 
 impl Symbolizer {
@@ -67,7 +67,10 @@ impl Symbolizer {
         }
     }
 
-    pub fn with_fallback(mut self, fallback: Box<dyn Fn(u64) -> Option<String>>) -> Symbolizer {
+    pub fn with_fallback(
+        mut self,
+        fallback: Box<dyn Fn(u64) -> Option<String> + Send>,
+    ) -> Symbolizer {
         self.fallback = Some(fallback);
         self
     }

@@ -7,12 +7,17 @@
 //! removal before the real `free`/`realloc`, and no way to fail loudly.
 
 mod clock;
+pub mod ffi;
 mod guard;
 pub mod hooks;
 pub mod host_leak;
 mod libc_heap;
 mod lifecycle;
 mod log;
+pub mod pipeline;
+// Exports `mstxMarkA`, `mstxRangeStartA`, `mstxRangeEnd` (include/msmemscope/mstx.h) and
+// `InitializeInjectionNvtx2` (the NVTX injection entry point).
+pub mod marks;
 mod private_alloc;
 pub mod unwind;
 

@@ -13,6 +13,7 @@ use crate::guard::Entered;
 use crate::host_leak::settings::{CapOverrides, WindowSettings};
 use crate::host_leak::window;
 use crate::log;
+use crate::pipeline;
 use crate::unwind::{capture, modules};
 
 /// The run this process belongs to, when it was started by the launcher.
@@ -38,20 +39,28 @@ extern "C" fn on_load() {
     };
     log::init(&run.dir, run.config.log_level);
     mark_own_code();
-    if !run.config.host_leaks() {
-        log::warning("config.json asks for no analysis this runtime performs; staying passive");
-        return;
-    }
     modules::refresh(true);
-    let settings = WindowSettings::new(&run.config, &run.caps);
+    register_exit_handler();
     let run = RUN.get_or_init(|| run);
-    let _ = run;
-    // SAFETY: registering plain extern "C" functions with libc.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-        libc::atexit(at_exit);
+    if run.config.host_leaks() {
+        window::open(WindowSettings::new(&run.config, &run.caps));
+    } else {
+        pipeline::init_launched(run.dir.clone(), run.config.clone());
     }
-    window::open(settings);
+}
+
+/// Registers the exit and fork handlers once (at start for launched runs, at the first
+/// `start()` of the Python API otherwise). Registered this early, the exit handler runs after
+/// the handlers the program registers later and after the libraries' destructors.
+pub fn register_exit_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registering plain extern "C" functions with libc.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+            libc::atexit(at_exit);
+        }
+    });
 }
 
 /// Reads the launcher's variables. `None` unless this process is the launcher's direct child:
@@ -73,7 +82,7 @@ fn take_launch_environment() -> Option<Run> {
 }
 
 /// Records this library's code range, so stack capture can skip the hook's own frames.
-fn mark_own_code() {
+pub fn mark_own_code() {
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = on_load as *const libc::c_void;
     // SAFETY: dladdr reads loader tables; `info` is a valid out-pointer.
@@ -92,13 +101,26 @@ fn mark_own_code() {
 }
 
 extern "C" fn at_exit() {
-    let Some(run) = RUN.get() else { return };
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
-    window::close(&run.dir);
+    if window::active().is_some() {
+        // An unclosed window closes at exit.
+        let dir = match RUN.get() {
+            Some(run) => Ok(run.dir.clone()),
+            None => pipeline::run_dir(),
+        };
+        match dir {
+            Ok(dir) => {
+                window::close(&dir);
+            }
+            Err(e) => log::error(&format!("host-leak window left open at exit: {e}")),
+        }
+    }
+    pipeline::shutdown();
 }
 
 extern "C" fn after_fork_in_child() {
     window::detach_after_fork();
+    pipeline::detach_after_fork();
 }

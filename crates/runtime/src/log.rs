@@ -45,10 +45,6 @@ pub fn info(message: &str) {
     write(LogLevel::Info, "INFO", message)
 }
 
-pub fn warning(message: &str) {
-    write(LogLevel::Warning, "WARNING", message)
-}
-
 pub fn error(message: &str) {
     write(LogLevel::Error, "ERROR", message)
 }

@@ -39,6 +39,25 @@ pub fn validate(config: &RunConfig, given: &GivenOptions) -> Result<(), ConfigEr
                 second: Setting::new(OptionName::Watch, watch.to_string()),
             });
         }
+        // Options of the event dump would be silently ignored by host-heap accounting.
+        let dump_only = [
+            OptionName::Events,
+            OptionName::Level,
+            OptionName::CallStack,
+            OptionName::CollectMode,
+            OptionName::Device,
+            OptionName::Format,
+        ];
+        if let Some(option) = dump_only.into_iter().find(|o| given.contains(*o)) {
+            return Err(ConfigError::Conflict {
+                first: Setting::new(OptionName::Analysis, "host-leaks"),
+                reason: "records host heap blocks, not the event dump, and does not take",
+                second: Setting {
+                    option,
+                    value: None,
+                },
+            });
+        }
     }
 
     let has_alloc_free =

@@ -7,15 +7,16 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use msmemscope_core::config::RunConfig;
-use msmemscope_core::launch_env;
+use crate::config::RunConfig;
+use crate::launch_env;
 
-pub fn create(config: &RunConfig) -> Result<PathBuf, String> {
+/// Creates the run directory for `config` in its output path, named after `pid` and the local
+/// time, with `config.json` and the log directory.
+pub fn create(config: &RunConfig, pid: u32) -> Result<PathBuf, String> {
     let output = &config.output_path;
     std::fs::create_dir_all(output)
         .map_err(|e| format!("cannot create output path {}: {e}", output.display()))?;
     let stamp = local_timestamp();
-    let pid = std::process::id();
     let mut dir = output.join(format!("msmemscope_{pid}_{stamp}"));
     let mut attempt = 1;
     loop {
@@ -61,14 +62,28 @@ pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// `YYYYmmddHHMMSS` in local time, as the seed names its directories.
-fn local_timestamp() -> String {
+/// Creates `dir` (mode 0750) unless it exists as a real directory; never through a symlink.
+pub fn ensure_dir(dir: &Path) -> Result<(), String> {
+    match std::fs::DirBuilder::new().mode(0o750).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(dir) {
+                Ok(m) if m.is_dir() => Ok(()),
+                _ => Err(format!("{} exists and is not a directory", dir.display())),
+            }
+        }
+        Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
+    }
+}
+
+/// `YYYYmmddHHMMSS` in local time, as the seed names its directories and dump files.
+pub fn local_timestamp() -> String {
     // SAFETY: time(NULL) and localtime_r with valid out-pointers.
     unsafe {
         let now = libc::time(std::ptr::null_mut());
         let mut tm: libc::tm = std::mem::zeroed();
         if libc::localtime_r(&now, &mut tm).is_null() {
-            return msmemscope_core::time_fmt::compact_timestamp(now as u64);
+            return crate::time_fmt::compact_timestamp(now as u64);
         }
         format!(
             "{:04}{:02}{:02}{:02}{:02}{:02}",

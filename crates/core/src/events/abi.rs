@@ -1,0 +1,71 @@
+//! The C ABI between the Python extension (or any other producer) and the runtime library that
+//! owns the event pipeline. Defined once here so both sides compile against the same layout;
+//! `ABI_VERSION` changes whenever it does.
+//!
+//! A producer fills an [`EventRecord`] and calls the runtime's `msmemscope_emit`. Strings are
+//! UTF-8 pointer/length pairs valid for the duration of the call; the runtime copies what it
+//! keeps. The runtime adds the timestamp, process and thread ids, the C stack when configured,
+//! applies the event/device/step filters, and queues the row for its writer thread.
+
+/// Bumped on any change to the structs or functions below.
+pub const ABI_VERSION: u32 = 1;
+
+/// `device_kind` values.
+pub const DEVICE_NONE: u32 = 0;
+pub const DEVICE_CPU: u32 = 1;
+pub const DEVICE_CUDA: u32 = 2;
+
+/// A borrowed UTF-8 string (`ptr` may be null when `len` is 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StrRef {
+    pub ptr: *const u8,
+    pub len: usize,
+}
+
+impl StrRef {
+    pub const EMPTY: StrRef = StrRef {
+        ptr: std::ptr::null(),
+        len: 0,
+    };
+
+    pub fn new(s: &str) -> StrRef {
+        StrRef {
+            ptr: s.as_ptr(),
+            len: s.len(),
+        }
+    }
+
+    /// # Safety
+    /// `ptr` must point at `len` bytes valid for `'a` (or be null with `len` 0).
+    pub unsafe fn as_str<'a>(&self) -> &'a str {
+        if self.ptr.is_null() || self.len == 0 {
+            return "";
+        }
+        // SAFETY: the caller guarantees the bytes; invalid UTF-8 is replaced, never trusted.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        std::str::from_utf8(bytes).unwrap_or("<invalid utf-8>")
+    }
+}
+
+/// One event from a producer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EventRecord {
+    /// [`crate::events::Event`] as u32.
+    pub event: u32,
+    /// [`crate::events::EventType`] as u32.
+    pub event_type: u32,
+    pub name: StrRef,
+    /// One of `DEVICE_*`, and the CUDA index for `DEVICE_CUDA`.
+    pub device_kind: u32,
+    pub device_index: u32,
+    pub has_ptr: u32,
+    pub ptr: u64,
+    /// The Attr column's JSON object text (`{}` or empty for none).
+    pub attrs_json: StrRef,
+    /// Python frames, innermost first, one per line (`file(line): func`).
+    pub python_stack: StrRef,
+    /// Nonzero: the runtime captures the C stack here (when `--call-stack c` is on).
+    pub want_c_stack: u32,
+}

@@ -1,0 +1,9 @@
+//! The event stream every analysis except host-leaks reads: tensor allocations and frees,
+//! operator launches, reads and writes, marks and steps (SPEC §6). One row type, written by
+//! the sinks and read back by the offline analyses.
+
+pub mod abi;
+pub mod csv;
+pub mod row;
+
+pub use row::{Attrs, DeviceId, Event, EventRow, EventType};

@@ -1,0 +1,224 @@
+//! One row of `memscope_dump_{ts}.csv` / the `memscope_dump` table.
+
+use std::fmt;
+
+/// The `Event` column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum Event {
+    Malloc = 1,
+    Free = 2,
+    Access = 3,
+    OpLaunch = 4,
+    KernelLaunch = 5,
+    Mstx = 6,
+    System = 7,
+    Snapshot = 8,
+    OomDetail = 9,
+}
+
+impl Event {
+    pub const ALL: [Event; 9] = [
+        Event::Malloc,
+        Event::Free,
+        Event::Access,
+        Event::OpLaunch,
+        Event::KernelLaunch,
+        Event::Mstx,
+        Event::System,
+        Event::Snapshot,
+        Event::OomDetail,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Malloc => "MALLOC",
+            Event::Free => "FREE",
+            Event::Access => "ACCESS",
+            Event::OpLaunch => "OP_LAUNCH",
+            Event::KernelLaunch => "KERNEL_LAUNCH",
+            Event::Mstx => "MSTX",
+            Event::System => "SYSTEM",
+            Event::Snapshot => "SNAPSHOT",
+            Event::OomDetail => "OOM_DETAIL",
+        }
+    }
+
+    pub fn from_u32(v: u32) -> Option<Event> {
+        Event::ALL.into_iter().find(|e| *e as u32 == v)
+    }
+
+    pub fn parse(s: &str) -> Option<Event> {
+        Event::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+}
+
+/// The `Event Type` column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum EventType {
+    Hal = 1,
+    Pta = 2,
+    Host = 3,
+    Read = 4,
+    Write = 5,
+    Unknown = 6,
+    AtenStart = 7,
+    AtenEnd = 8,
+    KernelLaunch = 9,
+    Mark = 10,
+    RangeStart = 11,
+    RangeEnd = 12,
+    StartTrace = 13,
+    StopTrace = 14,
+    Step = 15,
+    Snapshot = 16,
+    OomTrigger = 17,
+    OomRecentAlloc = 18,
+    OomTopAlloc = 19,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 19] = [
+        EventType::Hal,
+        EventType::Pta,
+        EventType::Host,
+        EventType::Read,
+        EventType::Write,
+        EventType::Unknown,
+        EventType::AtenStart,
+        EventType::AtenEnd,
+        EventType::KernelLaunch,
+        EventType::Mark,
+        EventType::RangeStart,
+        EventType::RangeEnd,
+        EventType::StartTrace,
+        EventType::StopTrace,
+        EventType::Step,
+        EventType::Snapshot,
+        EventType::OomTrigger,
+        EventType::OomRecentAlloc,
+        EventType::OomTopAlloc,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Hal => "HAL",
+            EventType::Pta => "PTA",
+            EventType::Host => "HOST",
+            EventType::Read => "READ",
+            EventType::Write => "WRITE",
+            EventType::Unknown => "UNKNOWN",
+            EventType::AtenStart => "ATEN_START",
+            EventType::AtenEnd => "ATEN_END",
+            EventType::KernelLaunch => "KERNEL_LAUNCH",
+            EventType::Mark => "Mark",
+            EventType::RangeStart => "Range_start",
+            EventType::RangeEnd => "Range_end",
+            EventType::StartTrace => "START_TRACE",
+            EventType::StopTrace => "STOP_TRACE",
+            EventType::Step => "STEP",
+            EventType::Snapshot => "SNAPSHOT",
+            EventType::OomTrigger => "OOM_TRIGGER",
+            EventType::OomRecentAlloc => "OOM_RECENT_ALLOC",
+            EventType::OomTopAlloc => "OOM_TOP_ALLOC",
+        }
+    }
+
+    pub fn from_u32(v: u32) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|e| *e as u32 == v)
+    }
+
+    pub fn parse(s: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+}
+
+/// The `Device Id` column: `cpu`, a CUDA index, or `N/A` for rows without a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceId {
+    None,
+    Cpu,
+    Cuda(u32),
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceId::None => f.write_str("N/A"),
+            DeviceId::Cpu => f.write_str("cpu"),
+            DeviceId::Cuda(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+impl DeviceId {
+    pub fn parse(s: &str) -> Option<DeviceId> {
+        match s {
+            "N/A" | "" => Some(DeviceId::None),
+            "cpu" => Some(DeviceId::Cpu),
+            _ => s.parse().ok().map(DeviceId::Cuda),
+        }
+    }
+
+    /// The output directory name: `device_cpu`, `device_0`, ...
+    pub fn dir_name(&self) -> String {
+        match self {
+            DeviceId::Cuda(i) => format!("device_{i}"),
+            _ => "device_cpu".to_string(),
+        }
+    }
+}
+
+/// The `Attr` column: key/value pairs in insertion order, written as one JSON object.
+pub type Attrs = serde_json::Map<String, serde_json::Value>;
+
+/// A row. `id` is assigned by the writer in time order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    pub id: u64,
+    pub event: Event,
+    pub event_type: EventType,
+    pub name: String,
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u64,
+    pub device: DeviceId,
+    pub ptr: Option<u64>,
+    pub attrs: Attrs,
+    pub python_stack: String,
+    pub c_stack: String,
+}
+
+impl EventRow {
+    /// A bare row: everything but the identity columns empty.
+    pub fn new(event: Event, event_type: EventType, name: impl Into<String>) -> EventRow {
+        EventRow {
+            id: 0,
+            event,
+            event_type,
+            name: name.into(),
+            ts_ns: 0,
+            pid: 0,
+            tid: 0,
+            device: DeviceId::None,
+            ptr: None,
+            attrs: Attrs::new(),
+            python_stack: String::new(),
+            c_stack: String::new(),
+        }
+    }
+
+    pub fn attr_u64(&self, key: &str) -> Option<u64> {
+        self.attrs.get(key).and_then(|v| v.as_u64())
+    }
+
+    pub fn attr_str(&self, key: &str) -> Option<&str> {
+        self.attrs.get(key).and_then(|v| v.as_str())
+    }
+}
+
+/// `0x%016x`, as the seed prints pointers.
+pub fn format_ptr(ptr: u64) -> String {
+    format!("0x{ptr:016x}")
+}

@@ -1,0 +1,253 @@
+//! `msmemscope._native`: the Python package's bridge to the rest of msmemscope.
+//!
+//! Configuration is validated with core's own parsers ([`config`]), so `msmemscope.config(...)`
+//! accepts exactly what the command line does. Everything that touches the running process goes
+//! through the runtime library's C ABI (`crates/core/src/events/abi.rs`), found in the process
+//! or `dlopen`ed ([`runtime`]); the extension never links the runtime itself, so there is one
+//! instance of its state per process whichever way it got there.
+
+mod config;
+mod emit;
+mod runtime;
+
+use std::ffi::{c_void, CString};
+
+use msmemscope_core::config::RunConfig;
+use msmemscope_core::events::abi::{StrRef, ABI_VERSION};
+use msmemscope_core::events::{Event, EventType};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// What `start()` answers when host-leaks is configured but the malloc hooks are not the
+/// process's malloc.
+const HOST_HOOKS_MISSING: &str = "host-leaks needs the host hooks: run `source msmemscope \
+     --load-api-env=host` before starting Python, or launch under msmemscope";
+
+/// The runtime, or a RuntimeError saying how to get one.
+pub(crate) fn require_runtime() -> PyResult<&'static runtime::Runtime> {
+    match runtime::find() {
+        Ok(Some(rt)) => Ok(rt),
+        Ok(None) => Err(PyRuntimeError::new_err(
+            "the msmemscope runtime library is not loaded: call load_runtime(path) first",
+        )),
+        Err(e) => Err(PyRuntimeError::new_err(e)),
+    }
+}
+
+/// The ABI version this extension was built for (core's `ABI_VERSION`).
+#[pyfunction]
+fn abi_version() -> u32 {
+    ABI_VERSION
+}
+
+/// Whether the runtime library's C ABI is available: already loaded by `load_runtime`, or
+/// present in the process (preloaded by the launcher or `--load-api-env`).
+#[pyfunction]
+fn runtime_loaded() -> PyResult<bool> {
+    runtime::find()
+        .map(|rt| rt.is_some())
+        .map_err(PyRuntimeError::new_err)
+}
+
+/// The path of the runtime library in use, or None when none is loaded (or its path is unknown).
+#[pyfunction]
+fn runtime_path() -> PyResult<Option<String>> {
+    Ok(runtime::find()
+        .map_err(PyRuntimeError::new_err)?
+        .and_then(|rt| rt.path.clone()))
+}
+
+/// Whether the runtime library was in the process before this extension looked (preloaded),
+/// rather than loaded by `load_runtime`. None when no runtime is loaded.
+#[pyfunction]
+fn runtime_preloaded() -> PyResult<Option<bool>> {
+    Ok(runtime::find()
+        .map_err(PyRuntimeError::new_err)?
+        .map(|rt| rt.preloaded))
+}
+
+/// Loads the runtime library at `path` unless one is present already; returns the path of the
+/// one in use. RuntimeError when it cannot be loaded or speaks another ABI version.
+#[pyfunction]
+fn load_runtime(path: &str) -> PyResult<String> {
+    let rt = runtime::load(path).map_err(PyRuntimeError::new_err)?;
+    Ok(rt.path.clone().unwrap_or_else(|| path.to_owned()))
+}
+
+/// The default RunConfig as JSON: the configuration of a run given no options.
+#[pyfunction]
+fn default_config() -> String {
+    RunConfig::default().to_json()
+}
+
+/// Hands a full RunConfig JSON to the runtime. True: applied. False: refused because a
+/// host-leak window is open (nothing changed).
+#[pyfunction]
+fn configure(py: Python<'_>, json: &str) -> PyResult<bool> {
+    let rt = require_runtime()?;
+    let json = json.to_owned();
+    // SAFETY: the string lives until the call returns; the runtime copies what it keeps.
+    let rc = py.allow_threads(|| unsafe { (rt.configure)(StrRef::new(&json)) });
+    match rc {
+        0 => Ok(true),
+        -2 => Ok(false),
+        -1 => Err(PyValueError::new_err(
+            "the runtime library rejected the configuration as invalid",
+        )),
+        rc => Err(PyRuntimeError::new_err(format!(
+            "msmemscope_configure failed with code {rc}"
+        ))),
+    }
+}
+
+/// The runtime's active RunConfig as JSON.
+#[pyfunction]
+fn current_config() -> PyResult<String> {
+    require_runtime()?
+        .current_config_json()
+        .map_err(PyRuntimeError::new_err)
+}
+
+/// Starts tracing, or opens a host-leak window when host-leaks is configured.
+#[pyfunction]
+fn start(py: Python<'_>) -> PyResult<()> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments.
+    let rc = py.allow_threads(|| unsafe { (rt.start)() });
+    match rc {
+        rc if rc >= 0 => Ok(()),
+        -2 => Err(PyValueError::new_err(
+            "a host-leak window is already open: call msmemscope.stop() before starting another",
+        )),
+        -3 => Err(PyValueError::new_err(HOST_HOOKS_MISSING)),
+        rc => Err(PyRuntimeError::new_err(format!(
+            "msmemscope start failed with code {rc}"
+        ))),
+    }
+}
+
+/// Stops tracing, or closes the open host-leak window (its report is written now).
+#[pyfunction]
+fn stop(py: Python<'_>) -> PyResult<()> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments.
+    let rc = py.allow_threads(|| unsafe { (rt.stop)() });
+    status("stop", rc)
+}
+
+/// Marks the end of a step.
+#[pyfunction]
+fn step() -> PyResult<()> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments.
+    status("step", unsafe { (rt.step)() })
+}
+
+fn status(what: &str, rc: i32) -> PyResult<()> {
+    if rc >= 0 {
+        Ok(())
+    } else {
+        Err(PyRuntimeError::new_err(format!(
+            "msmemscope {what} failed with code {rc}"
+        )))
+    }
+}
+
+/// Whether events are being recorded now.
+#[pyfunction]
+fn tracing() -> PyResult<bool> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments.
+    Ok(unsafe { (rt.tracing)() } == 1)
+}
+
+/// Whether the runtime's malloc hooks are the process's malloc (the library was preloaded).
+#[pyfunction]
+fn host_hooks_active() -> PyResult<bool> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments.
+    Ok(unsafe { (rt.host_hooks_active)() } == 1)
+}
+
+fn mstx_message(message: &str) -> PyResult<CString> {
+    CString::new(message)
+        .map_err(|_| PyValueError::new_err("message must not contain a NUL character"))
+}
+
+fn mstx_missing(name: &str) -> PyErr {
+    PyRuntimeError::new_err(format!(
+        "the loaded msmemscope runtime library does not export {name}"
+    ))
+}
+
+/// `mstxMarkA(message, stream)`.
+#[pyfunction]
+#[pyo3(signature = (message, stream = 0))]
+fn mstx_mark(message: &str, stream: usize) -> PyResult<()> {
+    let rt = require_runtime()?;
+    let f = rt.mstx_mark.ok_or_else(|| mstx_missing("mstxMarkA"))?;
+    let message = mstx_message(message)?;
+    // SAFETY: a NUL-terminated message valid for the call; the stream is an opaque handle.
+    unsafe { f(message.as_ptr(), stream as *mut c_void) };
+    Ok(())
+}
+
+/// `mstxRangeStartA(message, stream)`: the new range's id.
+#[pyfunction]
+#[pyo3(signature = (message, stream = 0))]
+fn mstx_range_start(message: &str, stream: usize) -> PyResult<u64> {
+    let rt = require_runtime()?;
+    let f = rt
+        .mstx_range_start
+        .ok_or_else(|| mstx_missing("mstxRangeStartA"))?;
+    let message = mstx_message(message)?;
+    // SAFETY: as in mstx_mark.
+    Ok(unsafe { f(message.as_ptr(), stream as *mut c_void) })
+}
+
+/// `mstxRangeEnd(range_id)`.
+#[pyfunction]
+fn mstx_range_end(range_id: u64) -> PyResult<()> {
+    let rt = require_runtime()?;
+    let f = rt
+        .mstx_range_end
+        .ok_or_else(|| mstx_missing("mstxRangeEnd"))?;
+    // SAFETY: a resolved ABI function taking a plain integer.
+    unsafe { f(range_id) };
+    Ok(())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(abi_version, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_loaded, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_path, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime_preloaded, m)?)?;
+    m.add_function(wrap_pyfunction!(load_runtime, m)?)?;
+    m.add_function(wrap_pyfunction!(default_config, m)?)?;
+    m.add_function(wrap_pyfunction!(config::validate_config, m)?)?;
+    m.add_function(wrap_pyfunction!(configure, m)?)?;
+    m.add_function(wrap_pyfunction!(current_config, m)?)?;
+    m.add_function(wrap_pyfunction!(start, m)?)?;
+    m.add_function(wrap_pyfunction!(stop, m)?)?;
+    m.add_function(wrap_pyfunction!(step, m)?)?;
+    m.add_function(wrap_pyfunction!(tracing, m)?)?;
+    m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
+    m.add_function(wrap_pyfunction!(emit::emit, m)?)?;
+    m.add_function(wrap_pyfunction!(mstx_mark, m)?)?;
+    m.add_function(wrap_pyfunction!(mstx_range_start, m)?)?;
+    m.add_function(wrap_pyfunction!(mstx_range_end, m)?)?;
+    m.add("ABI_VERSION", ABI_VERSION)?;
+    m.add("HOST_HOOKS_MISSING", HOST_HOOKS_MISSING)?;
+    m.add("CONFIG_KEYS", config::accepted_keys())?;
+    for event in Event::ALL {
+        m.add(format!("EVENT_{}", event.as_str()), event as u32)?;
+    }
+    for event_type in EventType::ALL {
+        m.add(
+            format!("TYPE_{}", event_type.as_str().to_ascii_uppercase()),
+            event_type as u32,
+        )?;
+    }
+    Ok(())
+}

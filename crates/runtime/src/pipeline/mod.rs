@@ -1,0 +1,319 @@
+//! The event pipeline: producers (the Python tracker through the C ABI, MSTX/NVTX marks) emit
+//! rows; the pipeline stamps them (time, process, thread, C stack), filters them by the run's
+//! configuration (tracing on/off, `--events`, `--device`, `--level`, `--steps`), and queues them
+//! in per-thread buffers that the writer thread drains into the dump files.
+
+mod buffers;
+mod sinks;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use msmemscope_core::config::{CollectMode, Device, EventKind, Level, RunConfig};
+use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
+
+use crate::clock::precise_realtime_ns;
+use writer::Writer;
+
+/// What decides whether a row is recorded, derived from the configuration.
+#[derive(Clone, Debug)]
+struct Filter {
+    events: Vec<EventKind>,
+    devices: Vec<Device>,
+    level: Level,
+    steps: Vec<u32>,
+    c_stack_depth: Option<u32>,
+}
+
+impl Filter {
+    fn from_config(config: &RunConfig) -> Filter {
+        Filter {
+            events: config.events.clone(),
+            devices: config.devices.clone(),
+            level: config.level,
+            steps: config.steps.clone(),
+            c_stack_depth: config.call_stack.c,
+        }
+    }
+
+    /// Whether a row of this kind, on this device, at this step, is recorded.
+    fn admits(&self, row: &EventRow, step: u64) -> bool {
+        let kind = match row.event {
+            Event::Malloc => Some(EventKind::Alloc),
+            Event::Free => Some(EventKind::Free),
+            Event::OpLaunch | Event::KernelLaunch => Some(EventKind::Launch),
+            Event::Access => Some(EventKind::Access),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            if !self.events.contains(&kind) {
+                return false;
+            }
+        }
+        match (row.event, self.level) {
+            (Event::OpLaunch, Level::Kernel) | (Event::KernelLaunch, Level::Op) => return false,
+            _ => {}
+        }
+        let device_ok = match row.device {
+            DeviceId::None => true,
+            DeviceId::Cpu => self.devices.contains(&Device::Cpu),
+            DeviceId::Cuda(i) => self
+                .devices
+                .iter()
+                .any(|d| *d == Device::Cuda || *d == Device::CudaIndex(i)),
+        };
+        if !device_ok {
+            return false;
+        }
+        // `--steps`: only the listed steps (system rows always, so steps stay visible).
+        row.event == Event::System || self.steps.is_empty() || self.steps.contains(&(step as u32))
+    }
+}
+
+struct Pipeline {
+    config: RwLock<RunConfig>,
+    filter: RwLock<Filter>,
+    tracing: AtomicBool,
+    /// The current step: 0 before the first `step()`.
+    step: AtomicU64,
+    run_dir: Mutex<Option<PathBuf>>,
+    writer: Mutex<Option<Writer>>,
+    writer_failed: AtomicBool,
+}
+
+static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
+/// Set in a forked child: it records nothing (forked children are not tracked).
+static DETACHED: AtomicBool = AtomicBool::new(false);
+static THREAD_IDS: AtomicU64 = AtomicU64::new(0);
+
+fn pipeline() -> &'static Pipeline {
+    PIPELINE.get_or_init(|| {
+        let config = RunConfig::default();
+        Pipeline {
+            filter: RwLock::new(Filter::from_config(&config)),
+            config: RwLock::new(config),
+            tracing: AtomicBool::new(false),
+            step: AtomicU64::new(0),
+            run_dir: Mutex::new(None),
+            writer: Mutex::new(None),
+            writer_failed: AtomicBool::new(false),
+        }
+    })
+}
+
+/// A run started by the launcher: its run directory and configuration. Tracing starts at once
+/// in `immediate` mode and at the program's `start()` in `deferred` mode.
+pub fn init_launched(run_dir: PathBuf, config: RunConfig) {
+    let p = pipeline();
+    let immediate = config.collect_mode == CollectMode::Immediate;
+    set_config(config);
+    if let Ok(mut dir) = p.run_dir.lock() {
+        *dir = Some(run_dir);
+    }
+    if immediate {
+        start_tracing();
+    }
+}
+
+/// Replaces the configuration (Python `config()`).
+pub fn set_config(config: RunConfig) {
+    let p = pipeline();
+    if let Ok(mut f) = p.filter.write() {
+        *f = Filter::from_config(&config);
+    }
+    if let Ok(mut c) = p.config.write() {
+        *c = config;
+    }
+}
+
+pub fn config() -> RunConfig {
+    pipeline()
+        .config
+        .read()
+        .map(|c| c.clone())
+        .unwrap_or_default()
+}
+
+/// The run directory, created on first need from the configured output path (Python API runs
+/// have no launcher to make it).
+pub fn run_dir() -> Result<PathBuf, String> {
+    let p = pipeline();
+    let mut dir = p
+        .run_dir
+        .lock()
+        .map_err(|_| "run directory lock poisoned".to_string())?;
+    if let Some(dir) = dir.as_ref() {
+        return Ok(dir.clone());
+    }
+    let config = config();
+    let created = msmemscope_core::run_dir::create(&config, std::process::id())?;
+    crate::log::init(&created, config.log_level);
+    *dir = Some(created.clone());
+    Ok(created)
+}
+
+pub fn is_tracing() -> bool {
+    !DETACHED.load(Ordering::Relaxed)
+        && PIPELINE
+            .get()
+            .is_some_and(|p| p.tracing.load(Ordering::Relaxed))
+}
+
+pub fn start_tracing() {
+    let p = pipeline();
+    if !p.tracing.swap(true, Ordering::AcqRel) {
+        emit(
+            EventRow::new(Event::System, EventType::StartTrace, ""),
+            false,
+        );
+    }
+}
+
+/// Ends tracing and writes everything recorded so far.
+pub fn stop_tracing() {
+    let p = pipeline();
+    if p.tracing.load(Ordering::Acquire) {
+        emit(
+            EventRow::new(Event::System, EventType::StopTrace, ""),
+            false,
+        );
+        p.tracing.store(false, Ordering::Release);
+    }
+    flush(Duration::from_secs(10));
+}
+
+/// Starts the next step and records its STEP row (Name = the step number).
+pub fn step() {
+    let p = pipeline();
+    let step = p.step.fetch_add(1, Ordering::AcqRel) + 1;
+    emit(
+        EventRow::new(Event::System, EventType::Step, step.to_string()),
+        false,
+    );
+}
+
+/// Ranges named `step start` mark steps, as the seed's users annotate them.
+pub fn on_range_start(message: &str) {
+    if message == "step start" {
+        step();
+    }
+}
+
+/// Stamps, filters and queues a row.
+pub fn emit(mut row: EventRow, want_c_stack: bool) {
+    if !is_tracing() {
+        return;
+    }
+    let p = pipeline();
+    let step = p.step.load(Ordering::Acquire);
+    let depth = match p.filter.read() {
+        Ok(f) if f.admits(&row, step) => f.c_stack_depth,
+        _ => return,
+    };
+    if row.ts_ns == 0 {
+        row.ts_ns = precise_realtime_ns();
+    }
+    row.pid = std::process::id();
+    row.tid = thread_id();
+    let mut frames = Vec::new();
+    if let (true, Some(depth)) = (want_c_stack, depth) {
+        crate::unwind::with_stack(|stack, _| {
+            frames.extend(stack.as_slice().iter().take(depth as usize));
+        });
+    }
+    // The writer (and the dump file) start with the first real event: a process that only
+    // starts and stops tracing, or execs another program first (a shell script, a version
+    // shim), leaves no file behind.
+    let system = row.event == Event::System;
+    buffers::push(row, frames);
+    if !system {
+        ensure_writer();
+    }
+}
+
+/// The kernel's id of this thread (what `Thread Id` shows).
+fn thread_id() -> u64 {
+    thread_local! { static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+    TID.try_with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions.
+            t.set(unsafe { libc::gettid() } as u64);
+            THREAD_IDS.fetch_add(1, Ordering::Relaxed);
+        }
+        t.get()
+    })
+    .unwrap_or(0)
+}
+
+/// Starts the writer on first use. False when it cannot run (then rows are dropped and the
+/// failure is logged once).
+fn ensure_writer() -> bool {
+    let p = pipeline();
+    if p.writer_failed.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Ok(mut writer) = p.writer.lock() else {
+        return false;
+    };
+    if writer.is_some() {
+        return true;
+    }
+    let started = run_dir().and_then(|dir| {
+        let format = config().format;
+        Writer::start(sinks::Sinks::new(&dir, format))
+            .ok_or_else(|| "cannot start the writer thread".to_string())
+    });
+    match started {
+        Ok(w) => {
+            *writer = Some(w);
+            true
+        }
+        Err(e) => {
+            p.writer_failed.store(true, Ordering::Relaxed);
+            crate::log::error(&format!("event dump disabled: {e}"));
+            false
+        }
+    }
+}
+
+/// Writes everything queued so far (waits at most `timeout`).
+pub fn flush(timeout: Duration) {
+    if let Some(p) = PIPELINE.get() {
+        ensure_writer();
+        if let Ok(writer) = p.writer.lock() {
+            if let Some(w) = writer.as_ref() {
+                w.flush(timeout);
+            }
+        }
+    }
+}
+
+/// At exit: the last rows reach the files.
+pub fn shutdown() {
+    if DETACHED.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(p) = PIPELINE.get() {
+        if p.tracing.load(Ordering::Acquire) {
+            emit(
+                EventRow::new(Event::System, EventType::StopTrace, ""),
+                false,
+            );
+            p.tracing.store(false, Ordering::Release);
+        }
+        ensure_writer();
+        if let Ok(writer) = p.writer.lock() {
+            if let Some(w) = writer.as_ref() {
+                w.stop(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// In a forked child: record nothing and never touch the parent's writer.
+pub fn detach_after_fork() {
+    DETACHED.store(true, Ordering::Relaxed);
+}

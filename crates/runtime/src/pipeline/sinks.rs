@@ -1,0 +1,231 @@
+//! Where rows go: `device_{id}/dump/memscope_dump_{ts}.csv` or `.db` (SPEC §6). One file per
+//! device, opened on the first row for that device; rows without a device (marks, steps, op
+//! launches) go to every device file open at the time, and open the CPU one if none is.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use msmemscope_core::config::DataFormat;
+use msmemscope_core::events::{csv, DeviceId, EventRow};
+use msmemscope_core::run_dir::ensure_dir;
+
+trait Sink: Send {
+    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String>;
+    /// Makes everything written so far durable against a crash of the process.
+    fn flush(&mut self) -> Result<(), String>;
+}
+
+struct CsvSink {
+    file: std::io::BufWriter<std::fs::File>,
+    scratch: String,
+}
+
+impl Sink for CsvSink {
+    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String> {
+        self.scratch.clear();
+        for row in rows {
+            csv::write_row(&mut self.scratch, row);
+        }
+        self.file
+            .write_all(self.scratch.as_bytes())
+            .map_err(|e| e.to_string())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        // In the kernel's page cache the data outlives the process.
+        self.file.flush().map_err(|e| e.to_string())
+    }
+}
+
+struct DbSink {
+    conn: rusqlite::Connection,
+    pending: bool,
+}
+
+const CREATE_TABLE: &str = "CREATE TABLE memscope_dump (\
+    \"ID\" INTEGER PRIMARY KEY, \"Event\" TEXT, \"Event Type\" TEXT, \"Name\" TEXT, \
+    \"Timestamp(ns)\" INTEGER, \"Process Id\" INTEGER, \"Thread Id\" INTEGER, \"Device Id\" TEXT, \
+    \"Ptr\" TEXT, \"Attr\" TEXT, \"Call Stack(Python)\" TEXT, \"Call Stack(C)\" TEXT)";
+const INSERT: &str =
+    "INSERT INTO memscope_dump VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+
+impl Sink for DbSink {
+    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String> {
+        if !self.pending {
+            self.conn
+                .execute_batch("BEGIN")
+                .map_err(|e| e.to_string())?;
+            self.pending = true;
+        }
+        let mut insert = self
+            .conn
+            .prepare_cached(INSERT)
+            .map_err(|e| e.to_string())?;
+        for row in rows {
+            let ptr = row
+                .ptr
+                .map(msmemscope_core::events::row::format_ptr)
+                .unwrap_or_else(|| "N/A".into());
+            let name = if row.name.is_empty() {
+                "N/A"
+            } else {
+                row.name.as_str()
+            };
+            insert
+                .execute(rusqlite::params![
+                    row.id as i64,
+                    row.event.as_str(),
+                    row.event_type.as_str(),
+                    name,
+                    row.ts_ns as i64,
+                    row.pid as i64,
+                    row.tid as i64,
+                    row.device.to_string(),
+                    ptr,
+                    serde_json::Value::Object(row.attrs.clone()).to_string(),
+                    row.python_stack,
+                    row.c_stack,
+                ])
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        if self.pending {
+            self.pending = false;
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// The dump files of one run.
+pub struct Sinks {
+    run_dir: PathBuf,
+    format: DataFormat,
+    stamp: String,
+    open: BTreeMap<DeviceId, Box<dyn Sink>>,
+    /// Files created so far (for the end-of-run summary).
+    pub paths: Vec<PathBuf>,
+}
+
+impl Sinks {
+    pub fn new(run_dir: &Path, format: DataFormat) -> Sinks {
+        Sinks {
+            run_dir: run_dir.to_path_buf(),
+            format,
+            stamp: msmemscope_core::run_dir::local_timestamp(),
+            open: BTreeMap::new(),
+            paths: Vec::new(),
+        }
+    }
+
+    fn sink_for(&mut self, device: DeviceId) -> Result<&mut Box<dyn Sink>, String> {
+        if !self.open.contains_key(&device) {
+            let dir = self.run_dir.join(device.dir_name());
+            ensure_dir(&dir)?;
+            let dir = dir.join("dump");
+            ensure_dir(&dir)?;
+            let (sink, path): (Box<dyn Sink>, PathBuf) = match self.format {
+                DataFormat::Csv => {
+                    let (path, mut file) = create_unique(&dir, &self.stamp, "csv")?;
+                    writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
+                    let file = std::io::BufWriter::with_capacity(1 << 20, file);
+                    (
+                        Box::new(CsvSink {
+                            file,
+                            scratch: String::new(),
+                        }),
+                        path,
+                    )
+                }
+                DataFormat::Db => {
+                    // Create the file ourselves first: exclusive and never through a symlink.
+                    let (path, file) = create_unique(&dir, &self.stamp, "db")?;
+                    drop(file);
+                    let conn = rusqlite::Connection::open(&path).map_err(|e| e.to_string())?;
+                    conn.execute_batch(CREATE_TABLE)
+                        .map_err(|e| e.to_string())?;
+                    (
+                        Box::new(DbSink {
+                            conn,
+                            pending: false,
+                        }),
+                        path,
+                    )
+                }
+            };
+            self.paths.push(path);
+            self.open.insert(device, sink);
+        }
+        Ok(self.open.get_mut(&device).expect("just inserted"))
+    }
+
+    /// Writes rows in the order given.
+    pub fn write(&mut self, rows: &[EventRow]) -> Result<(), String> {
+        let mut start = 0;
+        // Consecutive rows of one device go out in one call.
+        while start < rows.len() {
+            let device = rows[start].device;
+            let end = start
+                + rows[start..]
+                    .iter()
+                    .take_while(|r| r.device == device)
+                    .count();
+            let batch: Vec<&EventRow> = rows[start..end].iter().collect();
+            if device == DeviceId::None {
+                if self.open.is_empty() {
+                    self.sink_for(DeviceId::Cpu)?;
+                }
+                for sink in self.open.values_mut() {
+                    sink.write(&batch)?;
+                }
+            } else {
+                self.sink_for(device)?.write(&batch)?;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> Result<(), String> {
+        for sink in self.open.values_mut() {
+            sink.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// `memscope_dump_{stamp}.{ext}`, or with `_2`, `_3`… when a file of that name exists (another
+/// process of the run wrote it in the same second).
+fn create_unique(dir: &Path, stamp: &str, ext: &str) -> Result<(PathBuf, std::fs::File), String> {
+    let mut last_error = String::new();
+    for n in 1..100 {
+        let name = if n == 1 {
+            format!("memscope_dump_{stamp}.{ext}")
+        } else {
+            format!("memscope_dump_{stamp}_{n}.{ext}")
+        };
+        let path = dir.join(name);
+        match create_new(&path) {
+            Ok(file) => return Ok((path, file)),
+            Err(e) => last_error = e,
+        }
+    }
+    Err(last_error)
+}
+
+fn create_new(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))
+}

@@ -1,0 +1,193 @@
+//! The writer thread: every 100 ms it drains the thread buffers, orders the rows by time and
+//! writes those older than a short watermark (a row timestamped just before a drain may still be
+//! on its way into a buffer), then flushes, so a crash or SIGTERM of the target loses at most
+//! the rows of the last fraction of a second. It runs with every signal blocked: the program's
+//! signal handlers never run on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use msmemscope_core::events::EventRow;
+use msmemscope_core::symbolize::Symbolizer;
+
+use super::buffers::{self, Queued};
+use super::sinks::Sinks;
+use crate::clock::precise_realtime_ns;
+use crate::guard::Entered;
+
+const TICK: Duration = Duration::from_millis(100);
+/// Rows younger than this wait for the next tick.
+const WATERMARK_NS: u64 = 50_000_000;
+
+#[derive(Default)]
+struct Control {
+    stop: bool,
+    /// Incremented by `flush` requests; the writer acknowledges by copying it to `flushed`.
+    flush_requested: u64,
+    flushed: u64,
+    stopped: bool,
+}
+
+pub struct Writer {
+    control: Arc<(Mutex<Control>, Condvar)>,
+}
+
+struct State {
+    sinks: Sinks,
+    pending: Vec<Queued>,
+    next_id: u64,
+    symbolizer: Option<Symbolizer>,
+    symbols: HashMap<u64, String>,
+    written: u64,
+}
+
+impl Writer {
+    /// Starts the writer thread. `None` if no thread can be made (nothing is written then; the
+    /// caller logs it).
+    pub fn start(sinks: Sinks) -> Option<Writer> {
+        let control: Arc<(Mutex<Control>, Condvar)> = Arc::default();
+        let theirs = control.clone();
+        let mut state = State {
+            sinks,
+            pending: Vec::new(),
+            next_id: 1,
+            symbolizer: None,
+            symbols: HashMap::new(),
+            written: 0,
+        };
+        // Block every signal while spawning: the new thread inherits the mask.
+        let spawned = with_signals_blocked(|| {
+            std::thread::Builder::new()
+                .name("msmemscope-wr".into())
+                .spawn(move || {
+                    let _entered = Entered::try_enter();
+                    run(&theirs, &mut state);
+                })
+        });
+        spawned.ok().map(|_| Writer { control })
+    }
+
+    /// Writes everything queued so far and waits (at most `timeout`) until it is on disk.
+    pub fn flush(&self, timeout: Duration) {
+        let (lock, cv) = &*self.control;
+        let Ok(mut c) = lock.lock() else { return };
+        c.flush_requested += 1;
+        let want = c.flush_requested;
+        cv.notify_all();
+        let deadline = std::time::Instant::now() + timeout;
+        while c.flushed < want && !c.stopped {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            c = match cv.wait_timeout(c, left) {
+                Ok((guard, _)) => guard,
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// Flushes and ends the thread (waits at most `timeout`).
+    pub fn stop(&self, timeout: Duration) {
+        if let Ok(mut c) = self.control.0.lock() {
+            c.stop = true;
+        }
+        self.flush(timeout);
+    }
+}
+
+fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
+    let (lock, cv) = control;
+    let mut acknowledged = 0;
+    loop {
+        let (stop, flush_to) = {
+            let Ok(c) = lock.lock() else { return };
+            let (c, _) = match cv
+                .wait_timeout_while(c, TICK, |c| !c.stop && c.flush_requested == c.flushed)
+            {
+                Ok(r) => r,
+                Err(_) => return,
+            };
+            (c.stop, c.flush_requested)
+        };
+        // A flush request writes everything queued, young rows included.
+        let everything = stop || flush_to != acknowledged;
+        write_batch(state, everything);
+        acknowledged = flush_to;
+        if let Ok(mut c) = lock.lock() {
+            c.flushed = flush_to;
+            if stop {
+                c.stopped = true;
+            }
+            cv.notify_all();
+        }
+        if stop {
+            return;
+        }
+    }
+}
+
+/// Drains the buffers and writes what is old enough (everything when `all`).
+fn write_batch(state: &mut State, all: bool) {
+    state.pending.append(&mut buffers::drain());
+    if state.pending.is_empty() {
+        return;
+    }
+    state.pending.sort_by_key(|q| (q.row.ts_ns, q.seq));
+    let watermark = if all {
+        u64::MAX
+    } else {
+        precise_realtime_ns().saturating_sub(WATERMARK_NS)
+    };
+    let ready = state.pending.partition_point(|q| q.row.ts_ns <= watermark);
+    let batch: Vec<Queued> = state.pending.drain(..ready).collect();
+    let mut rows: Vec<EventRow> = Vec::with_capacity(batch.len());
+    for mut q in batch {
+        q.row.id = state.next_id;
+        state.next_id += 1;
+        if !q.c_frames.is_empty() {
+            q.row.c_stack = symbolize(state, &q.c_frames);
+        }
+        rows.push(q.row);
+    }
+    let result = state.sinks.write(&rows).and_then(|()| state.sinks.flush());
+    match result {
+        Ok(()) => state.written += rows.len() as u64,
+        Err(e) => crate::log::error(&format!("event dump: {e}")),
+    }
+}
+
+/// C frames as `function file:line` lines, symbolized once per address.
+fn symbolize(state: &mut State, frames: &[u64]) -> String {
+    let symbolizer = state.symbolizer.get_or_insert_with(|| {
+        crate::unwind::modules::refresh(false);
+        Symbolizer::new(crate::unwind::modules::seen_modules())
+    });
+    let mut lines = Vec::with_capacity(frames.len());
+    for &address in frames {
+        let line = state.symbols.entry(address).or_insert_with(|| {
+            symbolizer
+                .symbolize_return_address(address)
+                .iter()
+                .map(|f| f.render())
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        lines.push(line.clone());
+    }
+    lines.join("\n")
+}
+
+fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigfillset/pthread_sigmask on valid, initialised sets; the old mask is restored.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let result = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        result
+    }
+}

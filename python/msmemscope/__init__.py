@@ -1,0 +1,63 @@
+"""msmemscope: memory analysis for PyTorch programs and the host heap.
+
+Drive a run from Python with the seed's API::
+
+    import msmemscope
+    msmemscope.config(analysis=["host-leaks"], output_path="./out")
+    msmemscope.start()
+    ...
+    msmemscope.stop()
+
+Configuration values are strings, spelled as on the command line (``events="alloc,free"``,
+``call_stack="python:20"``); a bad key or value raises ``ValueError`` (``TypeError`` for a
+value that is not a string) naming the key and the accepted values.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+from . import mstx
+from ._runtime import native as _native_runtime
+
+__all__ = ["config", "mstx", "start", "step", "stop"]
+
+
+def config(**kw: str) -> None:
+    """Sets run options; keys as the command line's long options with ``_`` for ``-``:
+    call_stack, level, events, device, format (or data_format), output_path, analysis, watch,
+    host_leak_mode, block_size_threshold, sample_rate (also log_level, steps, collect_mode).
+
+    While a host-leak window is open (between ``start()`` and ``stop()``) the configuration is
+    left unchanged and a warning says so; stop the window, configure, and start a new one.
+    """
+    nat = _native_runtime()
+    updated = nat.validate_config(nat.current_config(), **kw)
+    if not nat.configure(updated):
+        warnings.warn(
+            "msmemscope.config() has no effect while a host-leak window is open: call "
+            "msmemscope.stop() first, then config() and start() again",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def start() -> None:
+    """Starts tracing; with ``analysis="host-leaks"`` opens a host-leak window instead (each
+    ``start()``/``stop()`` pair is one window with its own stage number)."""
+    nat = _native_runtime()
+    analyses = json.loads(nat.current_config()).get("analysis", [])
+    if "host-leaks" in analyses and not nat.host_hooks_active():
+        raise ValueError(nat.HOST_HOOKS_MISSING)
+    nat.start()
+
+
+def stop() -> None:
+    """Stops tracing; closes the open host-leak window and writes its report."""
+    _native_runtime().stop()
+
+
+def step() -> None:
+    """Marks the end of a training or inference step."""
+    _native_runtime().step()

@@ -1,0 +1,190 @@
+"""msmemscope's ``sitecustomize`` for Python programs started by the ``msmemscope`` launcher.
+
+The launcher puts this directory (and the directory holding the ``msmemscope`` package) on the
+program's ``PYTHONPATH``, so Python's ``site`` module imports this file at start-up. It:
+
+1. installs a lazy import hook: once ``torch`` has been fully imported, it calls
+   ``msmemscope.frameworks.torch_tracker.install()``. Until then it costs one string comparison
+   per first import of a module; a program that never imports torch never imports msmemscope
+   nor torch because of it;
+2. runs the next ``sitecustomize`` on ``sys.path`` (the user's or the distribution's), which
+   this file shadows, and leaves that module as ``sys.modules["sitecustomize"]``.
+
+Nothing here raises into the program: a failure of msmemscope's own part is reported once on
+stderr, prefixed ``msmemscope: ``, and the program goes on untracked. (An error raised by the
+chained ``sitecustomize`` itself is the user's, and ``site`` reports it as it would without us.)
+"""
+
+import os
+import sys
+
+_reported = False
+
+
+def _report(what, exc):
+    """One line on stderr, the first time anything fails."""
+    global _reported
+    if _reported:
+        return
+    _reported = True
+    try:
+        sys.stderr.write(f"msmemscope: {what}: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _on_torch_imported():
+    """Turns the PyTorch tracker on, once, right after ``import torch`` completed."""
+    _remove_hook()
+    try:
+        from msmemscope.frameworks import torch_tracker
+
+        torch_tracker.install()
+    except Exception as exc:
+        _report("PyTorch tracking is off", exc)
+
+
+class _TorchImportHook:
+    """A ``sys.meta_path`` finder that finds nothing itself: for ``torch`` it asks the finders
+    after it, and wraps the found loader so that :func:`_on_torch_imported` runs after the
+    module's code."""
+
+    def __init__(self):
+        self._searching = False
+
+    def find_spec(self, fullname, path=None, target=None):
+        # The import system holds torch's module lock around this call, so two threads never
+        # get here for torch at once; `_searching` only stops the recursion below.
+        if fullname != "torch" or self._searching:
+            return None
+        self._searching = True
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        except Exception as exc:
+            _report("cannot watch the import of torch", exc)
+            return None
+        finally:
+            self._searching = False
+        if spec is not None and spec.loader is not None:
+            try:
+                _wrap_loader(spec)
+            except Exception as exc:
+                _report("cannot watch the import of torch", exc)
+        return spec
+
+
+def _wrap_loader(spec):
+    loader = spec.loader
+    original = loader.exec_module
+
+    def exec_module(module):
+        try:
+            original(module)
+        finally:
+            _unwrap(loader, spec, original)
+        _on_torch_imported()
+
+    try:
+        # An instance attribute keeps the loader's type (code may check it); the loader of one
+        # module file serves only that module.
+        loader.exec_module = exec_module
+    except (AttributeError, TypeError):
+        spec.loader = _LoaderProxy(loader, exec_module)
+
+
+def _unwrap(loader, spec, original):
+    if isinstance(spec.loader, _LoaderProxy):
+        spec.loader = loader
+    else:
+        try:
+            del loader.exec_module
+        except AttributeError:
+            pass
+
+
+class _LoaderProxy:
+    """Stands for a loader that takes no instance attributes."""
+
+    def __init__(self, loader, exec_module):
+        self._loader = loader
+        self.exec_module = exec_module
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_hook = None
+
+
+def _install_hook():
+    global _hook
+    if "torch" in sys.modules:
+        _on_torch_imported()
+        return
+    _hook = _TorchImportHook()
+    sys.meta_path.insert(0, _hook)
+
+
+def _remove_hook():
+    global _hook
+    if _hook is not None:
+        try:
+            sys.meta_path.remove(_hook)
+        except ValueError:
+            pass
+        _hook = None
+
+
+def _next_sitecustomize_spec():
+    """The spec of the ``sitecustomize`` that this file shadows: the first one on
+    ``sys.path`` outside this directory."""
+    from importlib.machinery import PathFinder
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    others = []
+    for entry in sys.path:
+        try:
+            if os.path.realpath(entry or os.curdir) == here:
+                continue
+        except (TypeError, ValueError, OSError):
+            continue
+        others.append(entry)
+    return PathFinder.find_spec("sitecustomize", others)
+
+
+def _chain():
+    try:
+        spec = _next_sitecustomize_spec()
+    except Exception as exc:
+        _report("cannot look for another sitecustomize", exc)
+        return
+    if spec is None or spec.loader is None:
+        return
+    import importlib.util
+
+    module = importlib.util.module_from_spec(spec)
+    # Keep this module reachable, then let the chained one be "sitecustomize": the import
+    # system re-reads sys.modules when our import finishes, so `import sitecustomize` in the
+    # program gives the user's module, as it would without msmemscope.
+    sys.modules["_msmemscope_sitecustomize"] = sys.modules.get(__name__)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+try:
+    _install_hook()
+except Exception as _exc:
+    _report("cannot install the torch import hook", _exc)
+
+_chain()

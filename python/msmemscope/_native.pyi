@@ -1,0 +1,88 @@
+"""Type stubs of the msmemscope._native extension (crates/python)."""
+
+ABI_VERSION: int
+HOST_HOOKS_MISSING: str
+CONFIG_KEYS: str
+
+EVENT_MALLOC: int
+EVENT_FREE: int
+EVENT_ACCESS: int
+EVENT_OP_LAUNCH: int
+EVENT_KERNEL_LAUNCH: int
+EVENT_MSTX: int
+EVENT_SYSTEM: int
+EVENT_SNAPSHOT: int
+EVENT_OOM_DETAIL: int
+
+TYPE_HAL: int
+TYPE_PTA: int
+TYPE_HOST: int
+TYPE_READ: int
+TYPE_WRITE: int
+TYPE_UNKNOWN: int
+TYPE_ATEN_START: int
+TYPE_ATEN_END: int
+TYPE_KERNEL_LAUNCH: int
+TYPE_MARK: int
+TYPE_RANGE_START: int
+TYPE_RANGE_END: int
+TYPE_START_TRACE: int
+TYPE_STOP_TRACE: int
+TYPE_STEP: int
+TYPE_SNAPSHOT: int
+TYPE_OOM_TRIGGER: int
+TYPE_OOM_RECENT_ALLOC: int
+TYPE_OOM_TOP_ALLOC: int
+
+AttrValue = int | float | str | bool | None | list[int] | tuple[int, ...]
+
+def abi_version() -> int:
+    """The C ABI version this extension was built for."""
+
+def runtime_loaded() -> bool:
+    """Whether the runtime library is available (preloaded, or loaded by load_runtime)."""
+
+def runtime_path() -> str | None:
+    """Path of the runtime library in use; None when none is loaded."""
+
+def runtime_preloaded() -> bool | None:
+    """True: it was in the process already; False: load_runtime loaded it; None: none loaded."""
+
+def load_runtime(path: str) -> str:
+    """Loads the runtime library unless one is present; returns the path of the one in use."""
+
+def default_config() -> str:
+    """The default RunConfig JSON."""
+
+def validate_config(current_json: str, **kw: str | list[str] | tuple[str, ...]) -> str:
+    """Applies config keys to a RunConfig JSON and returns the resolved JSON.
+
+    ValueError: unknown key or invalid value; TypeError: a value that is not a str (``analysis``
+    may also be a list or tuple of str)."""
+
+def configure(json: str) -> bool:
+    """Applies a RunConfig JSON; False when refused because a host-leak window is open."""
+
+def current_config() -> str:
+    """The runtime's active RunConfig JSON."""
+
+def start() -> None: ...
+def stop() -> None: ...
+def step() -> None: ...
+def tracing() -> bool: ...
+def host_hooks_active() -> bool: ...
+def emit(
+    event: int,
+    event_type: int,
+    name: str,
+    device: str | None,
+    ptr: int | None,
+    attrs: dict[str, AttrValue] | None,
+    python_stack: str = "",
+    want_c_stack: bool = False,
+) -> int:
+    """Sends one event; 0 recorded, 1 filtered out or not tracing."""
+
+def mstx_mark(message: str, stream: int = 0) -> None: ...
+def mstx_range_start(message: str, stream: int = 0) -> int: ...
+def mstx_range_end(range_id: int) -> None: ...

@@ -1,0 +1,1 @@
+"""Framework instrumentation (PyTorch first), turned on lazily when the framework is imported."""

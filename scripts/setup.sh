@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Sets up everything the tests and the demo need, idempotently: a virtual environment in .venv
+# with the Python tools (maturin, pytest, ruff, numpy, torch, nvtx), the release build of the
+# workspace, and the msmemscope Python package installed in .venv in development mode (its
+# Python files are used from python/msmemscope/, the extension is built into it) with a copy of
+# the runtime library in python/msmemscope/lib/.
+# Needs Rust, Python 3.11 with pip, gcc, and PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup: $*"; }
+
+PYTHON=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv with $PYTHON"
+    "$PYTHON" -m venv .venv
+fi
+VPY=.venv/bin/python
+
+# The tools whose absence a plain import (or a --version) shows; installed only when missing.
+missing=()
+$VPY -c "import maturin" 2>/dev/null || missing+=(maturin)
+$VPY -c "import pytest" 2>/dev/null || missing+=(pytest)
+$VPY -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
+$VPY -c "import numpy" 2>/dev/null || missing+=(numpy)
+$VPY -c "import nvtx" 2>/dev/null || missing+=(nvtx)
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    $VPY -m pip install --quiet --disable-pip-version-check "${missing[@]}"
+fi
+# torch separately: the PyPI wheel is large (about 70 s to install).
+if ! $VPY -c "import torch" 2>/dev/null; then
+    say "installing torch (about a minute)"
+    $VPY -m pip install --quiet --disable-pip-version-check torch
+fi
+
+say "cargo build --release"
+cargo build --release --quiet
+
+say "building the Python extension (maturin develop --release)"
+# maturin installs into the environment named by VIRTUAL_ENV. Its own target directory: cargo
+# fingerprints maturin's build of the extension apart from a plain `cargo build`, so sharing
+# target/ would rebuild the extension at every switch between the two.
+log=$(mktemp)
+if ! VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" \
+    .venv/bin/maturin develop --release --target-dir target/maturin >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    exit 1
+fi
+rm -f "$log"
+
+mkdir -p python/msmemscope/lib
+cp -f target/release/libmsmemscope_runtime.so python/msmemscope/lib/libmsmemscope_runtime.so
+
+$VPY -c "import msmemscope" || { say "import msmemscope failed" >&2; exit 1; }
+say "ready: .venv/bin/python -c 'import msmemscope'"

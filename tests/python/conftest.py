@@ -1,0 +1,99 @@
+"""Shared fixtures: paths, the fake runtime library, and running Python snippets in a fresh
+process (the runtime library is loaded once per process, so each loading scenario gets its own)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "python" / "msmemscope"
+AUTOSTART = PACKAGE / "_autostart"
+FAKE_SOURCE = Path(__file__).resolve().parent / "native" / "fake_runtime.c"
+RUNTIME_LIB = REPO / "target" / "release" / "libmsmemscope_runtime.so"
+ABI_SYMBOLS = (
+    "msmemscope_abi_version",
+    "msmemscope_emit",
+    "msmemscope_configure",
+    "msmemscope_current_config",
+    "msmemscope_start",
+    "msmemscope_stop",
+    "msmemscope_host_hooks_active",
+)
+
+
+def _exports(lib: Path) -> set[str]:
+    if not lib.is_file():
+        return set()
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def runtime_has_abi() -> bool:
+    return set(ABI_SYMBOLS) <= _exports(RUNTIME_LIB)
+
+
+needs_runtime_abi = pytest.mark.skipif(
+    not runtime_has_abi(),
+    reason=f"{RUNTIME_LIB} does not export the C ABI ({', '.join(ABI_SYMBOLS)}) yet",
+)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without anything that would load a runtime library."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_PRELOAD", "MSMEMSCOPE_RUNTIME_LIB", "PYTHONPATH")
+        and not k.startswith("MSMEMSCOPE_")
+    }
+    env.update(extra)
+    return env
+
+
+def run_python(
+    code: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter of this environment."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env() if env is None else env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    """The stdout of a run that must have succeeded; its stderr in the failure message."""
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _build_fake(out: Path, name: str, *defines: str) -> Path:
+    lib = out / name
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-O1", *defines, "-o", str(lib), str(FAKE_SOURCE)],
+        check=True,
+    )
+    return lib
+
+
+@pytest.fixture(scope="session")
+def fake_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Fake runtime libraries: a complete one, one of another ABI version, one with only the
+    version function."""
+    out = tmp_path_factory.mktemp("fake_runtime")
+    return {
+        "good": _build_fake(out, "libfake_runtime.so"),
+        "other_abi": _build_fake(out, "libfake_other_abi.so", "-DFAKE_ABI=999"),
+        "incomplete": _build_fake(out, "libfake_incomplete.so", "-DONLY_VERSION"),
+    }
