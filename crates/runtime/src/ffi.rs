@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::events::abi::{EventRecord, StrRef, ABI_VERSION, DEVICE_CPU, DEVICE_CUDA};
-use msmemscope_core::events::{Attrs, DeviceId, Event, EventRow, EventType};
+use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 use crate::guard::Entered;
 use crate::host_leak::settings::{CapOverrides, WindowSettings};
@@ -65,10 +65,14 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
         };
         row.ptr = (r.has_ptr != 0).then_some(r.ptr);
         if !attrs.is_empty() {
-            match serde_json::from_str::<Attrs>(attrs) {
-                Ok(map) => row.attrs = map,
-                Err(_) => return INVALID,
+            // Checked (an object, well formed) without building it: the writer copies the text.
+            let trimmed = attrs.trim();
+            if !trimmed.starts_with('{')
+                || serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_err()
+            {
+                return INVALID;
             }
+            row.attrs_json = Some(trimmed.to_string());
         }
         row.python_stack = python_stack.to_string();
         pipeline::emit(row, r.want_c_stack != 0);
@@ -165,15 +169,22 @@ pub extern "C" fn msmemscope_step() -> i32 {
     })
 }
 
-/// 1 when this library's `malloc` is the process's `malloc` (it was preloaded).
+/// 1 when this library's `malloc` is the process's `malloc` (it was preloaded). Compares the
+/// objects the two functions live in: taking our own `malloc`'s address would go through the
+/// GOT and find whatever `malloc` the process uses, ours or not.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
+    fn object_of(address: *const libc::c_void) -> Option<usize> {
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+        (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    }
+    // A private function: its address is ours whatever the process interposes.
+    fn here() {}
     // SAFETY: dlsym of a libc symbol name.
     let resolved = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    std::ptr::eq(
-        resolved as *const (),
-        crate::hooks::malloc::malloc as *const (),
-    ) as i32
+    let ours = object_of(here as *const libc::c_void);
+    (ours.is_some() && object_of(resolved) == ours) as i32
 }
 
 /// For producers that only need a string view (tests).

@@ -34,6 +34,7 @@ extern "C" fn on_load() {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
+    quiet_panics();
     let Some(run) = take_launch_environment() else {
         return;
     };
@@ -47,6 +48,14 @@ extern "C" fn on_load() {
     } else {
         pipeline::init_launched(run.dir.clone(), run.config.clone());
     }
+}
+
+/// A panic inside the runtime is caught at the boundary it crossed; its message goes to our log,
+/// never to the program's stderr.
+fn quiet_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        log::error(&format!("internal error: {info}"))
+    }));
 }
 
 /// Registers the exit and fork handlers once (at start for launched runs, at the first

@@ -912,12 +912,16 @@ mod tests {
             (OptionName::Analysis, "leaks")
         ])
         .is_ok());
-        // host-leaks does not read the event stream.
-        assert!(resolved(&[
-            (OptionName::Events, "launch"),
-            (OptionName::Analysis, "host-leaks")
-        ])
-        .is_ok());
+        // host-leaks does not read the event stream, and says so rather than ignore --events.
+        assert_eq!(
+            resolved(&[
+                (OptionName::Events, "launch"),
+                (OptionName::Analysis, "host-leaks")
+            ])
+            .unwrap_err()
+            .to_string(),
+            "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --events"
+        );
     }
 
     #[test]

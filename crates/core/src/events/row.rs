@@ -186,6 +186,9 @@ pub struct EventRow {
     pub device: DeviceId,
     pub ptr: Option<u64>,
     pub attrs: Attrs,
+    /// The Attr column as a producer rendered it (a JSON object); when set it is written as is
+    /// and `attrs` is empty, which spares the hot path parsing and re-rendering it.
+    pub attrs_json: Option<String>,
     pub python_stack: String,
     pub c_stack: String,
 }
@@ -204,8 +207,24 @@ impl EventRow {
             device: DeviceId::None,
             ptr: None,
             attrs: Attrs::new(),
+            attrs_json: None,
             python_stack: String::new(),
             c_stack: String::new(),
+        }
+    }
+
+    /// The Attr column's text.
+    pub fn attrs_text(&self) -> String {
+        match &self.attrs_json {
+            Some(raw) => raw.clone(),
+            None => serde_json::to_string(&self.attrs).unwrap_or_else(|_| "{}".into()),
+        }
+    }
+
+    /// Parses a pre-rendered Attr into `attrs` (readers that need the values call this).
+    pub fn parse_attrs(&mut self) {
+        if let Some(raw) = self.attrs_json.take() {
+            self.attrs = serde_json::from_str(&raw).unwrap_or_default();
         }
     }
 

@@ -58,6 +58,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs `f` inside the runtime: with the reentrancy guard held and panics caught. Returns
 /// `fallback` when the thread is already inside the runtime (or exiting) or `f` panicked.
 pub(crate) fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
+    // A forked child records nothing, and must not touch locks another thread of the parent
+    // may have held at the fork.
+    if crate::pipeline::is_detached() {
+        return fallback;
+    }
     let Some(_entered) = Entered::try_enter() else {
         return fallback;
     };

@@ -216,7 +216,7 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     if row.ts_ns == 0 {
         row.ts_ns = precise_realtime_ns();
     }
-    row.pid = std::process::id();
+    row.pid = process_id();
     row.tid = thread_id();
     let mut frames = Vec::new();
     if let (true, Some(depth)) = (want_c_stack, depth) {
@@ -231,6 +231,19 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     buffers::push(row, frames);
     if !system {
         ensure_writer();
+    }
+}
+
+/// This process's id, read once (a forked child records nothing, so it never needs another).
+fn process_id() -> u32 {
+    static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id();
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
     }
 }
 
@@ -311,6 +324,11 @@ pub fn shutdown() {
             }
         }
     }
+}
+
+/// Whether this process is a forked child (which records nothing).
+pub fn is_detached() -> bool {
+    DETACHED.load(Ordering::Relaxed)
 }
 
 /// In a forked child: record nothing and never touch the parent's writer.

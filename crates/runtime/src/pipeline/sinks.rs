@@ -1,6 +1,8 @@
 //! Where rows go: `device_{id}/dump/memscope_dump_{ts}.csv` or `.db` (SPEC §6). One file per
 //! device, opened on the first row for that device; rows without a device (marks, steps, op
-//! launches) go to every device file open at the time, and open the CPU one if none is.
+//! launches) go to every device file open at the time. Until the first device file opens they
+//! wait in memory (so `--device=cuda:0` makes no CPU file just for them); if the run ends
+//! without any device row, they go to the CPU file.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -84,7 +86,7 @@ impl Sink for DbSink {
                     row.tid as i64,
                     row.device.to_string(),
                     ptr,
-                    serde_json::Value::Object(row.attrs.clone()).to_string(),
+                    row.attrs_text(),
                     row.python_stack,
                     row.c_stack,
                 ])
@@ -110,6 +112,8 @@ pub struct Sinks {
     format: DataFormat,
     stamp: String,
     open: BTreeMap<DeviceId, Box<dyn Sink>>,
+    /// Device-less rows written before any device file existed.
+    unrouted: Vec<EventRow>,
     /// Files created so far (for the end-of-run summary).
     pub paths: Vec<PathBuf>,
 }
@@ -121,6 +125,7 @@ impl Sinks {
             format,
             stamp: msmemscope_core::run_dir::local_timestamp(),
             open: BTreeMap::new(),
+            unrouted: Vec::new(),
             paths: Vec::new(),
         }
     }
@@ -161,6 +166,12 @@ impl Sinks {
                 }
             };
             self.paths.push(path);
+            let mut sink = sink;
+            if self.open.is_empty() && !self.unrouted.is_empty() {
+                let waiting: Vec<&EventRow> = self.unrouted.iter().collect();
+                sink.write(&waiting)?;
+                self.unrouted.clear();
+            }
             self.open.insert(device, sink);
         }
         Ok(self.open.get_mut(&device).expect("just inserted"))
@@ -180,7 +191,7 @@ impl Sinks {
             let batch: Vec<&EventRow> = rows[start..end].iter().collect();
             if device == DeviceId::None {
                 if self.open.is_empty() {
-                    self.sink_for(DeviceId::Cpu)?;
+                    self.unrouted.extend(batch.iter().map(|r| (*r).clone()));
                 }
                 for sink in self.open.values_mut() {
                     sink.write(&batch)?;
@@ -193,7 +204,11 @@ impl Sinks {
         Ok(())
     }
 
-    pub fn flush(&mut self) -> Result<(), String> {
+    /// Makes everything written durable; `last` also places rows still waiting for a device.
+    pub fn flush(&mut self, last: bool) -> Result<(), String> {
+        if last && self.open.is_empty() && !self.unrouted.is_empty() {
+            self.sink_for(DeviceId::Cpu)?;
+        }
         for sink in self.open.values_mut() {
             sink.flush()?;
         }

@@ -132,26 +132,37 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
 fn write_batch(state: &mut State, all: bool) {
     state.pending.append(&mut buffers::drain());
     if state.pending.is_empty() {
+        if all {
+            if let Err(e) = state.sinks.flush(true) {
+                crate::log::error(&format!("event dump: {e}"));
+            }
+        }
         return;
     }
-    state.pending.sort_by_key(|q| (q.row.ts_ns, q.seq));
+    // Rows of one thread arrive in order; sort only when threads interleave.
+    let key = |q: &Queued| (q.row.ts_ns, q.seq);
+    if !state.pending.windows(2).all(|w| key(&w[0]) <= key(&w[1])) {
+        state.pending.sort_unstable_by_key(key);
+    }
     let watermark = if all {
         u64::MAX
     } else {
         precise_realtime_ns().saturating_sub(WATERMARK_NS)
     };
     let ready = state.pending.partition_point(|q| q.row.ts_ns <= watermark);
-    let batch: Vec<Queued> = state.pending.drain(..ready).collect();
-    let mut rows: Vec<EventRow> = Vec::with_capacity(batch.len());
-    for mut q in batch {
+    let mut rows: Vec<EventRow> = Vec::with_capacity(ready);
+    for mut q in state.pending.drain(..ready) {
         q.row.id = state.next_id;
         state.next_id += 1;
         if !q.c_frames.is_empty() {
-            q.row.c_stack = symbolize(state, &q.c_frames);
+            q.row.c_stack = symbolize(&mut state.symbolizer, &mut state.symbols, &q.c_frames);
         }
         rows.push(q.row);
     }
-    let result = state.sinks.write(&rows).and_then(|()| state.sinks.flush());
+    let result = state
+        .sinks
+        .write(&rows)
+        .and_then(|()| state.sinks.flush(all));
     match result {
         Ok(()) => state.written += rows.len() as u64,
         Err(e) => crate::log::error(&format!("event dump: {e}")),
@@ -159,14 +170,18 @@ fn write_batch(state: &mut State, all: bool) {
 }
 
 /// C frames as `function file:line` lines, symbolized once per address.
-fn symbolize(state: &mut State, frames: &[u64]) -> String {
-    let symbolizer = state.symbolizer.get_or_insert_with(|| {
+fn symbolize(
+    symbolizer: &mut Option<Symbolizer>,
+    symbols: &mut HashMap<u64, String>,
+    frames: &[u64],
+) -> String {
+    let symbolizer = symbolizer.get_or_insert_with(|| {
         crate::unwind::modules::refresh(false);
         Symbolizer::new(crate::unwind::modules::seen_modules())
     });
     let mut lines = Vec::with_capacity(frames.len());
     for &address in frames {
-        let line = state.symbols.entry(address).or_insert_with(|| {
+        let line = symbols.entry(address).or_insert_with(|| {
             symbolizer
                 .symbolize_return_address(address)
                 .iter()
