@@ -14,7 +14,7 @@ use msmemscope_core::events::{csv, DeviceId, EventRow};
 use msmemscope_core::run_dir::ensure_dir;
 
 trait Sink: Send {
-    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String>;
+    fn write(&mut self, row: &EventRow) -> Result<(), String>;
     /// Makes everything written so far durable against a crash of the process.
     fn flush(&mut self) -> Result<(), String>;
 }
@@ -25,11 +25,9 @@ struct CsvSink {
 }
 
 impl Sink for CsvSink {
-    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String> {
+    fn write(&mut self, row: &EventRow) -> Result<(), String> {
         self.scratch.clear();
-        for row in rows {
-            csv::write_row(&mut self.scratch, row);
-        }
+        csv::write_row(&mut self.scratch, row);
         self.file
             .write_all(self.scratch.as_bytes())
             .map_err(|e| e.to_string())
@@ -54,7 +52,7 @@ const INSERT: &str =
     "INSERT INTO memscope_dump VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
 
 impl Sink for DbSink {
-    fn write(&mut self, rows: &[&EventRow]) -> Result<(), String> {
+    fn write(&mut self, row: &EventRow) -> Result<(), String> {
         if !self.pending {
             self.conn
                 .execute_batch("BEGIN")
@@ -65,7 +63,7 @@ impl Sink for DbSink {
             .conn
             .prepare_cached(INSERT)
             .map_err(|e| e.to_string())?;
-        for row in rows {
+        {
             let ptr = row
                 .ptr
                 .map(msmemscope_core::events::row::format_ptr)
@@ -167,41 +165,29 @@ impl Sinks {
             };
             self.paths.push(path);
             let mut sink = sink;
-            if self.open.is_empty() && !self.unrouted.is_empty() {
-                let waiting: Vec<&EventRow> = self.unrouted.iter().collect();
-                sink.write(&waiting)?;
-                self.unrouted.clear();
+            if self.open.is_empty() {
+                for waiting in self.unrouted.drain(..) {
+                    sink.write(&waiting)?;
+                }
             }
             self.open.insert(device, sink);
         }
         Ok(self.open.get_mut(&device).expect("just inserted"))
     }
 
-    /// Writes rows in the order given.
-    pub fn write(&mut self, rows: &[EventRow]) -> Result<(), String> {
-        let mut start = 0;
-        // Consecutive rows of one device go out in one call.
-        while start < rows.len() {
-            let device = rows[start].device;
-            let end = start
-                + rows[start..]
-                    .iter()
-                    .take_while(|r| r.device == device)
-                    .count();
-            let batch: Vec<&EventRow> = rows[start..end].iter().collect();
-            if device == DeviceId::None {
-                if self.open.is_empty() {
-                    self.unrouted.extend(batch.iter().map(|r| (*r).clone()));
-                }
-                for sink in self.open.values_mut() {
-                    sink.write(&batch)?;
-                }
-            } else {
-                self.sink_for(device)?.write(&batch)?;
+    /// Writes one row (rows arrive in time order).
+    pub fn write(&mut self, row: &EventRow) -> Result<(), String> {
+        if row.device == DeviceId::None {
+            if self.open.is_empty() {
+                self.unrouted.push(row.clone());
             }
-            start = end;
+            for sink in self.open.values_mut() {
+                sink.write(row)?;
+            }
+            Ok(())
+        } else {
+            self.sink_for(row.device)?.write(row)
         }
-        Ok(())
     }
 
     /// Makes everything written durable; `last` also places rows still waiting for a device.
