@@ -6,7 +6,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use msmemscope_core::config::{Analysis, LogLevel, RunConfig};
+use msmemscope_core::config::{LogLevel, RunConfig};
 use msmemscope_core::launch_env;
 
 use msmemscope_core::run_dir;
@@ -174,10 +174,9 @@ fn report_event_dump(dir: &Path, config: &RunConfig) {
     for dump in dumps {
         eprintln!("msmemscope: event dump: {}", dump.display());
     }
-    if config.analysis.contains(&Analysis::Leaks) {
-        eprintln!(
-            "msmemscope: the leaks analysis is not available yet in this build: the dump was written, no leak report"
-        );
+    match std::fs::read_to_string(dir.join(launch_env::ANALYSIS_REPORT)) {
+        Ok(report) if config.log_level < LogLevel::Error => eprint!("{report}"),
+        _ => {}
     }
 }
 

@@ -15,3 +15,5 @@ pub const RUNTIME_LIBRARY: &str = "libmsmemscope_runtime.so";
 pub const NVTX_INJECTION: &str = "NVTX_INJECTION64_PATH";
 /// Overrides where the launcher finds the Python package (`<dir>/msmemscope`).
 pub const PYTHON_DIR: &str = "MSMEMSCOPE_PYTHON_DIR";
+/// The online analyses' console report, in the run directory; the launcher prints it.
+pub const ANALYSIS_REPORT: &str = "analysis_report.txt";

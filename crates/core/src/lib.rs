@@ -3,6 +3,7 @@
 //! symbolization and the run directory. The CLI, the preloaded runtime library and the Python
 //! extension all share it; it calls libc only for file flags and local time.
 
+pub mod analysis;
 pub mod config;
 pub mod events;
 pub mod host_leak;

@@ -85,6 +85,64 @@ class _StorageRef(weakref.ref):
     __slots__ = ("aid", "device", "key", "ptr", "size")
 
 
+# Ops that may give an argument they write a new block (out= arguments are keyword-only).
+_RESIZING_OPS = frozenset(
+    {"aten::resize_", "aten::resize_as_", "aten::set_", "aten::_resize_output_", "aten::resize"}
+)
+
+
+def _is_tensor_type(ty) -> bool:
+    """Whether a schema argument type holds Tensors (Tensor, Tensor?, Tensor[], Tensor?[])."""
+    text = str(ty)
+    return (
+        text.startswith("Tensor")
+        or text.startswith("Optional[Tensor]")
+        or (text.startswith("List[") and "Tensor" in text)
+    )
+
+
+class _OpInfo:
+    """What the tracker needs to know about one op overload, computed once from its schema."""
+
+    __slots__ = ("access_args", "fresh", "name", "resize_args", "single")
+
+    def __init__(self, func):
+        s = func._schema
+        self.name = f"{s.name}.{func._overloadname}"
+        access_args = []  # (positional index or None, name, is_write) of Tensor arguments
+        resize_args = []  # (positional index or None, name) of written args that may get a block
+        for i, a in enumerate(s.arguments):
+            if not _is_tensor_type(a.type):
+                continue
+            ai = a.alias_info
+            write = bool(ai is not None and ai.is_write)
+            pos = None if a.kwarg_only else i
+            access_args.append((pos, a.name, write))
+            if write and (a.kwarg_only or s.name in _RESIZING_OPS):
+                resize_args.append((pos, a.name))
+        self.access_args = tuple(access_args)
+        self.resize_args = tuple(resize_args)
+        # Indices of the returns that are new tensors (no alias annotation) holding Tensors.
+        self.fresh = tuple(
+            i for i, r in enumerate(s.returns) if r.alias_info is None and _is_tensor_type(r.type)
+        )
+        self.single = len(s.returns) == 1
+
+
+def _arg(args, kwargs, pos, name):
+    if pos is not None and pos < len(args):
+        return args[pos]
+    return kwargs.get(name)
+
+
+def _device_of(t) -> str | None:
+    if t.is_cpu:
+        return "cpu"
+    if t.is_cuda:
+        return f"cuda:{t.get_device()}"
+    return None
+
+
 class _Tracker:
     def __init__(self, nat):
         self.nat = nat
@@ -95,19 +153,13 @@ class _Tracker:
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.reported = False
-        self.schemas: dict = {}  # OpOverload -> (name, arg plan, fresh-return flags)
+        self.ops: dict = {}  # OpOverload -> _OpInfo
         self.free_cb = self._on_storage_dead
         self.E = nat.EVENT_MALLOC, nat.EVENT_FREE, nat.EVENT_ACCESS, nat.EVENT_OP_LAUNCH
-        self.T = (
-            nat.TYPE_PTA,
-            nat.TYPE_READ,
-            nat.TYPE_WRITE,
-            nat.TYPE_ATEN_START,
-            nat.TYPE_ATEN_END,
-        )
+        self.T = nat.TYPE_PTA, nat.TYPE_READ, nat.TYPE_WRITE, nat.TYPE_ATEN_START, nat.TYPE_ATEN_END
 
-    # --- errors -------------------------------------------------------------------------------
     def report(self, exc: BaseException) -> None:
+        """Reports the first internal error on stderr; later ones are dropped."""
         if self.reported:
             return
         self.reported = True
@@ -117,21 +169,10 @@ class _Tracker:
         except Exception:
             pass
 
-    # --- per-op schema facts --------------------------------------------------------------------
-    def schema(self, func):
-        info = self.schemas.get(func)
+    def op_info(self, func) -> _OpInfo:
+        info = self.ops.get(func)
         if info is None:
-            s = func._schema
-            name = f"{s.name}.{func._overloadname}"
-            plan = []  # (positional index or None, kwarg name, is_write)
-            for i, a in enumerate(s.arguments):
-                ai = a.alias_info
-                plan.append(
-                    (None if a.kwarg_only else i, a.name, bool(ai is not None and ai.is_write))
-                )
-            fresh = tuple(r.alias_info is None for r in s.returns)
-            info = (name, tuple(plan), fresh)
-            self.schemas[func] = info
+            info = self.ops[func] = _OpInfo(func)
         return info
 
     # --- Python stacks --------------------------------------------------------------------------
@@ -151,22 +192,24 @@ class _Tracker:
         return "\n".join(lines)
 
     # --- storages -------------------------------------------------------------------------------
-    def _malloc(self, ref: _StorageRef, dev: str, ptr: int, size: int, stack: str) -> None:
-        nat = self.nat
+    def _malloc(self, ref: _StorageRef, ptr: int, size: int) -> None:
+        cfg = self.cfg
+        stack = self.python_stack() if cfg.python_depth else ""
+        dev = ref.device
         with self.lock:
             aid = next(self.ids)
             used = self.used.get(dev, 0) + size
             self.used[dev] = used
-            ref.aid, ref.device, ref.ptr, ref.size = aid, dev, ptr, size
-            if not self.cfg.alloc:
+            ref.aid, ref.ptr, ref.size = aid, ptr, size
+            if not cfg.alloc:
                 return
             attrs = {"allocation_id": aid, "addr": f"0x{ptr:016x}", "size": size, "used": used}
             if dev != "cpu":
                 attrs["total"] = _cuda_reserved(dev)
             attrs["owner"] = "PTA"
-            nat.emit(self.E[0], self.T[0], "N/A", dev, ptr, attrs, stack, self.cfg.c_stack)
+            self.nat.emit(self.E[0], self.T[0], "N/A", dev, ptr, attrs, stack, cfg.c_stack)
 
-    def _free(self, ref: _StorageRef, stack: str = "") -> None:
+    def _free(self, ref: _StorageRef) -> None:
         size = ref.size
         if not size:
             return
@@ -177,15 +220,11 @@ class _Tracker:
             ref.size = 0
             if not self.cfg.free:
                 return
-            attrs = {
-                "allocation_id": ref.aid,
-                "addr": f"0x{ref.ptr:016x}",
-                "size": size,
-                "used": used,
-            }
+            ptr = ref.ptr
+            attrs = {"allocation_id": ref.aid, "addr": f"0x{ptr:016x}", "size": size, "used": used}
             if dev != "cpu":
                 attrs["total"] = _cuda_reserved(dev)
-            self.nat.emit(self.E[1], self.T[0], "N/A", dev, ref.ptr, attrs, stack, False)
+            self.nat.emit(self.E[1], self.T[0], "N/A", dev, ptr, attrs, "", False)
 
     def _on_storage_dead(self, ref: _StorageRef) -> None:
         try:
@@ -195,114 +234,100 @@ class _Tracker:
         except Exception as exc:
             self.report(exc)
 
-    def see_storage(self, t, stack_box: list, written: bool = False) -> None:
-        """Registers the storage of a tensor an op returned (``written``: one it wrote in place),
-        emitting a MALLOC when it is new or was resized. A storage first seen being written in
-        place predates tracking and stays untracked."""
+    def new_storage(self, t) -> None:
+        """An op returned ``t`` as a new tensor: a storage not seen before gets a MALLOC."""
         st = t.untyped_storage()
         key = id(st)
-        ref = self.live.get(key)
-        if ref is not None:
-            if ref.size == st.nbytes() and (not ref.size or ref.ptr == st.data_ptr()):
-                return
-            # Resized (or first given bytes): the old block is gone, a new one exists.
-            self._free(ref)
-        elif written:
+        if key in self.live:
             return
-        else:
-            dev_type = t.device.type
-            if dev_type not in _TRACKED_DEVICE_TYPES:
-                return
-            ref = _StorageRef(st, self.free_cb)
-            ref.key, ref.size, ref.aid, ref.ptr = key, 0, 0, 0
-            ref.device = "cpu" if dev_type == "cpu" else f"cuda:{t.device.index or 0}"
-            self.live[key] = ref
+        dev = _device_of(t)
+        if dev is None:
+            return
+        ref = _StorageRef(st, self.free_cb)
+        ref.key, ref.device, ref.size, ref.aid, ref.ptr = key, dev, 0, 0, 0
+        self.live[key] = ref
         size = st.nbytes()
         if size:
-            if stack_box[0] is None:
-                stack_box[0] = self.python_stack()
-            self._malloc(ref, ref.device, st.data_ptr(), size, stack_box[0])
+            self._malloc(ref, st.data_ptr(), size)
+
+    def written_storage(self, t) -> None:
+        """An op that may reallocate wrote ``t``: a tracked storage whose block changed gets a
+        FREE of the old block and a MALLOC of the new one."""
+        st = t.untyped_storage()
+        ref = self.live.get(id(st))
+        if ref is None:
+            return  # predates tracking
+        size = st.nbytes()
+        ptr = st.data_ptr() if size else 0
+        if ref.size == size and ref.ptr == ptr:
+            return
+        self._free(ref)
+        if size:
+            self._malloc(ref, ptr, size)
 
     # --- access rows ----------------------------------------------------------------------------
     def access(self, name: str, t, write: bool) -> None:
-        if type(t) not in _PLAIN_TENSOR_TYPES or t.device.type not in _TRACKED_DEVICE_TYPES:
+        if type(t) not in _PLAIN_TENSOR_TYPES:
             return
-        st = t.untyped_storage()
-        d = t.device
-        dev = "cpu" if d.type == "cpu" else f"cuda:{d.index or 0}"
+        dev = _device_of(t)
+        if dev is None:
+            return
         attrs = {"dtype": str(t.dtype)[6:], "shape": list(t.shape)}
         self.nat.emit(
-            self.E[2], self.T[2] if write else self.T[1], name, dev, st.data_ptr(), attrs, "", False
+            self.E[2],
+            self.T[2] if write else self.T[1],
+            name,
+            dev,
+            t.untyped_storage().data_ptr(),
+            attrs,
+            "",
+            False,
         )
 
-    # --- one op ---------------------------------------------------------------------------------
-    def before(self, func, args, kwargs):
-        info = self.schema(func)
-        cfg = self.cfg
-        if cfg.launch:
-            self.nat.emit(self.E[3], self.T[3], info[0], None, None, None, "", False)
-        return info
-
-    def after(self, func, info, args, kwargs, out) -> None:
-        cfg = self.cfg
-        name, plan, fresh = info
-        stack_box = [None]
-        written = None
-        # Arguments: reads, writes (in-place and out=), and storages an op resized.
-        for pos, kw, is_write in plan:
-            if pos is not None and pos < len(args):
-                a = args[pos]
-            elif kw in kwargs:
-                a = kwargs[kw]
-            else:
-                continue
+    def accesses(self, info: _OpInfo, args, kwargs, out) -> None:
+        name = info.name
+        for pos, kw, write in info.access_args:
+            a = _arg(args, kwargs, pos, kw)
             if isinstance(a, _Tensor):
-                items = (a,)
-            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], _Tensor):
-                items = a
-            else:
-                continue
-            for t in items:
-                if not isinstance(t, _Tensor):
-                    continue
-                if is_write:
-                    if written is None:
-                        written = set()
-                    written.add(id(t))
-                    if type(t) in _PLAIN_TENSOR_TYPES:
-                        self.see_storage(t, stack_box, True)
-                if cfg.access:
-                    self.access(name, t, is_write)
-        # Fresh outputs: new storages, and WRITE rows.
-        if isinstance(out, _Tensor):
-            outs = ((out, fresh[0] if fresh else True),)
-        elif isinstance(out, (tuple, list)):
-            if len(fresh) == len(out):
-                outs = tuple(zip(out, fresh, strict=True))
-            else:  # one Tensor[] return
-                f = fresh[0] if fresh else True
-                outs = tuple((o, f) for o in out)
-        else:
-            outs = ()
-        for o, is_fresh in outs:
-            if not is_fresh:
-                continue
-            if isinstance(o, (list, tuple)):
-                items = o
-            else:
-                items = (o,)
-            for t in items:
-                if type(t) not in _PLAIN_TENSOR_TYPES:
-                    continue
-                if written is not None and id(t) in written:
-                    continue
-                self.see_storage(t, stack_box)
-                if cfg.access:
-                    self.access(name, t, True)
+                self.access(name, a, write)
+            elif isinstance(a, (list, tuple)):
+                for t in a:
+                    if isinstance(t, _Tensor):
+                        self.access(name, t, write)
+        for t in _fresh_outputs(info, out):
+            self.access(name, t, True)
 
-    def end(self, info) -> None:
-        if self.cfg.launch:
-            self.nat.emit(self.E[3], self.T[4], info[0], None, None, None, "", False)
+    # --- one op ---------------------------------------------------------------------------------
+    def after(self, info: _OpInfo, args, kwargs, out) -> None:
+        for pos, kw in info.resize_args:
+            a = _arg(args, kwargs, pos, kw)
+            if type(a) in _PLAIN_TENSOR_TYPES:
+                self.written_storage(a)
+        if info.fresh:
+            plain = _PLAIN_TENSOR_TYPES
+            for t in _fresh_outputs(info, out):
+                if type(t) in plain:
+                    self.new_storage(t)
+
+
+def _fresh_outputs(info: _OpInfo, out):
+    """The tensors among ``out`` that the schema says are new."""
+    if not info.fresh:
+        return ()
+    if info.single:
+        if isinstance(out, _Tensor):
+            return (out,)
+        if isinstance(out, (list, tuple)):
+            return [t for t in out if isinstance(t, _Tensor)]
+        return ()
+    found = []
+    for i in info.fresh:
+        o = out[i]
+        if isinstance(o, _Tensor):
+            found.append(o)
+        elif isinstance(o, (list, tuple)):
+            found.extend(t for t in o if isinstance(t, _Tensor))
+    return found
 
 
 def _cuda_reserved(dev: str) -> int:
@@ -317,36 +342,53 @@ class MemscopeDispatchMode(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode otherwise wraps __torch_dispatch__ in torch._disable_dynamo, which
+        # doubles the cost of every op; Dynamo does not run under this mode anyway.
+        return False
+
     def __init__(self, tracker: _Tracker):
         super().__init__()
         self.tracker = tracker
+        self.tracing = tracker.nat.tracing
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
         tr = self.tracker
-        if not tr.enabled or type(func) is not _OpOverload or not tr.nat.tracing():
+        if not tr.enabled or not self.tracing():
             return func(*args, **kwargs)
-        info = None
         try:
-            info = tr.before(func, args, kwargs)
+            info = tr.ops.get(func)
+            if info is None:
+                if type(func) is not _OpOverload:  # a higher-order operator: run it untracked
+                    return func(*args, **kwargs)
+                info = tr.op_info(func)
+            cfg = tr.cfg
+            if cfg.launch:
+                tr.nat.emit(tr.E[3], tr.T[3], info.name, None, None, None, "", False)
         except Exception as exc:
             tr.report(exc)
+            return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except BaseException:
-            if info is not None:
+            if cfg.launch:
                 try:
-                    tr.end(info)
+                    tr.nat.emit(tr.E[3], tr.T[4], info.name, None, None, None, "", False)
                 except Exception as exc:
                     tr.report(exc)
             raise
-        if info is not None:
-            try:
-                tr.after(func, info, args, kwargs, out)
-                tr.end(info)
-            except Exception as exc:
-                tr.report(exc)
+        try:
+            if info.fresh or info.resize_args:
+                tr.after(info, args, kwargs, out)
+            if cfg.access:
+                tr.accesses(info, args, kwargs, out)
+            if cfg.launch:
+                tr.nat.emit(tr.E[3], tr.T[4], info.name, None, None, None, "", False)
+        except Exception as exc:
+            tr.report(exc)
         return out
 
 

@@ -4,6 +4,7 @@
 
 pub mod abi;
 pub mod csv;
+pub mod reader;
 pub mod row;
 
 pub use row::{Attrs, DeviceId, Event, EventRow, EventType};

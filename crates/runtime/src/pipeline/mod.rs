@@ -275,9 +275,14 @@ fn ensure_writer() -> bool {
         return true;
     }
     let started = run_dir().and_then(|dir| {
-        let format = config().format;
-        Writer::start(sinks::Sinks::new(&dir, format))
-            .ok_or_else(|| "cannot start the writer thread".to_string())
+        let config = config();
+        let analyses = msmemscope_core::analysis::online_for(&config);
+        Writer::start(
+            sinks::Sinks::new(&dir, config.format),
+            analyses,
+            dir.clone(),
+        )
+        .ok_or_else(|| "cannot start the writer thread".to_string())
     });
     match started {
         Ok(w) => {

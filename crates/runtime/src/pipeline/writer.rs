@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use msmemscope_core::analysis::Analysis;
 use msmemscope_core::symbolize::Symbolizer;
+use std::path::PathBuf;
 
 use super::buffers::{self, Queued};
 use super::sinks::Sinks;
@@ -34,6 +36,9 @@ pub struct Writer {
 
 struct State {
     sinks: Sinks,
+    /// Online analyses: they see every row written, and report when the writer stops.
+    analyses: Vec<Box<dyn Analysis>>,
+    run_dir: PathBuf,
     pending: Vec<Queued>,
     next_id: u64,
     symbolizer: Option<Symbolizer>,
@@ -44,11 +49,17 @@ struct State {
 impl Writer {
     /// Starts the writer thread. `None` if no thread can be made (nothing is written then; the
     /// caller logs it).
-    pub fn start(sinks: Sinks) -> Option<Writer> {
+    pub fn start(
+        sinks: Sinks,
+        analyses: Vec<Box<dyn Analysis>>,
+        run_dir: PathBuf,
+    ) -> Option<Writer> {
         let control: Arc<(Mutex<Control>, Condvar)> = Arc::default();
         let theirs = control.clone();
         let mut state = State {
             sinks,
+            analyses,
+            run_dir,
             pending: Vec::new(),
             next_id: 1,
             symbolizer: None,
@@ -115,6 +126,7 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
         write_batch(state, everything);
         acknowledged = flush_to;
         if stop {
+            finish_analyses(state);
             // What the writer cost, for the benchmark and for users sizing a long run. Logged
             // before the acknowledgement: the process exits right after it.
             let cpu = thread_cpu_seconds();
@@ -136,6 +148,50 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
             return;
         }
     }
+}
+
+/// The online analyses' reports: their files in the run directory, their console text in
+/// `analysis_report.txt` (which the launcher prints when the program has ended).
+fn finish_analyses(state: &mut State) {
+    let mut console = String::new();
+    for analysis in &mut state.analyses {
+        let output = analysis.finish();
+        console.push_str(&output.console);
+        for (relative, content) in output.files {
+            let path = state.run_dir.join(&relative);
+            let written = path
+                .parent()
+                .map_or(Ok(()), |dir| {
+                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())
+                })
+                .and_then(|()| write_new(&path, content.as_bytes()));
+            if let Err(e) = written {
+                crate::log::error(&format!("{}: {e}", analysis.name()));
+            }
+        }
+    }
+    if !console.is_empty() {
+        let path = state.run_dir.join(ANALYSIS_REPORT);
+        if let Err(e) = write_new(&path, console.as_bytes()) {
+            crate::log::error(&format!("analysis report: {e}"));
+        }
+    }
+}
+
+/// The file the launcher prints after the program ends.
+pub const ANALYSIS_REPORT: &str = msmemscope_core::launch_env::ANALYSIS_REPORT;
+
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    file.write_all(bytes).map_err(|e| e.to_string())
 }
 
 fn thread_cpu_seconds() -> f64 {
@@ -181,6 +237,9 @@ fn write_batch(state: &mut State, all: bool) {
         if result.is_ok() {
             result = state.sinks.write(&q.row);
             written += 1;
+        }
+        for analysis in &mut state.analyses {
+            analysis.feed(&q.row);
         }
     }
     match result.and_then(|()| state.sinks.flush(all)) {

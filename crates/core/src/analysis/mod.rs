@@ -1,0 +1,52 @@
+//! The analyses of the event stream (SPEC §7). Each is one implementation that sees rows in
+//! time order through [`Analysis::feed`]: online, the runtime's writer thread feeds every row it
+//! writes; offline, a dump reader feeds the rows of a file. Nothing here does I/O.
+
+use crate::config::{Analysis as Requested, RunConfig};
+use crate::events::EventRow;
+
+/// What an analysis produced when its input ended.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct AnalysisOutput {
+    /// Text for the user's console, in the seed's report format (may be empty).
+    pub console: String,
+    /// Files to write, paths relative to the run directory.
+    pub files: Vec<(String, String)>,
+}
+
+pub trait Analysis: Send {
+    /// The analysis's name as `--analysis` spells it.
+    fn name(&self) -> &'static str;
+    /// One row, in time order.
+    fn feed(&mut self, row: &EventRow);
+    /// The input has ended.
+    fn finish(&mut self) -> AnalysisOutput;
+}
+
+/// The analyses a run asked for that run online, in the writer.
+pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
+    #[allow(unused_mut)] // each analysis pushes itself in the match below as it is built
+    let mut analyses: Vec<Box<dyn Analysis>> = Vec::new();
+    for requested in &config.analysis {
+        match requested {
+            // Each online analysis registers itself here as it is built.
+            Requested::Leaks
+            | Requested::Decompose
+            | Requested::Inefficient
+            | Requested::Oom(_)
+            | Requested::HostLeaks => {}
+        }
+    }
+    analyses
+}
+
+/// Feeds every row of `rows` to `analysis` and finishes it: the offline driver.
+pub fn run_offline<E>(
+    analysis: &mut dyn Analysis,
+    rows: impl Iterator<Item = Result<EventRow, E>>,
+) -> Result<AnalysisOutput, E> {
+    for row in rows {
+        analysis.feed(&row?);
+    }
+    Ok(analysis.finish())
+}

@@ -1,0 +1,167 @@
+//! Where the control socket lives and how it is made: `ctrl_{pid}.sock` in a per-user
+//! directory only its owner can write (`$XDG_RUNTIME_DIR/msmemscope/` when that directory is
+//! ours, else `/tmp/msmemscope-{uid}/`), mode 0700, the socket itself mode 0600.
+
+use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+/// The directory the socket goes in, before it is checked or created.
+pub fn socket_dir(uid: u32, xdg_runtime_dir: Option<OsString>) -> PathBuf {
+    if let Some(xdg) = xdg_runtime_dir.filter(|x| !x.is_empty()) {
+        let xdg = PathBuf::from(xdg);
+        let ours = std::fs::metadata(&xdg).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if xdg.is_absolute() && ours {
+            return xdg.join("msmemscope");
+        }
+    }
+    PathBuf::from(format!("/tmp/msmemscope-{uid}"))
+}
+
+pub fn socket_name(pid: u32) -> String {
+    format!("ctrl_{pid}.sock")
+}
+
+/// Creates `dir` (mode 0700) or accepts an existing one only if it is a real directory owned
+/// by `uid` that nobody else can write.
+pub fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {
+            // The umask may have taken bits away; set exactly 0700.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot set the mode of {}: {e}", dir.display()))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!("{} is a symlink", dir.display()));
+    }
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if meta.uid() != uid {
+        return Err(format!(
+            "{} belongs to uid {}, not to uid {uid}",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by group or others (mode {:o})",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Binds the listening socket at `path` with mode 0600, first removing a stale socket of the
+/// same name (a socket owned by `uid`: an earlier process with this pid, or this process'
+/// image before an exec). Anything else at the path is left alone and refused.
+pub fn bind_private(path: &Path, uid: u32) -> Result<UnixListener, String> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() || meta.uid() != uid {
+            return Err(format!(
+                "{} exists and is not a socket of ours",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+    // Independent of the umask. The directory is 0700, so nobody else could reach the socket
+    // between bind and chmod anyway.
+    if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        let _ = std::fs::remove_file(path);
+        return Err(format!("cannot set the mode of {}: {e}", path.display()));
+    }
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "msmemscope-ctrl-unit-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn uid() -> u32 {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() }
+    }
+
+    #[test]
+    fn private_dir_and_socket_modes() {
+        let base = scratch("modes");
+        let dir = base.join("d");
+        ensure_private_dir(&dir, uid()).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // Existing and fine: accepted again.
+        ensure_private_dir(&dir, uid()).unwrap();
+        let path = dir.join(socket_name(42));
+        let first = bind_private(&path, uid()).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        drop(first);
+        // The stale socket is replaced.
+        let _second = bind_private(&path, uid()).unwrap();
+        // A regular file at the path is not ours to remove.
+        let file = dir.join(socket_name(43));
+        std::fs::write(&file, b"x").unwrap();
+        assert!(bind_private(&file, uid()).is_err());
+        assert!(file.exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn unsafe_dirs_are_refused() {
+        let base = scratch("refuse");
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(ensure_private_dir(&open, uid())
+            .unwrap_err()
+            .contains("writable by group or others"));
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        assert!(ensure_private_dir(&link, uid()).unwrap_err().contains("symlink"));
+        let file = base.join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(ensure_private_dir(&file, uid())
+            .unwrap_err()
+            .contains("not a directory"));
+        assert!(ensure_private_dir(&open, uid() + 1)
+            .unwrap_err()
+            .contains("belongs to uid"));
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn directory_choice() {
+        assert_eq!(socket_dir(7, None), PathBuf::from("/tmp/msmemscope-7"));
+        let base = scratch("xdg");
+        assert_eq!(
+            socket_dir(uid(), Some(base.clone().into_os_string())),
+            base.join("msmemscope")
+        );
+        // Not ours: the /tmp fallback.
+        assert_eq!(
+            socket_dir(uid() + 1, Some(base.clone().into_os_string())),
+            PathBuf::from(format!("/tmp/msmemscope-{}", uid() + 1))
+        );
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
