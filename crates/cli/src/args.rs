@@ -665,10 +665,10 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 }
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
-const AVAILABILITY: &str = "--analysis=host-leaks and the event dump (--analysis=none, or the \
-default leaks, whose report comes in a later build) launch with every dump option; \
---analysis=decompose|inefficient|oom, --watch, --compare and --pid are checked, then refused as \
-not available yet.";
+const AVAILABILITY: &str = "--analysis=host-leaks, the event dump (--analysis=none) and the \
+leaks and oom analyses launch with every dump option; --pid attaches to a running process; \
+--analysis=decompose|inefficient, --watch and --compare are checked, then refused as not \
+available yet.";
 
 fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
     Err(UsageError(format!(
@@ -681,24 +681,19 @@ fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
 /// its lines here (and updates [`AVAILABILITY`]).
 fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
     let config = match command {
-        Command::Help(_) | Command::Version(_) | Command::ApiEnv(_) => return Ok(()),
+        Command::Help(_) | Command::Version(_) | Command::ApiEnv(_) | Command::Attach { .. } => {
+            return Ok(())
+        }
         Command::Compare { .. } => {
             return Err(UsageError(
                 "--compare is not available yet in this build".to_owned(),
-            ))
-        }
-        Command::Attach { .. } => {
-            return Err(UsageError(
-                "--pid is not available yet in this build".to_owned(),
             ))
         }
         Command::Launch { config, .. } => config,
     };
     for analysis in &config.analysis {
         match analysis {
-            // The leaks analysis of the event dump comes later: the dump itself is written, and
-            // the launcher says at the end that the analysis did not run.
-            Analysis::HostLeaks | Analysis::Leaks => {}
+            Analysis::HostLeaks | Analysis::Leaks | Analysis::Oom(_) => {}
             other => return not_yet(format_args!("--analysis={other}")),
         }
     }
@@ -995,15 +990,22 @@ mod tests {
     #[test]
     fn capability_gate() {
         let refused = [
-            (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=oom:5 is not available yet in this build; use --analysis=host-leaks or the event dump"),
+            (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=decompose is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--analysis=inefficient", "prog"][..], "--analysis=inefficient is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--watch=aten::add,aten::mul", "prog"][..], "--watch is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--compare", "--input-path=a,b"][..], "--compare is not available yet in this build"),
-            (&["--pid=7"][..], "--pid is not available yet in this build"),
         ];
         for (args, message) in refused {
             assert_eq!(error(args), message, "for {args:?}");
         }
+        // --pid passes the gate.
+        assert_eq!(
+            parse_strs(&["--pid=7", "--command=help"]),
+            Ok(Command::Attach {
+                pid: 7,
+                command: Some("help".to_owned())
+            })
+        );
         // The event dump launches, with the default analysis or none.
         let (config, _) = launch(&["prog"]);
         assert_eq!(config.analysis, vec![Analysis::Leaks]);

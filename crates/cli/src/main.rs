@@ -3,6 +3,7 @@
 
 mod api_env;
 mod args;
+mod attach;
 mod launcher;
 
 use std::process::ExitCode;
@@ -24,8 +25,9 @@ fn main() -> ExitCode {
         }
         Command::ApiEnv(request) => api_env::run(request),
         Command::Launch { config, program } => launcher::run(&config, &program),
-        // The argument parser refuses these until their capabilities exist.
-        Command::Compare { .. } | Command::Attach { .. } => {
+        Command::Attach { pid, command } => attach::run(pid, command),
+        // The argument parser refuses this until its capability exists.
+        Command::Compare { .. } => {
             eprintln!("msmemscope: this mode is not available yet in this build");
             ExitCode::from(2)
         }

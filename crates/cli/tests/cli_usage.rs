@@ -217,7 +217,6 @@ fn unavailable_modes_are_refused_in_one_line() {
     let cases: &[(&[&str], &str)] = &[
         (&["--analysis=decompose"], "--analysis=decompose is not available yet"),
         (&["--analysis=inefficient"], "--analysis=inefficient is not available yet"),
-        (&["--analysis=oom:5"], "--analysis=oom:5 is not available yet"),
         (&["--analysis=leaks", "--watch=aten::add.Tensor:1,aten::mul"], "--watch is not available yet"),
         // Not "not available": host-leaks never takes the dump's options.
         (&["--analysis=host-leaks", "--format=db"], "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --format"),
@@ -236,8 +235,18 @@ fn unavailable_modes_are_refused_in_one_line() {
     }
     let compare = refused_exactly(&["--compare", "--input-path=a.csv，b.csv"].map(OsStr::new));
     assert_eq!(compare, "--compare is not available yet in this build");
-    let attach = refused_exactly(&["--pid", "12345", "--command", "start"].map(OsStr::new));
-    assert_eq!(attach, "--pid is not available yet in this build");
+    // --pid is available: a pid without a process is a one-line failure (status 1), not a
+    // usage error.
+    let scratch = Scratch::new();
+    let attach = run_in(
+        scratch.path(),
+        &["--pid", "2147483646", "--command", "start"].map(OsStr::new),
+    );
+    assert_eq!(attach.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&attach.stderr),
+        "msmemscope: no process with pid 2147483646\n"
+    );
 }
 
 #[test]

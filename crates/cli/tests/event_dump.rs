@@ -433,3 +433,55 @@ fn sigterm_leaves_a_readable_dump() {
     // Both rows are more than a second old when the signal arrives.
     assert_eq!(sizes, ["{\"size\":100}", "{\"size\":200}"]);
 }
+
+#[test]
+fn oom_analysis_dumps_recent_and_largest_blocks() {
+    let scratch = Scratch::new("oom");
+    let out = run(&scratch, &["--analysis=oom:2"], &["oom"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "huge malloc failed\n");
+    let rows = rows_of(&dump_files(&scratch, "device_cpu")[0]);
+    let oom: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.0 == "OOM_DETAIL" || r.0 == "SNAPSHOT")
+        .collect();
+    assert_eq!(oom.len(), 6, "{rows:?}");
+    assert_eq!(oom[0].1, "OOM_TRIGGER");
+    assert_eq!(
+        oom[0].5,
+        format!(
+            "{{\"func\":\"malloc\",\"req_size\":{},\"error\":\"malloc returned NULL (ENOMEM)\"}}",
+            1u64 << 50
+        )
+    );
+    let detail = |r: &Row| (r.1.clone(), r.4.clone());
+    assert_eq!(
+        oom[1..5].iter().map(|r| detail(r)).collect::<Vec<_>>(),
+        vec![
+            (
+                "OOM_RECENT_ALLOC".to_string(),
+                "0x0000000000003000".to_string()
+            ),
+            (
+                "OOM_RECENT_ALLOC".to_string(),
+                "0x0000000000002000".to_string()
+            ),
+            (
+                "OOM_TOP_ALLOC".to_string(),
+                "0x0000000000002000".to_string()
+            ),
+            (
+                "OOM_TOP_ALLOC".to_string(),
+                "0x0000000000003000".to_string()
+            ),
+        ]
+    );
+    assert!(oom[3].5.contains("\"size\":5000"), "{:?}", oom[3]);
+    assert_eq!(oom[5].1, "SNAPSHOT");
+    assert!(
+        oom[5]
+            .5
+            .starts_with("{\"allocated\":5400,\"live_blocks\":3,"),
+        "{:?}",
+        oom[5]
+    );
+}

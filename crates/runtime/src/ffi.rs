@@ -92,6 +92,8 @@ pub unsafe extern "C" fn msmemscope_configure(config_json: StrRef) -> i32 {
     // SAFETY: the caller's string lives for the call.
     let text = unsafe { config_json.as_str() };
     guarded(|| {
+        // API mode: the first start()/config() opens the control channel.
+        crate::control::start();
         if window::active().is_some() {
             return WINDOW_OPEN;
         }
@@ -123,6 +125,7 @@ pub unsafe extern "C" fn msmemscope_current_config(buf: *mut u8, cap: usize) -> 
 pub extern "C" fn msmemscope_start() -> i32 {
     guarded(|| {
         crate::lifecycle::register_exit_handler();
+        crate::control::start();
         let config = pipeline::config();
         if config.host_leaks() {
             if msmemscope_host_hooks_active() == 0 {

@@ -7,6 +7,7 @@
 //! removal before the real `free`/`realloc`, and no way to fail loudly.
 
 mod clock;
+pub mod control;
 pub mod ffi;
 mod guard;
 pub mod hooks;

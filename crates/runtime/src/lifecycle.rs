@@ -48,6 +48,30 @@ extern "C" fn on_load() {
     } else {
         pipeline::init_launched(run.dir.clone(), run.config.clone());
     }
+    // `msmemscope --pid` can attach to every launched run.
+    crate::control::start();
+}
+
+/// The launched run, if this process is one.
+pub fn launched_run() -> Option<&'static Run> {
+    RUN.get()
+}
+
+/// The configuration in force: the launcher's for launched runs, else the Python API's.
+pub fn active_config() -> RunConfig {
+    match RUN.get() {
+        Some(run) if run.config.host_leaks() => run.config.clone(),
+        _ => pipeline::config(),
+    }
+}
+
+/// Where a closing window writes its report: the launched run's directory, or the API run's
+/// (created on first need).
+pub fn report_dir() -> Result<PathBuf, String> {
+    match RUN.get() {
+        Some(run) => Ok(run.dir.clone()),
+        None => pipeline::run_dir(),
+    }
 }
 
 /// A panic inside the runtime is caught at the boundary it crossed; its message goes to our log,
@@ -113,13 +137,11 @@ extern "C" fn at_exit() {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
+    // No control command runs from here on (one in progress is waited for).
+    crate::control::shutdown();
     if window::active().is_some() {
         // An unclosed window closes at exit.
-        let dir = match RUN.get() {
-            Some(run) => Ok(run.dir.clone()),
-            None => pipeline::run_dir(),
-        };
-        match dir {
+        match report_dir() {
             Ok(dir) => {
                 window::close(&dir);
             }

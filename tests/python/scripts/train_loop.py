@@ -30,9 +30,7 @@ def known(label, t):
 
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(
-    torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
-)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 opt = (
     torch.optim.Adam(model.parameters(), lr=1e-3)
     if opts.optim == "adam"
@@ -59,6 +57,7 @@ for step in range(1, opts.steps + 1):
     print(f"STEP {step} done loss={loss.item():.4f}", flush=True)
 
 if opts.threads:
+
     def work():
         t = torch.ones(300, dtype=torch.float64)  # 2400 bytes
         known("thread_ones300", t)

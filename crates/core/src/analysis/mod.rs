@@ -2,6 +2,13 @@
 //! time order through [`Analysis::feed`]: online, the runtime's writer thread feeds every row it
 //! writes; offline, a dump reader feeds the rows of a file. Nothing here does I/O.
 
+pub mod check_leaks;
+pub mod fluctuation;
+pub mod compare;
+pub mod inefficient;
+pub mod myers;
+pub mod leaks;
+
 use crate::config::{Analysis as Requested, RunConfig};
 use crate::events::EventRow;
 
@@ -30,11 +37,15 @@ pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
     for requested in &config.analysis {
         match requested {
             // Each online analysis registers itself here as it is built.
-            Requested::Leaks
-            | Requested::Decompose
-            | Requested::Inefficient
-            | Requested::Oom(_)
-            | Requested::HostLeaks => {}
+            Requested::Inefficient => analyses.push(Box::new(inefficient::Inefficient::new(
+                inefficient::DEFAULT_IDLE_THRESHOLD,
+            ))),
+            // The leak report first, then the Gap Analysis tables (they print in this order).
+            Requested::Leaks => {
+                analyses.push(Box::new(leaks::Leaks::new()));
+                analyses.push(Box::new(fluctuation::Fluctuation::new()));
+            }
+            Requested::Decompose | Requested::Oom(_) | Requested::HostLeaks => {}
         }
     }
     analyses

@@ -138,6 +138,9 @@ pub struct HostLeakReport {
     pub resident: Vec<LeakSite>,
     pub series: SeriesMeta,
     pub top_n: usize,
+    /// Interim snapshots only: tracked allocations that arrived while the snapshot walked the
+    /// ledger (counted in the window, possibly missing from the snapshot).
+    pub snapshot_freeze: CountBytes,
 }
 
 impl HostLeakReport {

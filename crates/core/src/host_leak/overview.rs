@@ -81,6 +81,9 @@ fn data_health(out: &mut String, report: &HostLeakReport) {
     let _ = writeln!(out, "--- Data Health Analysis ---");
     let mode = match h.mode {
         HostLeakMode::Summary => "summary",
+        HostLeakMode::Event if report.interim => {
+            "event (no block_detail CSV for an interim snapshot)"
+        }
         HostLeakMode::Event => "event (block_detail CSV written)",
     };
     let _ = writeln!(out, "Report mode: {mode}");
@@ -161,6 +164,22 @@ fn data_health(out: &mut String, report: &HostLeakReport) {
         "Ledger caps: block table {}, overflow ledger {}, stack table {}",
         h.block_cap, h.overflow_cap, h.stack_cap
     );
+    if report.interim && report.snapshot_freeze.count > 0 {
+        let _ = writeln!(
+            out,
+            "Snapshot freeze: {} allocations ({} bytes) arrived while the snapshot was taken \
+             (counted in the window, possibly missing from this snapshot)",
+            report.snapshot_freeze.count, report.snapshot_freeze.bytes
+        );
+    }
+    if report.interim && h.unread_shards > 0 {
+        let _ = writeln!(
+            out,
+            "Snapshot degraded: {} ledger part(s) could not be read within the snapshot deadline; \
+             their blocks are missing from this snapshot",
+            h.unread_shards
+        );
+    }
     let reasons = report.unusable_reasons();
     if reasons.is_empty() {
         let _ = writeln!(out, "Verdict: complete window data");
@@ -396,6 +415,7 @@ mod tests {
                 evicted: 0,
             },
             top_n: 10,
+            snapshot_freeze: cb(0, 0),
         }
     }
 
@@ -490,6 +510,22 @@ mod tests {
             text.contains("--- Resident Baselines (1 of 2 sites shown;"),
             "{text}"
         );
+        assert!(!text.contains("Snapshot freeze"), "{text}");
+        assert!(!text.contains("Snapshot degraded"), "{text}");
+        // The freeze and degraded notes.
+        r.snapshot_freeze = cb(3, 300);
+        r.health.unread_shards = 2;
+        let text = render_overview(&r);
+        assert!(
+            text.contains(
+                "Snapshot freeze: 3 allocations (300 bytes) arrived while the snapshot was taken"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("Snapshot degraded: 2 ledger part(s) could not be read within the snapshot deadline"), "{text}");
+        // A closed window never carries them.
+        r.interim = false;
+        assert!(!render_overview(&r).contains("Snapshot "));
     }
 
     #[test]

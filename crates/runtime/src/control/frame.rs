@@ -168,16 +168,28 @@ mod tests {
     fn bad_headers_and_payloads() {
         let mut h = header_of(&encode(TYPE_REQUEST, 0, 1, b"{}"));
         h.version = 2;
-        assert!(matches!(check_request_header(&h), HeaderCheck::Fatal(m) if m.contains("version 2")));
+        assert!(
+            matches!(check_request_header(&h), HeaderCheck::Fatal(m) if m.contains("version 2"))
+        );
         h.version = 1;
         h.payload_len = u32::MAX;
         assert!(matches!(check_request_header(&h), HeaderCheck::Fatal(m) if m.contains("exceeds")));
         h.payload_len = 2;
         h.kind = 9;
-        assert!(matches!(check_request_header(&h), HeaderCheck::WrongType(_)));
-        assert_eq!(parse_request(b"\xff\xfe").unwrap_err(), "payload is not UTF-8");
-        assert!(parse_request(b"{nope").unwrap_err().starts_with("bad request JSON"));
-        assert!(parse_request(b"{\"cmd\":1}").unwrap_err().starts_with("bad request:"));
+        assert!(matches!(
+            check_request_header(&h),
+            HeaderCheck::WrongType(_)
+        ));
+        assert_eq!(
+            parse_request(b"\xff\xfe").unwrap_err(),
+            "payload is not UTF-8"
+        );
+        assert!(parse_request(b"{nope")
+            .unwrap_err()
+            .starts_with("bad request JSON"));
+        assert!(parse_request(b"{\"cmd\":1}")
+            .unwrap_err()
+            .starts_with("bad request:"));
         assert_eq!(
             parse_request(br#"{"command":"  display   host_leak summary "}"#).unwrap(),
             "display host_leak summary"

@@ -90,10 +90,8 @@ mod tests {
     use super::*;
 
     fn scratch(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "msmemscope-ctrl-unit-{tag}-{}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("msmemscope-ctrl-unit-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
@@ -137,7 +135,9 @@ mod tests {
             .contains("writable by group or others"));
         let link = base.join("link");
         std::os::unix::fs::symlink(&open, &link).unwrap();
-        assert!(ensure_private_dir(&link, uid()).unwrap_err().contains("symlink"));
+        assert!(ensure_private_dir(&link, uid())
+            .unwrap_err()
+            .contains("symlink"));
         let file = base.join("file");
         std::fs::write(&file, b"").unwrap();
         assert!(ensure_private_dir(&file, uid())

@@ -11,8 +11,13 @@ use crate::host_leak::window;
 use crate::libc_heap::*;
 
 #[inline(always)]
-fn record_alloc(ptr: *mut c_void, size: usize) {
+fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
     if ptr.is_null() {
+        if size != 0 && crate::pipeline::oom::watching() {
+            if let Some(_entered) = Entered::try_enter() {
+                crate::pipeline::on_malloc_failure(function, size);
+            }
+        }
         return;
     }
     if let Some(ledger) = window::active() {
@@ -40,14 +45,14 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     let ptr = __libc_malloc(size);
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "malloc");
     ptr
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
     let ptr = __libc_calloc(count, size);
-    record_alloc(ptr, count.wrapping_mul(size));
+    record_alloc(ptr, count.wrapping_mul(size), "calloc");
     ptr
 }
 
@@ -66,7 +71,11 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         return malloc(size);
     }
     let Some(ledger) = window::active() else {
-        return __libc_realloc(ptr, size);
+        let new = __libc_realloc(ptr, size);
+        if new.is_null() && size != 0 {
+            record_alloc(new, size, "realloc");
+        }
+        return new;
     };
     let Some(entered) = Entered::try_enter() else {
         return __libc_realloc(ptr, size);
@@ -76,6 +85,8 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     let new = __libc_realloc(ptr, size);
     if new.is_null() && size != 0 {
         ledger.restore(ptr as usize, taken, generation);
+        drop(entered);
+        record_alloc(new, size, "realloc");
         return new;
     }
     ledger.settle_free(ptr as usize, taken);
@@ -113,11 +124,12 @@ pub unsafe extern "C" fn posix_memalign(
     let saved_errno = *libc::__errno_location();
     let ptr = __libc_memalign(align, size);
     if ptr.is_null() {
+        record_alloc(ptr, size, "posix_memalign");
         *libc::__errno_location() = saved_errno;
         return libc::ENOMEM;
     }
     *out = ptr;
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "posix_memalign");
     0
 }
 
@@ -128,27 +140,27 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
         return std::ptr::null_mut();
     }
     let ptr = __libc_memalign(align, size);
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "aligned_alloc");
     ptr
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     let ptr = __libc_memalign(align, size);
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "memalign");
     ptr
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     let ptr = __libc_valloc(size);
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "valloc");
     ptr
 }
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     let ptr = __libc_pvalloc(size);
-    record_alloc(ptr, size);
+    record_alloc(ptr, size, "pvalloc");
     ptr
 }

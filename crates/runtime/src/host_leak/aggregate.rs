@@ -31,8 +31,11 @@ pub fn build_report(
 ) -> (HostLeakReport, Option<Vec<BlockDetail>>) {
     let end_ns = realtime_ns();
     let event_mode = ledger.settings.mode == HostLeakMode::Event && !interim;
-    // The closing sample ends every series at the moment of the report.
-    ledger.take_beat(ledger.beats.beat_at(end_ns), true);
+    // The closing sample ends every series at the moment of the report. An interim snapshot
+    // adds no point: the series go on as if it had not been taken.
+    if !interim {
+        ledger.take_beat(ledger.beats.beat_at(end_ns), true);
+    }
     let end_ms = end_ns.saturating_sub(ledger.start_ns) / 1_000_000;
 
     let mut unfreed_by_stack: HashMap<u32, Unfreed> = HashMap::new();
@@ -226,6 +229,7 @@ pub fn build_report(
             evicted: summary.evicted,
         },
         top_n,
+        snapshot_freeze: CountBytes::default(),
     };
     (report, details)
 }

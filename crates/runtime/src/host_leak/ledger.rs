@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
+use msmemscope_core::host_leak::CountBytes;
 
 use super::beats::Beats;
 use super::block_table::{Block, BlockTable};
@@ -39,6 +40,11 @@ pub struct Ledger {
     /// Blocks found still in the table when their address was handed out again: their free
     /// happened where no hook saw it.
     pub missed_frees: AtomicU64,
+    /// True while an interim snapshot walks the ledger; tracked allocations meanwhile are
+    /// counted in `snapshot_arrivals` (the snapshot's freeze note).
+    snapshot_running: AtomicBool,
+    snapshot_arrivals: AtomicU64,
+    snapshot_arrival_bytes: AtomicU64,
 }
 
 /// What a free took out of the ledger, before the real `free`/`realloc` ran.
@@ -74,7 +80,47 @@ impl Ledger {
             prewindow_frees: std::array::from_fn(|_| StripedCountBytes::default()),
             missed_frees: AtomicU64::new(0),
             last_failed_recycle_ms: AtomicU64::new(0),
+            snapshot_running: AtomicBool::new(false),
+            snapshot_arrivals: AtomicU64::new(0),
+            snapshot_arrival_bytes: AtomicU64::new(0),
         }
+    }
+
+    /// An interim snapshot starts walking the ledger (one at a time: the control channel
+    /// serves one command at a time).
+    pub fn begin_snapshot(&self) {
+        self.snapshot_arrivals.store(0, Ordering::Relaxed);
+        self.snapshot_arrival_bytes.store(0, Ordering::Relaxed);
+        self.snapshot_running.store(true, Ordering::SeqCst);
+    }
+
+    /// The snapshot is done: the tracked allocations that arrived while it walked.
+    pub fn end_snapshot(&self) -> CountBytes {
+        self.snapshot_running.store(false, Ordering::SeqCst);
+        CountBytes {
+            count: self.snapshot_arrivals.load(Ordering::Relaxed),
+            bytes: self.snapshot_arrival_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Live tracked blocks now (block table and overflow ledger), waiting for each lock until
+    /// `deadline`; also the number of parts that could not be read.
+    pub fn live_now(&self, deadline: std::time::Instant) -> (CountBytes, u32) {
+        let mut live = CountBytes::default();
+        let mut unread = self.blocks.for_each_shard(deadline, |shard| {
+            for block in shard.values() {
+                live.add(block.size);
+            }
+        });
+        match self.overflow.collect(deadline) {
+            Some(state) => {
+                for &(_, size) in &state.live {
+                    live.add(size);
+                }
+            }
+            None => unread += 1,
+        }
+        (live, unread)
     }
 
     /// The sampled view is decided by the block's address, so the free of a block outside it is
@@ -131,6 +177,11 @@ impl Ledger {
             return;
         }
         let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
+        if self.snapshot_running.load(Ordering::Relaxed) {
+            self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
+            self.snapshot_arrival_bytes
+                .fetch_add(size, Ordering::Relaxed);
+        }
         if let Some(beat) = self.beats.due(ts) {
             self.take_beat(beat as f64, false);
         }

@@ -22,6 +22,10 @@ static LAST_STAGE: AtomicU32 = AtomicU32::new(0);
 /// How long window-close aggregation may wait for ledger locks (SPEC §8).
 pub const AGGREGATION_DEADLINE: Duration = Duration::from_secs(120);
 
+/// How long an interim snapshot may wait for one ledger lock: the program keeps running, so a
+/// shard held that long is skipped and the snapshot says so.
+pub const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(2);
+
 /// The open window's ledger.
 #[inline(always)]
 pub fn active() -> Option<&'static Ledger> {
@@ -78,6 +82,20 @@ pub fn close(run_dir: &Path) -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// The interim overview of the open window (`display host_leak summary`), or `None` when no
+/// window is open. The window stays open and its accounting goes on: the walk takes one shard
+/// lock at a time, adds no point to the beat series, and writes no file. Allocations that
+/// arrive during the walk are counted and reported as the snapshot's freeze note.
+pub fn snapshot() -> Option<String> {
+    let ledger = active()?;
+    ledger.begin_snapshot();
+    let (mut report, _) = aggregate::build_report(ledger, Instant::now() + SNAPSHOT_DEADLINE, true);
+    report.snapshot_freeze = ledger.end_snapshot();
+    Some(msmemscope_core::host_leak::overview::render_overview(
+        &report,
+    ))
 }
 
 /// In a forked child: forget the window without touching its locks (another thread of the

@@ -4,6 +4,7 @@
 //! in per-thread buffers that the writer thread drains into the dump files.
 
 mod buffers;
+pub mod oom;
 mod sinks;
 mod writer;
 
@@ -82,9 +83,12 @@ struct Pipeline {
     run_dir: Mutex<Option<PathBuf>>,
     writer: Mutex<Option<Writer>>,
     writer_failed: AtomicBool,
+    oom: Mutex<Option<oom::OomWatch>>,
 }
 
 static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
+/// Set while the configuration asks for the OOM analysis (read by the malloc hooks).
+static OOM_ACTIVE: AtomicBool = AtomicBool::new(false);
 /// Set in a forked child: it records nothing (forked children are not tracked).
 static DETACHED: AtomicBool = AtomicBool::new(false);
 static THREAD_IDS: AtomicU64 = AtomicU64::new(0);
@@ -100,6 +104,7 @@ fn pipeline() -> &'static Pipeline {
             run_dir: Mutex::new(None),
             writer: Mutex::new(None),
             writer_failed: AtomicBool::new(false),
+            oom: Mutex::new(None),
         }
     })
 }
@@ -121,6 +126,14 @@ pub fn init_launched(run_dir: PathBuf, config: RunConfig) {
 /// Replaces the configuration (Python `config()`).
 pub fn set_config(config: RunConfig) {
     let p = pipeline();
+    let k = config.analysis.iter().find_map(|a| match a {
+        msmemscope_core::config::Analysis::Oom(k) => Some(*k),
+        _ => None,
+    });
+    if let Ok(mut watch) = p.oom.lock() {
+        *watch = k.map(oom::OomWatch::new);
+    }
+    OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
         *f = Filter::from_config(&config);
     }
@@ -228,9 +241,32 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     // starts and stops tracing, or execs another program first (a shell script, a version
     // shim), leaves no file behind.
     let system = row.event == Event::System;
+    let (pid, tid) = (row.pid, row.tid);
+    let follow_up = if OOM_ACTIVE.load(Ordering::Relaxed) {
+        p.oom
+            .lock()
+            .ok()
+            .and_then(|mut w| w.as_mut().map(|w| w.observe(&row)))
+    } else {
+        None
+    };
     buffers::push(row, frames);
+    for mut extra in follow_up.into_iter().flatten() {
+        (extra.pid, extra.tid) = (pid, tid);
+        buffers::push(extra, Vec::new());
+    }
     if !system {
         ensure_writer();
+    }
+}
+
+/// A `malloc`-family call of the program returned NULL for `size` bytes (called from the hooks,
+/// only while the OOM analysis watches).
+pub fn on_malloc_failure(function: &str, size: usize) {
+    if size >= oom::REPORTED_MALLOC_FAILURE {
+        emit(oom::malloc_failure_row(function, size), true);
+    } else {
+        oom::SMALL_MALLOC_FAILURES.fetch_add(1, Ordering::Relaxed);
     }
 }
 

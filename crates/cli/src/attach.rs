@@ -1,0 +1,415 @@
+//! `msmemscope --pid PID [--command "WORDS"]`: the client of the runtime's control channel
+//! (SPEC §9; the server is crates/runtime/src/control/).
+//!
+//! Before connecting it checks, in order, that the process exists, belongs to the user (unless
+//! we are root), has the runtime library mapped and has the listener thread, and says which
+//! check failed. Each command goes over a fresh connection, so an idle interactive session
+//! holds nothing in the target.
+
+use std::io::{BufRead, Write};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// The listener thread's name in `/proc/PID/task/*/comm`.
+const THREAD_NAME: &str = "msmemscope_ctrl";
+const RUNTIME_LIBRARY: &str = msmemscope_core::launch_env::RUNTIME_LIBRARY;
+/// A snapshot of a big ledger (symbolization included) can take a while.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
+/// All response frames of one command together, at most.
+const MAX_REPLY: usize = 64 * 1024 * 1024;
+const PROMPT: &str = "msmemscope> ";
+
+pub fn run(pid: i32, command: Option<String>) -> ExitCode {
+    install_sigint_exit();
+    let target = match precheck(pid) {
+        Ok(target) => target,
+        Err(line) => {
+            eprintln!("msmemscope: {line}");
+            return ExitCode::from(1);
+        }
+    };
+    match command {
+        Some(words) => match send(&target, &words) {
+            Ok(reply) => {
+                print_output(&reply.output);
+                ExitCode::from(if reply.status == 0 { 0 } else { 1 })
+            }
+            Err(line) => {
+                eprintln!("msmemscope: {line}");
+                ExitCode::from(1)
+            }
+        },
+        None => interactive(&target),
+    }
+}
+
+/// Ctrl-C ends the client with status 130, whatever it was waiting for.
+fn install_sigint_exit() {
+    extern "C" fn on_sigint(_: libc::c_int) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(130) }
+    }
+    // SAFETY: installs a handler that only calls an async-signal-safe function.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+}
+
+fn interactive(target: &Target) -> ExitCode {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock();
+    println!(
+        "attached to process {} (`help` lists the words, `exit` ends the session)",
+        target.pid
+    );
+    loop {
+        print!("{PROMPT}");
+        let _ = std::io::stdout().flush();
+        let mut line = String::new();
+        match lines.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                println!();
+                return ExitCode::SUCCESS;
+            }
+            Ok(_) => {}
+        }
+        let words = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        if words.is_empty() {
+            continue;
+        }
+        if words == "exit" || words == "quit" {
+            return ExitCode::SUCCESS;
+        }
+        match send(target, &words) {
+            Ok(reply) => print_output(&reply.output),
+            Err(line) => {
+                eprintln!("msmemscope: {line}");
+                // The process is gone or no longer listening: nothing more to say to it.
+                if !Path::new(&format!("/proc/{}", target.pid)).exists() {
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    }
+}
+
+fn print_output(output: &str) {
+    if output.ends_with('\n') || output.is_empty() {
+        print!("{output}");
+    } else {
+        println!("{output}");
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// A process that passed the pre-checks.
+pub struct Target {
+    pid: i32,
+    uid: u32,
+}
+
+/// The pre-checks, in order; the error is the one line saying which failed.
+pub fn precheck(pid: i32) -> Result<Target, String> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let status = match std::fs::read_to_string(proc_dir.join("status")) {
+        Ok(status) => status,
+        Err(_) => return Err(format!("no process with pid {pid}")),
+    };
+    let uid =
+        status_uid(&status).ok_or_else(|| format!("cannot read the owner of process {pid}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me != 0 && me != uid {
+        return Err(format!(
+            "process {pid} belongs to uid {uid}, not to you (uid {me}): only its user or root may attach"
+        ));
+    }
+    let maps = std::fs::read_to_string(proc_dir.join("maps"))
+        .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
+    if !maps.lines().any(|l| l.ends_with(RUNTIME_LIBRARY)) {
+        return Err(format!(
+            "process {pid} has not loaded {RUNTIME_LIBRARY}: start it with msmemscope, or after \
+             `source msmemscope --load-api-env`"
+        ));
+    }
+    if !has_listener_thread(&proc_dir) {
+        return Err(format!(
+            "process {pid} has {RUNTIME_LIBRARY} but no control listener ({THREAD_NAME}): with \
+             --load-api-env it starts at the program's first msmemscope start() or config()"
+        ));
+    }
+    Ok(Target { pid, uid })
+}
+
+/// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`).
+fn status_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+fn has_listener_thread(proc_dir: &Path) -> bool {
+    let Ok(tasks) = std::fs::read_dir(proc_dir.join("task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("comm"))
+            .is_ok_and(|comm| comm.trim_end_matches('\n') == THREAD_NAME)
+    })
+}
+
+/// Where the target may have bound its socket: under its `$XDG_RUNTIME_DIR` (as it saw it at
+/// start, from `/proc/PID/environ`) or ours, else `/tmp/msmemscope-{uid}/`.
+fn socket_candidates(target: &Target) -> Vec<PathBuf> {
+    let name = format!("ctrl_{}.sock", target.pid);
+    let mut dirs = Vec::new();
+    if let Ok(environ) = std::fs::read(format!("/proc/{}/environ", target.pid)) {
+        for var in environ.split(|&b| b == 0) {
+            if let Some(value) = var.strip_prefix(b"XDG_RUNTIME_DIR=") {
+                if !value.is_empty() {
+                    dirs.push(PathBuf::from(String::from_utf8_lossy(value).into_owned()));
+                }
+            }
+        }
+    }
+    if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        dirs.push(PathBuf::from(xdg));
+    }
+    let mut paths: Vec<PathBuf> = dirs
+        .into_iter()
+        .map(|d| d.join("msmemscope").join(&name))
+        .collect();
+    paths.push(PathBuf::from(format!("/tmp/msmemscope-{}", target.uid)).join(&name));
+    paths.dedup();
+    paths
+}
+
+fn connect(target: &Target) -> Result<UnixStream, String> {
+    let candidates = socket_candidates(target);
+    let mut last = None;
+    for path in &candidates {
+        if !path.exists() {
+            continue;
+        }
+        match UnixStream::connect(path) {
+            Ok(stream) => {
+                check_server(&stream, target)?;
+                return Ok(stream);
+            }
+            Err(e) => last = Some(format!("cannot connect to {}: {e}", path.display())),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        format!(
+            "process {} has no control socket (looked for {})",
+            target.pid,
+            candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }))
+}
+
+/// The socket must be served by the target itself (same pid), not by whoever bound the path.
+fn check_server(stream: &UnixStream, target: &Target) -> Result<(), String> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a ucred into the buffer of `len` bytes we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 || cred.pid != target.pid {
+        return Err(format!(
+            "the control socket of process {} is served by another process (pid {})",
+            target.pid, cred.pid
+        ));
+    }
+    Ok(())
+}
+
+pub struct Reply {
+    pub status: i32,
+    pub output: String,
+}
+
+/// Sends one command and reads its reply (joining split responses).
+fn send(target: &Target, words: &str) -> Result<Reply, String> {
+    let mut stream = connect(target)?;
+    let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let payload = serde_json::json!({ "command": words }).to_string();
+    if payload.len() > frame::MAX_PAYLOAD as usize {
+        return Err("the command is too long".to_string());
+    }
+    let seq = 1;
+    stream
+        .write_all(&frame::encode(
+            frame::TYPE_REQUEST,
+            0,
+            seq,
+            payload.as_bytes(),
+        ))
+        .map_err(|e| format!("cannot send the command: {e}"))?;
+    let mut output = String::new();
+    loop {
+        let (header, payload) = frame::read(&mut stream)?;
+        let value: serde_json::Value = serde_json::from_slice(&payload)
+            .map_err(|e| format!("malformed reply from process {}: {e}", target.pid))?;
+        match header.kind {
+            frame::TYPE_ERROR => {
+                let reason = value["error"].as_str().unwrap_or("unspecified error");
+                return Err(reason.to_string());
+            }
+            frame::TYPE_RESPONSE => {
+                output.push_str(value["output"].as_str().unwrap_or(""));
+                if output.len() > MAX_REPLY {
+                    return Err("the reply is too long".to_string());
+                }
+                if header.flags & frame::FLAG_MORE == 0 {
+                    let status = value["status"].as_i64().unwrap_or(1) as i32;
+                    return Ok(Reply { status, output });
+                }
+            }
+            other => return Err(format!("unexpected reply frame type {other}")),
+        }
+    }
+}
+
+/// The client's side of the frame format (the server's is crates/runtime/src/control/frame.rs:
+/// a 12-byte little-endian header `version u8 | type u8 | flags u16 | seq u16 | reserved u16 |
+/// payload_len u32`, then at most 64 KiB of UTF-8 JSON).
+pub mod frame {
+    use std::io::Read;
+
+    pub const VERSION: u8 = 1;
+    pub const HEADER_LEN: usize = 12;
+    pub const MAX_PAYLOAD: u32 = 64 * 1024;
+    pub const TYPE_REQUEST: u8 = 1;
+    pub const TYPE_RESPONSE: u8 = 2;
+    pub const TYPE_ERROR: u8 = 3;
+    pub const FLAG_MORE: u16 = 1;
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Header {
+        pub version: u8,
+        pub kind: u8,
+        pub flags: u16,
+        pub seq: u16,
+        pub payload_len: u32,
+    }
+
+    pub fn encode(kind: u8, flags: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.push(VERSION);
+        out.push(kind);
+        out.extend_from_slice(&flags.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    pub fn parse_header(b: &[u8; HEADER_LEN]) -> Header {
+        Header {
+            version: b[0],
+            kind: b[1],
+            flags: u16::from_le_bytes([b[2], b[3]]),
+            seq: u16::from_le_bytes([b[4], b[5]]),
+            payload_len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+        }
+    }
+
+    /// Reads one frame, refusing a bad version or a payload over the limit before reading it.
+    pub fn read(stream: &mut impl Read) -> Result<(Header, Vec<u8>), String> {
+        let mut header = [0u8; HEADER_LEN];
+        stream
+            .read_exact(&mut header)
+            .map_err(|e| format!("no reply from the process: {e}"))?;
+        let h = parse_header(&header);
+        if h.version != VERSION {
+            return Err(format!("reply frame of unsupported version {}", h.version));
+        }
+        if h.payload_len > MAX_PAYLOAD {
+            return Err(format!(
+                "reply frame of {} bytes exceeds the limit",
+                h.payload_len
+            ));
+        }
+        let mut payload = vec![0u8; h.payload_len as usize];
+        stream
+            .read_exact(&mut payload)
+            .map_err(|e| format!("truncated reply from the process: {e}"))?;
+        Ok((h, payload))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_and_limits() {
+        let f = frame::encode(frame::TYPE_RESPONSE, frame::FLAG_MORE, 9, b"{\"a\":1}");
+        assert_eq!(f.len(), frame::HEADER_LEN + 7);
+        let (h, payload) = frame::read(&mut &f[..]).unwrap();
+        assert_eq!(
+            h,
+            frame::Header {
+                version: 1,
+                kind: 2,
+                flags: 1,
+                seq: 9,
+                payload_len: 7
+            }
+        );
+        assert_eq!(payload, b"{\"a\":1}");
+        let mut big = frame::encode(frame::TYPE_RESPONSE, 0, 1, b"");
+        big[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(frame::read(&mut &big[..]).unwrap_err().contains("exceeds"));
+        let mut bad = frame::encode(frame::TYPE_RESPONSE, 0, 1, b"");
+        bad[0] = 7;
+        assert!(frame::read(&mut &bad[..])
+            .unwrap_err()
+            .contains("version 7"));
+        assert!(frame::read(&mut &f[..5]).is_err());
+    }
+
+    #[test]
+    fn uid_from_status() {
+        let status = "Name:\tx\nUid:\t1000\t1001\t1001\t1001\nGid:\t5\t5\t5\t5\n";
+        assert_eq!(status_uid(status), Some(1001));
+        assert_eq!(status_uid("Name: x\n"), None);
+    }
+
+    #[test]
+    fn prechecks_name_the_failed_check() {
+        assert_eq!(
+            precheck(i32::MAX).err().unwrap(),
+            format!("no process with pid {}", i32::MAX)
+        );
+        // This test process has no runtime library.
+        let me = std::process::id() as i32;
+        assert!(precheck(me)
+            .err()
+            .unwrap()
+            .starts_with(&format!("process {me} has not loaded {RUNTIME_LIBRARY}")));
+    }
+}

@@ -1,0 +1,268 @@
+//! `fluctuation`, which runs with `leaks` (SPEC §7): per step, the smallest and the largest
+//! `used` (bytes in use in the pool after an allocation or free) of each pool, and their ratio,
+//! the gap = min / max (1 = flat; a step whose max is 0 has gap 1). The first step is skipped, as
+//! the seed does: memory is not steady yet.
+//!
+//! # Rules
+//! - Steps as in [`super::leaks`]: a `SYSTEM STEP` row starts the next step (Name = its number),
+//!   rows before the first one are step 0, the end of the input ends the last step.
+//! - A pool is (Device Id, Event Type of the MALLOC/FREE rows). Its `used` carries over step
+//!   boundaries: a step starts with min = max = the pool's last known `used`, and every MALLOC
+//!   or FREE row of the pool with a `used` Attr updates it. Rows without `used` are ignored; a
+//!   pool that has shown no `used` yet has no row for that step.
+//! - Only steps numbered 2 and later are listed.
+//!
+//! # Report (console, after the leak report, and `leaks/gap_analysis.txt`)
+//! One table per pool that has rows, pools in the order (device `N/A`, `cpu`, `0`, …; `HAL`,
+//! `PTA`, `HOST`):
+//! ```text
+//! ====== Gap Analysis on device cpu, pool PTA ======
+//! Step     MinUsed(byte)   MaxUsed(byte)       Gap
+//! 2                 1000            3000    0.3333
+//! 3                 3000            3000    1.0000
+//! Min gap: 0.3333 at step 2
+//! Max gap: 1.0000 at step 3
+//! ```
+//! Columns: `{:<6}{:>16}{:>16}{:>10}`; the gap with 4 decimals (Rust's `{:.4}`); min and max
+//! gap name the first step that has them. Nothing is printed (and no file is written) when no
+//! pool has a step from 2 on.
+
+use std::collections::BTreeMap;
+
+use super::leaks::{block_attrs, is_pool};
+use super::{Analysis, AnalysisOutput};
+use crate::events::{DeviceId, Event, EventRow, EventType};
+
+/// The table file, relative to the run directory.
+pub const REPORT_FILE: &str = "leaks/gap_analysis.txt";
+
+/// One line of a pool's table.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepRange {
+    pub step: u64,
+    pub min_used: u64,
+    pub max_used: u64,
+}
+
+impl StepRange {
+    pub fn gap(&self) -> f64 {
+        if self.max_used == 0 {
+            1.0
+        } else {
+            self.min_used as f64 / self.max_used as f64
+        }
+    }
+}
+
+#[derive(Default)]
+struct Pool {
+    used: Option<u64>,
+    /// This step's (min, max), once the pool has a known `used`.
+    range: Option<(u64, u64)>,
+    steps: Vec<StepRange>,
+}
+
+#[derive(Default)]
+pub struct Fluctuation {
+    step: u64,
+    pools: BTreeMap<(DeviceId, EventType), Pool>,
+}
+
+impl Fluctuation {
+    pub fn new() -> Fluctuation {
+        Fluctuation::default()
+    }
+
+    /// Each pool's table rows, once `finish` has run.
+    pub fn tables(&self) -> Vec<((DeviceId, EventType), Vec<StepRange>)> {
+        self.pools
+            .iter()
+            .filter(|(_, p)| !p.steps.is_empty())
+            .map(|(k, p)| (*k, p.steps.clone()))
+            .collect()
+    }
+
+    fn end_step(&mut self) {
+        for pool in self.pools.values_mut() {
+            if let (Some((min, max)), true) = (pool.range, self.step >= 2) {
+                pool.steps.push(StepRange {
+                    step: self.step,
+                    min_used: min,
+                    max_used: max,
+                });
+            }
+            pool.range = pool.used.map(|u| (u, u));
+        }
+    }
+}
+
+impl Analysis for Fluctuation {
+    fn name(&self) -> &'static str {
+        "fluctuation"
+    }
+
+    fn feed(&mut self, row: &EventRow) {
+        match (row.event, row.event_type) {
+            (Event::System, EventType::Step) => {
+                self.end_step();
+                self.step = row.name.trim().parse().unwrap_or(self.step + 1);
+            }
+            (Event::Malloc | Event::Free, pool) if is_pool(pool) => {
+                let Some(used) = block_attrs(row).used else {
+                    return;
+                };
+                let pool = self.pools.entry((row.device, pool)).or_default();
+                pool.used = Some(used);
+                pool.range = Some(match pool.range {
+                    Some((min, max)) => (min.min(used), max.max(used)),
+                    None => (used, used),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(&mut self) -> AnalysisOutput {
+        self.end_step();
+        let text = render(&self.tables());
+        let files = if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![(REPORT_FILE.to_string(), text.clone())]
+        };
+        AnalysisOutput {
+            console: text,
+            files,
+        }
+    }
+}
+
+/// The Gap Analysis tables.
+pub fn render(tables: &[((DeviceId, EventType), Vec<StepRange>)]) -> String {
+    let mut out = String::new();
+    for ((device, pool), steps) in tables {
+        let Some(first) = steps.first() else { continue };
+        out.push_str(&format!(
+            "====== Gap Analysis on device {device}, pool {} ======\n",
+            pool.as_str()
+        ));
+        out.push_str(&format!(
+            "{:<6}{:>16}{:>16}{:>10}\n",
+            "Step", "MinUsed(byte)", "MaxUsed(byte)", "Gap"
+        ));
+        let (mut lo, mut hi) = (first, first);
+        for s in steps {
+            out.push_str(&format!(
+                "{:<6}{:>16}{:>16}{:>10.4}\n",
+                s.step,
+                s.min_used,
+                s.max_used,
+                s.gap()
+            ));
+            if s.gap() < lo.gap() {
+                lo = s;
+            }
+            if s.gap() > hi.gap() {
+                hi = s;
+            }
+        }
+        out.push_str(&format!("Min gap: {:.4} at step {}\n", lo.gap(), lo.step));
+        out.push_str(&format!("Max gap: {:.4} at step {}\n", hi.gap(), hi.step));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::leaks::tests::{block, step};
+
+    const CPU: DeviceId = DeviceId::Cpu;
+
+    fn used(event: Event, pool: EventType, device: DeviceId, used: u64) -> EventRow {
+        block(event, pool, device, 0x10, 8, used)
+    }
+
+    fn run(rows: Vec<EventRow>) -> AnalysisOutput {
+        let mut f = Fluctuation::new();
+        for row in &rows {
+            f.feed(row);
+        }
+        f.finish()
+    }
+
+    #[test]
+    fn gap_table() {
+        let rows = vec![
+            used(Event::Malloc, EventType::Pta, CPU, 500), // step 0: not listed
+            step(1),
+            used(Event::Malloc, EventType::Pta, CPU, 1000), // step 1: not listed
+            step(2),                                        // starts at 1000
+            used(Event::Malloc, EventType::Pta, CPU, 3000),
+            used(Event::Free, EventType::Pta, CPU, 2000),
+            step(3), // starts at 2000
+            used(Event::Malloc, EventType::Pta, CPU, 8000),
+            used(Event::Free, EventType::Pta, CPU, 2000),
+            step(4), // no rows: min = max = 2000
+            step(5),
+            used(Event::Free, EventType::Pta, CPU, 0),
+        ];
+        let out = run(rows);
+        let expected = "\
+====== Gap Analysis on device cpu, pool PTA ======
+Step     MinUsed(byte)   MaxUsed(byte)       Gap
+2                 1000            3000    0.3333
+3                 2000            8000    0.2500
+4                 2000            2000    1.0000
+5                    0            2000    0.0000
+Min gap: 0.0000 at step 5
+Max gap: 1.0000 at step 4
+";
+        assert_eq!(out.console, expected);
+        assert_eq!(
+            out.files,
+            vec![(REPORT_FILE.to_string(), expected.to_string())]
+        );
+    }
+
+    #[test]
+    fn pools_apart_and_rows_without_used_ignored() {
+        let mut no_used = EventRow::new(Event::Malloc, EventType::Pta, "");
+        no_used.device = CPU;
+        no_used.ptr = Some(0x99);
+        no_used.attrs_json = Some("{\"size\":4}".into());
+        let rows = vec![
+            step(1),
+            step(2),
+            used(Event::Malloc, EventType::Hal, DeviceId::Cuda(0), 1 << 20),
+            no_used,
+            used(Event::Malloc, EventType::Pta, DeviceId::Cuda(0), 0),
+        ];
+        let out = run(rows);
+        assert_eq!(
+            out.console,
+            "\
+====== Gap Analysis on device 0, pool HAL ======
+Step     MinUsed(byte)   MaxUsed(byte)       Gap
+2              1048576         1048576    1.0000
+Min gap: 1.0000 at step 2
+Max gap: 1.0000 at step 2
+====== Gap Analysis on device 0, pool PTA ======
+Step     MinUsed(byte)   MaxUsed(byte)       Gap
+2                    0               0    1.0000
+Min gap: 1.0000 at step 2
+Max gap: 1.0000 at step 2
+"
+        );
+    }
+
+    #[test]
+    fn nothing_before_step_two() {
+        let rows = vec![
+            step(1),
+            used(Event::Malloc, EventType::Pta, CPU, 10),
+        ];
+        let out = run(rows);
+        assert_eq!(out, AnalysisOutput::default());
+    }
+}
