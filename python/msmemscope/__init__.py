@@ -18,10 +18,29 @@ from __future__ import annotations
 import json
 import warnings
 
-from . import mstx
+from . import analyzers, mstx
 from ._runtime import native as _native_runtime
+from .analyzers import (
+    analyze,
+    check_inefficient,
+    check_leaks,
+    get_analyzer_config,
+    list_analyzers,
+)
 
-__all__ = ["config", "mstx", "start", "step", "stop"]
+__all__ = [
+    "analyze",
+    "analyzers",
+    "check_inefficient",
+    "check_leaks",
+    "config",
+    "get_analyzer_config",
+    "list_analyzers",
+    "mstx",
+    "start",
+    "step",
+    "stop",
+]
 
 
 def config(**kw: str) -> None:

@@ -1,5 +1,7 @@
 """Type stubs of the msmemscope._native extension (crates/python)."""
 
+import os
+
 ABI_VERSION: int
 HOST_HOOKS_MISSING: str
 CONFIG_KEYS: str
@@ -86,3 +88,22 @@ def emit(
 def mstx_mark(message: str, stream: int = 0) -> None: ...
 def mstx_range_start(message: str, stream: int = 0) -> int: ...
 def mstx_range_end(range_id: int) -> None: ...
+
+# Offline analyses (crates/python/src/analyzers.rs)
+INEFFICIENT_TYPES: list[str]
+DEFAULT_IDLE_THRESHOLD: int
+
+def check_leaks(
+    input_path: str | os.PathLike[str], mstx_info: str, start_index: int
+) -> tuple[str, list[dict[str, object]]]:
+    """(the report text, the leaked blocks)."""
+
+def check_inefficient(
+    input_path: str | os.PathLike[str],
+    mem_size: int | None = None,
+    inefficient_type: str | None = None,
+    idle_threshold: int | None = None,
+    *,
+    output_path: str | os.PathLike[str] | None = None,
+) -> list[dict[str, object]]:
+    """The marked blocks, one dict per (block, kind)."""

@@ -666,9 +666,9 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
 const AVAILABILITY: &str = "--analysis=host-leaks, the event dump (--analysis=none) and the \
-leaks and oom analyses launch with every dump option; --pid attaches to a running process; \
---analysis=decompose|inefficient, --watch and --compare are checked, then refused as not \
-available yet.";
+leaks, oom and inefficient analyses launch with every dump option; --pid attaches to a running process; \
+--compare diffs two dumps; --analysis=decompose and --watch are checked, then refused as \
+not available yet.";
 
 fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
     Err(UsageError(format!(
@@ -681,19 +681,16 @@ fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
 /// its lines here (and updates [`AVAILABILITY`]).
 fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
     let config = match command {
-        Command::Help(_) | Command::Version(_) | Command::ApiEnv(_) | Command::Attach { .. } => {
-            return Ok(())
-        }
-        Command::Compare { .. } => {
-            return Err(UsageError(
-                "--compare is not available yet in this build".to_owned(),
-            ))
-        }
+        Command::Help(_)
+        | Command::Version(_)
+        | Command::ApiEnv(_)
+        | Command::Attach { .. }
+        | Command::Compare { .. } => return Ok(()),
         Command::Launch { config, .. } => config,
     };
     for analysis in &config.analysis {
         match analysis {
-            Analysis::HostLeaks | Analysis::Leaks | Analysis::Oom(_) => {}
+            Analysis::HostLeaks | Analysis::Leaks | Analysis::Oom(_) | Analysis::Inefficient => {}
             other => return not_yet(format_args!("--analysis={other}")),
         }
     }
@@ -991,13 +988,16 @@ mod tests {
     fn capability_gate() {
         let refused = [
             (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=decompose is not available yet in this build; use --analysis=host-leaks or the event dump"),
-            (&["--analysis=inefficient", "prog"][..], "--analysis=inefficient is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--watch=aten::add,aten::mul", "prog"][..], "--watch is not available yet in this build; use --analysis=host-leaks or the event dump"),
-            (&["--compare", "--input-path=a,b"][..], "--compare is not available yet in this build"),
         ];
         for (args, message) in refused {
             assert_eq!(error(args), message, "for {args:?}");
         }
+        // --compare passes the gate.
+        assert!(matches!(
+            parse_strs(&["--compare", "--input-path=a,b"]),
+            Ok(Command::Compare { .. })
+        ));
         // --pid passes the gate.
         assert_eq!(
             parse_strs(&["--pid=7", "--command=help"]),

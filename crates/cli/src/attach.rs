@@ -259,17 +259,21 @@ fn send(target: &Target, words: &str) -> Result<Reply, String> {
         return Err("the command is too long".to_string());
     }
     let seq = 1;
-    stream
-        .write_all(&frame::encode(
-            frame::TYPE_REQUEST,
-            0,
-            seq,
-            payload.as_bytes(),
-        ))
-        .map_err(|e| format!("cannot send the command: {e}"))?;
+    // A refused peer may find the connection closed before its request is written: the
+    // refusal is still there to read.
+    let sent = stream.write_all(&frame::encode(
+        frame::TYPE_REQUEST,
+        0,
+        seq,
+        payload.as_bytes(),
+    ));
     let mut output = String::new();
     loop {
-        let (header, payload) = frame::read(&mut stream)?;
+        let (header, payload) = match (frame::read(&mut stream), &sent) {
+            (Ok(frame), _) => frame,
+            (Err(_), Err(e)) => return Err(format!("cannot send the command: {e}")),
+            (Err(e), Ok(())) => return Err(e),
+        };
         let value: serde_json::Value = serde_json::from_slice(&payload)
             .map_err(|e| format!("malformed reply from process {}: {e}", target.pid))?;
         match header.kind {

@@ -4,6 +4,7 @@
 mod api_env;
 mod args;
 mod attach;
+mod compare;
 mod launcher;
 
 use std::process::ExitCode;
@@ -26,10 +27,6 @@ fn main() -> ExitCode {
         Command::ApiEnv(request) => api_env::run(request),
         Command::Launch { config, program } => launcher::run(&config, &program),
         Command::Attach { pid, command } => attach::run(pid, command),
-        // The argument parser refuses this until its capability exists.
-        Command::Compare { .. } => {
-            eprintln!("msmemscope: this mode is not available yet in this build");
-            ExitCode::from(2)
-        }
+        Command::Compare { config, inputs } => compare::run(&config, &inputs),
     }
 }

@@ -65,12 +65,14 @@ fn fixture() -> &'static Path {
             runtime_lib().is_file(),
             "{RUNTIME_LIB} is missing next to {BIN}: run `cargo build --release` first"
         );
-        let dir = std::env::temp_dir().join(format!("msmemscope-attach-fixture-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("msmemscope-attach-fixture-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let prog = dir.join("attach_target");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attach_target.c");
+        let src =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attach_target.c");
         let out = Command::new("gcc")
             .args(["-O2", "-fomit-frame-pointer", "-g"])
             .arg(&src)
@@ -79,7 +81,11 @@ fn fixture() -> &'static Path {
             .arg("-ldl")
             .output()
             .expect("gcc (needed to build the C fixture)");
-        assert!(out.status.success(), "gcc failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "gcc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         prog
     })
 }
@@ -228,7 +234,12 @@ fn host_leak_dir(scratch: &Path) -> PathBuf {
     let run = std::fs::read_dir(&out)
         .unwrap_or_else(|e| panic!("no {}: {e}", out.display()))
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("msmemscope_"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("msmemscope_")
+        })
         .expect("a run directory");
     run.join("host_leak")
 }
@@ -296,17 +307,21 @@ fn line_starting<'a>(text: &'a str, prefix: &str) -> &'a str {
 /// The parts of a final overview that must not depend on attaching: every site with its
 /// counts, the totals.
 fn report_facts(text: &str) -> (Vec<(String, String)>, Vec<String>) {
-    let totals = ["Allocations tracked:", "Frees tracked:", "Pre-window frees:"]
-        .iter()
-        .map(|p| line_starting(text, p).to_string())
-        .chain(std::iter::once(
-            text.lines()
-                .skip_while(|l| *l != "--- Total Unfreed ---")
-                .nth(1)
-                .unwrap()
-                .to_string(),
-        ))
-        .collect();
+    let totals = [
+        "Allocations tracked:",
+        "Frees tracked:",
+        "Pre-window frees:",
+    ]
+    .iter()
+    .map(|p| line_starting(text, p).to_string())
+    .chain(std::iter::once(
+        text.lines()
+            .skip_while(|l| *l != "--- Total Unfreed ---")
+            .nth(1)
+            .unwrap()
+            .to_string(),
+    ))
+    .collect();
     (sites(text), totals)
 }
 
@@ -351,13 +366,22 @@ fn interim_snapshots_show_the_leak_growing_and_leave_the_final_report_unchanged(
         "unfreed 10 blocks / 10000 bytes; allocated 10 / 10000 bytes; freed 0 / 0 bytes"
     );
     assert!(first.contains("--- Resident Baselines"));
-    assert!(first.contains("Allocations tracked: 110 (16400 bytes)"), "{first}");
+    assert!(
+        first.contains("Allocations tracked: 110 (16400 bytes)"),
+        "{first}"
+    );
     // Nothing written by a snapshot.
     assert!(!t.host_leak_dir().exists());
 
     let (code, memory, _) = attach(t.pid, "display memory summary");
     assert_eq!(code, 0);
-    for needle in ["VmRSS:", "VmHWM:", "VmSize:", "host-leak window 1: ", "tracing: off"] {
+    for needle in [
+        "VmRSS:",
+        "VmHWM:",
+        "VmSize:",
+        "host-leak window 1: ",
+        "tracing: off",
+    ] {
         assert!(memory.contains(needle), "{needle} missing in {memory}");
     }
     let (code, config, _) = attach(t.pid, "display config");
@@ -412,7 +436,10 @@ fn stop_and_start_words_close_and_open_windows_of_a_launched_run() {
     assert!(out.status.success());
     let second =
         std::fs::read_to_string(host_leak_dir(scratch.path()).join("leak_overview_2.txt")).unwrap();
-    assert!(second.starts_with("====== Host Leak Overview: stage=2,"), "{second}");
+    assert!(
+        second.starts_with("====== Host Leak Overview: stage=2,"),
+        "{second}"
+    );
     assert_eq!(
         site_counts(&second, "leak_a"),
         "unfreed 10 blocks / 10000 bytes; allocated 10 / 10000 bytes; freed 0 / 0 bytes"
@@ -449,7 +476,11 @@ fn start_and_stop_words_drive_an_api_env_process() {
     let (code, _, _) = attach(t.pid, "step");
     assert_eq!(code, 0);
     let (out, _scratch) = t.finish();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -476,9 +507,19 @@ fn the_interactive_session_reads_words_until_exit() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(stdout.matches("msmemscope> ").count(), 5, "{stdout}");
-    assert_eq!(stdout.matches("display host_leak summary  ").count(), 1, "{stdout}");
-    assert!(stdout.contains("(interim snapshot, window open)"), "{stdout}");
-    assert!(stderr.contains("unknown command \"frobnicate\""), "{stderr}");
+    assert_eq!(
+        stdout.matches("display host_leak summary  ").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(interim snapshot, window open)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("unknown command \"frobnicate\""),
+        "{stderr}"
+    );
 }
 
 /// Reads one frame from the raw socket: (type, JSON payload).
@@ -552,7 +593,10 @@ fn malformed_frames_get_errors_and_the_target_runs_on() {
     let (kind, v) = read_frame(&mut s);
     assert_eq!(kind, 2);
     assert_eq!(v["status"], 0);
-    assert!(v["output"].as_str().unwrap().contains("display host_leak summary"));
+    assert!(v["output"]
+        .as_str()
+        .unwrap()
+        .contains("display host_leak summary"));
     drop(s);
 
     // Truncated frames: half a header, a payload cut short; then garbage bytes.
@@ -578,7 +622,10 @@ fn malformed_frames_get_errors_and_the_target_runs_on() {
     assert_eq!(out.stdout, plain_out.stdout);
     let report =
         std::fs::read_to_string(host_leak_dir(scratch.path()).join("leak_overview_1.txt")).unwrap();
-    assert!(report.contains("unfreed 20 blocks / 20000 bytes"), "{report}");
+    assert!(
+        report.contains("unfreed 20 blocks / 20000 bytes"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -630,7 +677,9 @@ fn another_user_is_refused() {
         .env_remove("LD_PRELOAD")
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("type=2 {\"output\":\"start "));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("type=2 {"), "{stdout}");
+    assert!(stdout.contains("display host_leak summary"), "{stdout}");
     let (out, _) = t.finish();
     assert!(out.status.success());
 }
@@ -685,4 +734,31 @@ fn prechecks_name_what_is_missing() {
     assert_eq!(err.lines().count(), 1);
     let _ = preloaded.kill();
     let _ = preloaded.wait();
+}
+
+#[test]
+fn ctrl_c_ends_the_client_with_130() {
+    let t = Target::launched();
+    let mut child = Command::new(BIN)
+        .arg("--pid")
+        .arg(t.pid.to_string())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the prompt, then interrupt the session waiting for a line.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"msmemscope> ") {
+        assert_eq!(stdout.read(&mut byte).unwrap(), 1, "no prompt");
+        seen.push(byte[0]);
+    }
+    // SAFETY: signalling the child this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    drop(t);
 }

@@ -286,6 +286,7 @@ fn run_tool_cmd(tool_args: &[&str], env: &[(&str, &str)], prog: &str, target: &[
         "MSMEMSCOPE_HOST_STACK_CAP",
         "MSMEMSCOPE_HOST_TOP_N",
         "MSMEMSCOPE_HOST_BEAT_MS",
+        "MSMEMSCOPE_NO_CONTROL",
     ] {
         cmd.env_remove(k);
     }
@@ -1457,11 +1458,25 @@ fn lsi_separates_leaks_from_caches_and_rings() {
         String::from_utf8_lossy(&plain.stdout),
         "lsi done, threads=1\n"
     );
-    // 100 ms beats: the ~4 s run gives about 40 beats.
-    let run = run_tool(&[], &[("MSMEMSCOPE_HOST_BEAT_MS", "100")], &["lsi"]);
+    // 100 ms beats: the ~4 s run gives about 40 beats. Without the control channel (whose
+    // listener is the one thread msmemscope adds) the program's thread count is unchanged:
+    // beats are taken on the program's own threads.
+    let run = run_tool(
+        &[],
+        &[
+            ("MSMEMSCOPE_HOST_BEAT_MS", "100"),
+            ("MSMEMSCOPE_NO_CONTROL", "1"),
+        ],
+        &["lsi"],
+    );
     assert_exited(&run.out, 0, "tool run");
-    // Beats are taken on the program's own threads: its thread count is unchanged.
     assert_eq!(run.out.stdout, plain.stdout);
+    // With the control channel: exactly one more thread, the listener.
+    let attachable = run_tool(&[], &[("MSMEMSCOPE_HOST_BEAT_MS", "100")], &["lsi"]);
+    assert_eq!(
+        String::from_utf8_lossy(&attachable.out.stdout),
+        "lsi done, threads=2\n"
+    );
     let ov = run.overview();
     ov.check_sites_sum_to_total();
     let series = ov

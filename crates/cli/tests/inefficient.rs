@@ -210,7 +210,10 @@ fn online_run_agrees_with_fixture_and_offline(format: &str) {
     assert!(online[0].id == online[1].id && online[0].id < online[2].id);
     assert!(online[2].id < online[3].id);
     // Offline, each device's dump gives that device's marks, IDs included.
-    for (device, dir) in [(DeviceId::Cpu, "device_cpu"), (DeviceId::Cuda(0), "device_0")] {
+    for (device, dir) in [
+        (DeviceId::Cpu, "device_cpu"),
+        (DeviceId::Cuda(0), "device_0"),
+    ] {
         let offline = check_inefficient(&dump_of(&run, dir), &Options::default()).unwrap();
         let expected: Vec<InefficientBlock> = online
             .iter()
@@ -226,7 +229,12 @@ fn online_run_agrees_with_fixture_and_offline(format: &str) {
         ),
         "{stderr}"
     );
-    assert!(stderr.contains("Device 0: early allocation 0 blocks (0 bytes), late deallocation 1 block (256 bytes)"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "Device 0: early allocation 0 blocks (0 bytes), late deallocation 1 block (256 bytes)"
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]

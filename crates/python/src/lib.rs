@@ -6,6 +6,7 @@
 //! or `dlopen`ed ([`runtime`]); the extension never links the runtime itself, so there is one
 //! instance of its state per process whichever way it got there.
 
+mod analyzers;
 mod config;
 mod emit;
 mod runtime;
@@ -237,6 +238,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mstx_mark, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_range_start, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_range_end, m)?)?;
+    analyzers::register(m)?;
     m.add("ABI_VERSION", ABI_VERSION)?;
     m.add("HOST_HOOKS_MISSING", HOST_HOOKS_MISSING)?;
     m.add("CONFIG_KEYS", config::accepted_keys())?;

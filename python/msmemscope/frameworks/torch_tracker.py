@@ -53,8 +53,11 @@ _OpOverload = torch._ops.OpOverload
 
 # Frames from these directories are skipped at the top (innermost end) of Python stacks.
 _SKIP_DIRS = tuple(
-    os.path.dirname(os.path.realpath(m.__file__)) + os.sep
-    for m in (torch, sys.modules[__package__.rpartition(".")[0]])
+    {
+        os.path.dirname(resolve(m.__file__)) + os.sep
+        for m in (torch, sys.modules[__package__.rpartition(".")[0]])
+        for resolve in (os.path.abspath, os.path.realpath)
+    }
 )
 
 
@@ -192,39 +195,45 @@ class _Tracker:
         return "\n".join(lines)
 
     # --- storages -------------------------------------------------------------------------------
+    # The attrs dicts are built before taking the lock: allocating a container may run the
+    # garbage collector, whose weakref callbacks (FREEs, on this thread) must not land between
+    # reading and writing the running sum.
     def _malloc(self, ref: _StorageRef, ptr: int, size: int) -> None:
         cfg = self.cfg
         stack = self.python_stack() if cfg.python_depth else ""
         dev = ref.device
+        attrs = {"allocation_id": 0, "addr": f"0x{ptr:016x}", "size": size, "used": 0}
+        if dev != "cpu":
+            attrs["total"] = _cuda_reserved(dev)
+        attrs["owner"] = "PTA"
         with self.lock:
             aid = next(self.ids)
             used = self.used.get(dev, 0) + size
             self.used[dev] = used
             ref.aid, ref.ptr, ref.size = aid, ptr, size
-            if not cfg.alloc:
-                return
-            attrs = {"allocation_id": aid, "addr": f"0x{ptr:016x}", "size": size, "used": used}
-            if dev != "cpu":
-                attrs["total"] = _cuda_reserved(dev)
-            attrs["owner"] = "PTA"
-            self.nat.emit(self.E[0], self.T[0], "N/A", dev, ptr, attrs, stack, cfg.c_stack)
+            if cfg.alloc:
+                attrs["allocation_id"] = aid
+                attrs["used"] = used
+                self.nat.emit(self.E[0], self.T[0], "N/A", dev, ptr, attrs, stack, cfg.c_stack)
 
     def _free(self, ref: _StorageRef) -> None:
         size = ref.size
         if not size:
             return
         dev = ref.device
+        ptr = ref.ptr
+        attrs = {"allocation_id": ref.aid, "addr": f"0x{ptr:016x}", "size": size, "used": 0}
+        if dev != "cpu":
+            attrs["total"] = _cuda_reserved(dev)
         with self.lock:
+            if ref.size != size:  # freed meanwhile (a resize on another thread)
+                return
             used = self.used.get(dev, 0) - size
             self.used[dev] = used
             ref.size = 0
-            if not self.cfg.free:
-                return
-            ptr = ref.ptr
-            attrs = {"allocation_id": ref.aid, "addr": f"0x{ptr:016x}", "size": size, "used": used}
-            if dev != "cpu":
-                attrs["total"] = _cuda_reserved(dev)
-            self.nat.emit(self.E[1], self.T[0], "N/A", dev, ptr, attrs, "", False)
+            if self.cfg.free:
+                attrs["used"] = used
+                self.nat.emit(self.E[1], self.T[0], "N/A", dev, ptr, attrs, "", False)
 
     def _on_storage_dead(self, ref: _StorageRef) -> None:
         try:

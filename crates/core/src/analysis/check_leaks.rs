@@ -227,19 +227,19 @@ mod tests {
         let mut with_stack = blk(Malloc, Pta, 0x30, 15_728);
         with_stack.python_stack = "train.py(12): step\ntrain.py(30): <module>".into();
         vec![
-            blk(Malloc, Pta, 0x10, 100), // 1: before A
-            mark("test"),                // 2: A (start_index 0)
-            mark("other"),               // 3
-            blk(Malloc, Pta, 0x20, 200), // 4: freed before C
-            with_stack,                  // 5: leaks
+            blk(Malloc, Pta, 0x10, 100),     // 1: before A
+            mark("test"),                    // 2: A (start_index 0)
+            mark("other"),                   // 3
+            blk(Malloc, Pta, 0x20, 200),     // 4: freed before C
+            with_stack,                      // 5: leaks
             blk(Malloc, Hal, 0x40, 2 << 20), // 6: leaks
-            blk(Free, Pta, 0x10, 100),   // 7: allocated before A: ignored
-            mark("test"),                // 8: B
-            blk(Malloc, Pta, 0x50, 500), // 9: after B: ignored
-            blk(Free, Pta, 0x20, 200),   // 10
-            mark("test"),                // 11: C
-            blk(Free, Hal, 0x40, 2 << 20), // 12: after C: too late
-            mark("test"),                // 13
+            blk(Free, Pta, 0x10, 100),       // 7: allocated before A: ignored
+            mark("test"),                    // 8: B
+            blk(Malloc, Pta, 0x50, 500),     // 9: after B: ignored
+            blk(Free, Pta, 0x20, 200),       // 10
+            mark("test"),                    // 11: C
+            blk(Free, Hal, 0x40, 2 << 20),   // 12: after C: too late
+            mark("test"),                    // 13
         ]
     }
 
@@ -257,7 +257,10 @@ mod tests {
              Direct HAL leak of 2.000 Mb(s) at 0x0000000000000040 on device cpu (row 6).\n\
              ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======\n"
         );
-        assert_eq!(result.leaks[0].python_stack, "train.py(12): step\ntrain.py(30): <module>");
+        assert_eq!(
+            result.leaks[0].python_stack,
+            "train.py(12): step\ntrain.py(30): <module>"
+        );
         assert_eq!(result.total_bytes(), 15_728 + (2 << 20));
     }
 

@@ -258,10 +258,7 @@ Max gap: 1.0000 at step 2
 
     #[test]
     fn nothing_before_step_two() {
-        let rows = vec![
-            step(1),
-            used(Event::Malloc, EventType::Pta, CPU, 10),
-        ];
+        let rows = vec![step(1), used(Event::Malloc, EventType::Pta, CPU, 10)];
         let out = run(rows);
         assert_eq!(out, AnalysisOutput::default());
     }

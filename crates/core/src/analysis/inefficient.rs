@@ -208,7 +208,7 @@ pub fn render_summary(marks: &[InefficientBlock], idle_threshold: u64) -> String
             .collect();
         let _ = writeln!(out, "Device {device}: {}.", parts.join(", "));
     }
-    let _ = writeln!(out, "Blocks: {BLOCKS_FILE}");
+    let _ = writeln!(out, "Blocks: {BLOCKS_FILE} in the run directory");
     out
 }
 
@@ -344,7 +344,7 @@ impl Inefficient {
         }
         let kind = match block.last_access {
             None if dev.frees.between(block.alloc_op, op) => Some(InefficientType::EarlyAllocation),
-            Some(prev) if !block.idle && op - prev - 1 > threshold => {
+            Some(prev) if !block.idle && op.saturating_sub(prev + 1) > threshold => {
                 block.idle = true;
                 Some(InefficientType::TemporaryIdleness)
             }
@@ -568,6 +568,7 @@ mod tests {
         s.op();
         let x = s.m(0x100, 64);
         s.a(0x100); // op 1
+        s.a(0x100); // op 1 again: no ops between
         s.ops(4).a(0x100); // op 5: 3 ops between
         assert_eq!(s.run(3), vec![]);
         assert_eq!(s.run(2), vec![(x, TemporaryIdleness)]);

@@ -338,7 +338,7 @@ pub(crate) mod tests {
             step(3),
             free(0x40, 400),
             launch("aten::mul", CPU), // kernel_2 on cpu
-            malloc(0x50, 1_048_576), // step 3, live at the end of step 4: leak
+            malloc(0x50, 1_048_576),  // step 3, live at the end of step 4: leak
             step(4),
             malloc(0x60, 600), // step 4, live at the end but never a step old
         ];
@@ -369,9 +369,9 @@ pub(crate) mod tests {
             free(0x30, 1024),
         ];
         let (out, _) = run(rows);
-        assert!(out
-            .console
-            .contains("Direct PTA leak of 0.001 Mb(s) at 0x0000000000000030 in kernel_N/A at step 2."));
+        assert!(out.console.contains(
+            "Direct PTA leak of 0.001 Mb(s) at 0x0000000000000030 in kernel_N/A at step 2."
+        ));
     }
 
     #[test]

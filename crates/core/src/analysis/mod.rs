@@ -3,11 +3,11 @@
 //! writes; offline, a dump reader feeds the rows of a file. Nothing here does I/O.
 
 pub mod check_leaks;
-pub mod fluctuation;
 pub mod compare;
+pub mod fluctuation;
 pub mod inefficient;
-pub mod myers;
 pub mod leaks;
+pub mod myers;
 
 use crate::config::{Analysis as Requested, RunConfig};
 use crate::events::EventRow;

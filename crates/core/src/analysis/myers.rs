@@ -159,7 +159,14 @@ impl<T: PartialEq> Ctx<'_, T> {
 
     /// The middle snake of a[xoff..xlim] vs b[yoff..ylim] (both non-empty, first and last
     /// elements differing), or a heuristic split when the search gets too expensive.
-    fn middle(&mut self, xoff: usize, xlim: usize, yoff: usize, ylim: usize, minimal: bool) -> Split {
+    fn middle(
+        &mut self,
+        xoff: usize,
+        xlim: usize,
+        yoff: usize,
+        ylim: usize,
+        minimal: bool,
+    ) -> Split {
         let (a, b) = (self.a, self.b);
         let (xoff, xlim, yoff, ylim) = (xoff as isize, xlim as isize, yoff as isize, ylim as isize);
         let dmin = xoff - ylim;
@@ -335,7 +342,11 @@ mod tests {
             let mut prev = 0;
             for (j, y) in b.iter().enumerate() {
                 let cur = row[j + 1];
-                row[j + 1] = if x == y { prev + 1 } else { row[j + 1].max(row[j]) };
+                row[j + 1] = if x == y {
+                    prev + 1
+                } else {
+                    row[j + 1].max(row[j])
+                };
                 prev = cur;
             }
         }
@@ -381,11 +392,23 @@ mod tests {
         assert_eq!(
             edits,
             vec![
-                Edit::Equal { base: 0, compare: 0 },
-                Edit::Equal { base: 1, compare: 1 },
+                Edit::Equal {
+                    base: 0,
+                    compare: 0
+                },
+                Edit::Equal {
+                    base: 1,
+                    compare: 1
+                },
                 Edit::Insert { compare: 2 },
-                Edit::Equal { base: 2, compare: 3 },
-                Edit::Equal { base: 3, compare: 4 },
+                Edit::Equal {
+                    base: 2,
+                    compare: 3
+                },
+                Edit::Equal {
+                    base: 3,
+                    compare: 4
+                },
             ]
         );
     }
@@ -410,7 +433,11 @@ mod tests {
             let b = sequence(&mut seed, (round * 7) % 37, 2 + (round % 5) as u8);
             let s = diff(&a, &b);
             check(&a, &b, &s);
-            assert_eq!(s.distance(), a.len() + b.len() - 2 * lcs(&a, &b), "{a:?} {b:?}");
+            assert_eq!(
+                s.distance(),
+                a.len() + b.len() - 2 * lcs(&a, &b),
+                "{a:?} {b:?}"
+            );
         }
     }
 

@@ -57,16 +57,25 @@ display host_leak summary  interim snapshot of the open host-leak window (it sta
 help                       this list
 exit                       end the session";
 
+/// Set to `1` to run without the control channel: no listener thread, no attaching. For
+/// programs whose behaviour depends on their own thread count.
+pub const ENV_NO_CONTROL: &str = "MSMEMSCOPE_NO_CONTROL";
+
 /// Starts the listener once per process. Failures are logged; the program runs on without it.
 pub fn start() {
     // Unit tests exercise the C ABI in the test harness: no listener there.
     if cfg!(test) || pipeline::is_detached() || STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
+    if std::env::var_os(ENV_NO_CONTROL).is_some_and(|v| v == "1") {
+        log::info("control channel off (MSMEMSCOPE_NO_CONTROL=1)");
+        return;
+    }
     // SAFETY: getpid/geteuid have no preconditions.
     let (pid, uid) = unsafe { (libc::getpid() as u32, libc::geteuid()) };
     let dir = socket::socket_dir(uid, std::env::var_os("XDG_RUNTIME_DIR"));
     let bound = socket::ensure_private_dir(&dir, uid).and_then(|()| {
+        socket::remove_stale(&dir, uid);
         let path = dir.join(socket::socket_name(pid));
         socket::bind_private(&path, uid).map(|l| (l, path))
     });

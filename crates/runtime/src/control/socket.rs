@@ -60,6 +60,35 @@ pub fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// Removes the sockets of processes that are gone without running their exit handlers
+/// (killed, `_exit`, exec into a program without the runtime): `ctrl_{pid}.sock` files that are
+/// sockets owned by `uid` and whose pid no longer exists. Looks at a bounded number of entries.
+pub fn remove_stale(dir: &Path, uid: u32) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten().take(4096) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("ctrl_"))
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks whether the process exists.
+        let gone = pid > 0
+            && unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        let ours = std::fs::symlink_metadata(entry.path())
+            .is_ok_and(|m| m.file_type().is_socket() && m.uid() == uid);
+        if gone && ours {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Binds the listening socket at `path` with mode 0600, first removing a stale socket of the
 /// same name (a socket owned by `uid`: an earlier process with this pid, or this process'
 /// image before an exec). Anything else at the path is left alone and refused.
@@ -110,7 +139,7 @@ mod tests {
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
         // Existing and fine: accepted again.
         ensure_private_dir(&dir, uid()).unwrap();
-        let path = dir.join(socket_name(42));
+        let path = dir.join(socket_name(std::process::id()));
         let first = bind_private(&path, uid()).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
         drop(first);
@@ -120,6 +149,13 @@ mod tests {
         let file = dir.join(socket_name(43));
         std::fs::write(&file, b"x").unwrap();
         assert!(bind_private(&file, uid()).is_err());
+        assert!(file.exists());
+        // A socket of a pid that does not exist is swept; ours (a live pid) stays.
+        let stale = dir.join(socket_name(i32::MAX as u32));
+        drop(bind_private(&stale, uid()).unwrap());
+        remove_stale(&dir, uid());
+        assert!(!stale.exists());
+        assert!(path.exists());
         assert!(file.exists());
         let _ = std::fs::remove_dir_all(&base);
     }

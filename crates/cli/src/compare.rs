@@ -1,0 +1,166 @@
+//! `msmemscope --compare --input-path=BASE,COMPARE [--level=op|kernel] [-o DIR]`: reads the two
+//! dumps (CSV or SQLite, one thread each), aligns their op or kernel sequences
+//! (`msmemscope_core::analysis::compare`) and writes `{output}/compare/memory_compare_{ts}.csv`,
+//! whose path it prints on stdout.
+//!
+//! Exit status: 0 written; 2 when an input is unusable (missing, a directory, not a dump, a
+//! malformed row: one line naming the file, and the line or row); 1 when reading or writing
+//! fails (permissions, a full disk).
+
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use msmemscope_core::analysis::compare::{self, OpCollector, OpSequence};
+use msmemscope_core::config::{Level, RunConfig};
+use msmemscope_core::events::reader::{self, ReadError};
+use msmemscope_core::run_dir;
+
+/// Why the comparison stopped: the message, and whether the user's input is to blame.
+struct Failure {
+    message: String,
+    usage: bool,
+}
+
+impl Failure {
+    fn exit(self) -> ExitCode {
+        eprintln!("msmemscope: {}", self.message);
+        ExitCode::from(if self.usage { 2 } else { 1 })
+    }
+}
+
+pub fn run(config: &RunConfig, inputs: &[PathBuf; 2]) -> ExitCode {
+    match compare_files(config, inputs) {
+        Ok(path) => {
+            println!("{}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(failure) => failure.exit(),
+    }
+}
+
+fn compare_files(config: &RunConfig, inputs: &[PathBuf; 2]) -> Result<PathBuf, Failure> {
+    for path in inputs {
+        if path.is_dir() {
+            return Err(Failure {
+                message: format!(
+                    "--input-path: {} is a directory; give the dump file (memscope_dump_*.csv or .db)",
+                    path.display()
+                ),
+                usage: true,
+            });
+        }
+    }
+    let progress = AtomicU64::new(0);
+    let (base, other) = std::thread::scope(|scope| {
+        let base = scope.spawn(|| collect(&inputs[0], config.level, &progress));
+        let other = scope.spawn(|| collect(&inputs[1], config.level, &progress));
+        report_progress(&progress, || base.is_finished() && other.is_finished());
+        (
+            base.join().expect("the reader thread does not panic"),
+            other.join().expect("the reader thread does not panic"),
+        )
+    });
+    let (base, other) = (base?, other?);
+    let what = match config.level {
+        Level::Op => "OP_LAUNCH ATEN_END rows (record with --level=op and launch events)",
+        Level::Kernel => "KERNEL_LAUNCH rows (record with --level=kernel and launch events)",
+    };
+    for (path, sequence) in inputs.iter().zip([&base, &other]) {
+        if sequence.is_empty() {
+            eprintln!("msmemscope: warning: {} has no {what}", path.display());
+        }
+    }
+    write(config, &base, &other)
+}
+
+/// Reads one dump into its op sequence.
+fn collect(path: &Path, level: Level, progress: &AtomicU64) -> Result<OpSequence, Failure> {
+    let read_failure = |e: ReadError| Failure {
+        usage: !matches!(e, ReadError::Io { .. }),
+        message: e.to_string(),
+    };
+    let rows = reader::open(path).map_err(read_failure)?;
+    let mut collector = OpCollector::new(level);
+    let mut pending = 0u64;
+    for row in rows {
+        let row = row.map_err(read_failure)?;
+        collector.feed(&row).map_err(|e| Failure {
+            message: format!("{}: {e}", path.display()),
+            usage: true,
+        })?;
+        pending += 1;
+        if pending == 1 << 16 {
+            progress.fetch_add(pending, Ordering::Relaxed);
+            pending = 0;
+        }
+    }
+    Ok(collector.finish())
+}
+
+/// On a terminal, a line of rows read that updates itself while the inputs take long.
+fn report_progress(progress: &AtomicU64, done: impl Fn() -> bool) {
+    let tty = std::io::stderr().is_terminal();
+    let start = Instant::now();
+    let mut shown = false;
+    while !done() {
+        std::thread::sleep(Duration::from_millis(100));
+        if tty && start.elapsed() > Duration::from_secs(1) {
+            let rows = progress.load(Ordering::Relaxed);
+            eprint!("\rmsmemscope: compare: {rows} rows read");
+            shown = true;
+        }
+    }
+    if shown {
+        eprintln!();
+    }
+}
+
+/// Writes `{output}/compare/memory_compare_{ts}.csv`; never through a symlink.
+fn write(config: &RunConfig, base: &OpSequence, other: &OpSequence) -> Result<PathBuf, Failure> {
+    let io_failure = |message: String| Failure {
+        message,
+        usage: false,
+    };
+    let output = &config.output_path;
+    std::fs::create_dir_all(output).map_err(|e| {
+        io_failure(format!(
+            "cannot create output path {}: {e}",
+            output.display()
+        ))
+    })?;
+    let dir = output.join("compare");
+    run_dir::ensure_dir(&dir).map_err(io_failure)?;
+    let stamp = run_dir::local_timestamp();
+    let mut attempt = 1;
+    let (path, file) = loop {
+        let name = if attempt == 1 {
+            format!("memory_compare_{stamp}.csv")
+        } else {
+            format!("memory_compare_{stamp}_{attempt}.csv")
+        };
+        let path = dir.join(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(file) => break (path, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1
+            }
+            Err(e) => return Err(io_failure(format!("cannot create {}: {e}", path.display()))),
+        }
+    };
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let written = compare::write_csv(base, other, &mut out).and_then(|_| out.flush());
+    if let Err(e) = written {
+        return Err(io_failure(format!("cannot write {}: {e}", path.display())));
+    }
+    Ok(path)
+}

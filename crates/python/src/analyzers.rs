@@ -1,0 +1,199 @@
+//! The offline analyses over a dump file, straight from core (no runtime library needed):
+//! `check_leaks` and `check_inefficient`. Arguments are checked here so that misuse is a
+//! `TypeError` or `ValueError` naming the argument; the scans run without the GIL.
+//! `python/msmemscope/analyzers.py` wraps them with the seed's signatures.
+
+use std::path::PathBuf;
+
+use msmemscope_core::analysis::check_leaks::{self as leak_check, CheckLeaksError};
+use msmemscope_core::analysis::inefficient::{self, InefficientType, Options};
+use msmemscope_core::events::reader::ReadError;
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
+
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A path argument: a `str` or an `os.PathLike`.
+fn path_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
+    let py = value.py();
+    let text = if let Ok(s) = value.downcast::<PyString>() {
+        s.to_str()?.to_owned()
+    } else if value.hasattr("__fspath__")? {
+        let fspath = py.import("os")?.getattr("fspath")?.call1((value,))?;
+        match fspath.downcast::<PyString>() {
+            Ok(s) => s.to_str()?.to_owned(),
+            Err(_) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{name} must be a str path, got a path of {}",
+                    type_name(&fspath)
+                )))
+            }
+        }
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be a str or os.PathLike, got {}",
+            type_name(value)
+        )));
+    };
+    if text.is_empty() {
+        return Err(PyValueError::new_err(format!("{name} must not be empty")));
+    }
+    Ok(PathBuf::from(text))
+}
+
+/// A non-negative integer argument (`bool` is refused: it is almost always a mistake).
+fn count_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, got {}",
+            type_name(value)
+        )));
+    }
+    if let Ok(n) = value.extract::<u64>() {
+        return Ok(n);
+    }
+    match value.extract::<i64>() {
+        Ok(n) if n < 0 => Err(PyValueError::new_err(format!(
+            "{name} must be >= 0, got {n}"
+        ))),
+        _ => Err(PyValueError::new_err(format!(
+            "{name} is too large: at most {}",
+            u64::MAX
+        ))),
+    }
+}
+
+fn read_error(e: ReadError) -> PyErr {
+    match e {
+        ReadError::Io { .. } => PyOSError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// `check_leaks(input_path, mstx_info, start_index)`: (the report text, the leaked blocks as
+/// dicts: id, ptr, size, device, pool, python_stack).
+#[pyfunction]
+pub fn check_leaks<'py>(
+    py: Python<'py>,
+    input_path: &Bound<'py, PyAny>,
+    mstx_info: &Bound<'py, PyAny>,
+    start_index: &Bound<'py, PyAny>,
+) -> PyResult<(String, Bound<'py, PyList>)> {
+    let path = path_arg("input_path", input_path)?;
+    let mstx_info = match mstx_info.downcast::<PyString>() {
+        Ok(s) => s.to_str()?.to_owned(),
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "mstx_info must be a str (the message of the marks), got {}",
+                type_name(mstx_info)
+            )))
+        }
+    };
+    let start_index = usize::try_from(count_arg("start_index", start_index)?)
+        .map_err(|_| PyValueError::new_err("start_index is too large"))?;
+    let result = py
+        .allow_threads(|| leak_check::check_leaks(&path, &mstx_info, start_index))
+        .map_err(|e| match e {
+            CheckLeaksError::Read(e) => read_error(e),
+            e => PyValueError::new_err(e.to_string()),
+        })?;
+    let list = PyList::empty(py);
+    for leak in &result.leaks {
+        let d = PyDict::new(py);
+        d.set_item("id", leak.row_id)?;
+        d.set_item("ptr", leak.ptr)?;
+        d.set_item("size", leak.size)?;
+        d.set_item("device", leak.device.to_string())?;
+        d.set_item("pool", leak.pool.as_str())?;
+        d.set_item("python_stack", &leak.python_stack)?;
+        list.append(d)?;
+    }
+    Ok((result.console, list))
+}
+
+/// `check_inefficient(input_path, mem_size=0, inefficient_type=None, idle_threshold=3000, *,
+/// output_path=None)`: the marked blocks as dicts (id, ptr, size, device, inefficient_type),
+/// one per block and kind. With `output_path`, also writes them there as CSV (the online
+/// analysis's `inefficient_blocks.csv` format); otherwise writes nothing.
+#[pyfunction]
+#[pyo3(signature = (input_path, mem_size = None, inefficient_type = None, idle_threshold = None, *, output_path = None))]
+pub fn check_inefficient<'py>(
+    py: Python<'py>,
+    input_path: &Bound<'py, PyAny>,
+    mem_size: Option<&Bound<'py, PyAny>>,
+    inefficient_type: Option<&Bound<'py, PyAny>>,
+    idle_threshold: Option<&Bound<'py, PyAny>>,
+    output_path: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let path = path_arg("input_path", input_path)?;
+    let mut options = Options::default();
+    if let Some(v) = mem_size {
+        options.mem_size = count_arg("mem_size", v)?;
+    }
+    if let Some(v) = idle_threshold {
+        options.idle_threshold = count_arg("idle_threshold", v)?;
+    }
+    if let Some(v) = inefficient_type.filter(|v| !v.is_none()) {
+        let Ok(s) = v.downcast::<PyString>() else {
+            return Err(PyTypeError::new_err(format!(
+                "inefficient_type must be a str or None, got {}",
+                type_name(v)
+            )));
+        };
+        let s = s.to_str()?;
+        options.kind = Some(InefficientType::parse(s).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "inefficient_type must be one of {} or None, got {s:?}",
+                InefficientType::accepted()
+            ))
+        })?);
+    }
+    let output = match output_path.filter(|v| !v.is_none()) {
+        Some(v) => Some(path_arg("output_path", v)?),
+        None => None,
+    };
+    let marks = py
+        .allow_threads(|| inefficient::check_inefficient(&path, &options))
+        .map_err(read_error)?;
+    if let Some(out) = output {
+        let text = inefficient::render_csv(&marks);
+        std::fs::write(&out, text).map_err(|e| {
+            PyOSError::new_err(format!("output_path: cannot write {}: {e}", out.display()))
+        })?;
+    }
+    let list = PyList::empty(py);
+    for m in &marks {
+        let d = PyDict::new(py);
+        d.set_item("id", m.id)?;
+        d.set_item("ptr", m.ptr)?;
+        d.set_item("size", m.size)?;
+        d.set_item("device", m.device.to_string())?;
+        d.set_item("inefficient_type", m.kind.as_str())?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+/// The `inefficient_type` values, for the Python layer's documentation and config.
+pub fn inefficient_types() -> Vec<&'static str> {
+    InefficientType::ALL.iter().map(|k| k.as_str()).collect()
+}
+
+/// Registers the functions and constants in `_native`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(check_leaks, m)?)?;
+    m.add_function(wrap_pyfunction!(check_inefficient, m)?)?;
+    m.add("INEFFICIENT_TYPES", inefficient_types())?;
+    m.add(
+        "DEFAULT_IDLE_THRESHOLD",
+        inefficient::DEFAULT_IDLE_THRESHOLD,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,130 @@
+"""Offline analyses of a dump file (``memscope_dump_{ts}.csv`` or ``.db``), run in Rust.
+
+They need no tracing and no runtime library: any dump written by msmemscope can be checked,
+in the process that wrote it or anywhere else::
+
+    import msmemscope
+    msmemscope.check_leaks("/abs/path/memscope_dump_x.csv", mstx_info="step", start_index=0)
+    blocks = msmemscope.check_inefficient("dump.csv", inefficient_type="late_deallocation")
+
+    msmemscope.list_analyzers()                 # ['inefficient', 'leaks']
+    msmemscope.get_analyzer_config("inefficient")
+    msmemscope.analyze("inefficient", input_path="dump.csv", idle_threshold=100)
+
+Misuse raises ``TypeError`` (a wrong type) or ``ValueError`` (a bad value, a missing or malformed
+file) with a message naming the argument; an unreadable file raises ``OSError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+from . import _native
+
+__all__ = [
+    "INEFFICIENT_TYPES",
+    "analyze",
+    "check_inefficient",
+    "check_leaks",
+    "get_analyzer_config",
+    "list_analyzers",
+]
+
+#: The ``inefficient_type`` values: ``early_allocation``, ``late_deallocation``,
+#: ``temporary_idleness``.
+INEFFICIENT_TYPES: tuple[str, ...] = tuple(_native.INEFFICIENT_TYPES)
+
+PathArg = str | os.PathLike[str]
+
+
+def check_leaks(input_path: PathArg, mstx_info: str, start_index: int) -> list[dict[str, Any]]:
+    """Leaks between marks: A, B and C are the ``start_index``-th (from 0), the next and the one
+    after of the MSTX ``Mark`` rows whose message equals ``mstx_info``; a block allocated between
+    A and B and not freed before C leaks (every pool: PTA, HAL, HOST).
+
+    ``input_path`` must be absolute (as the seed requires). Prints the report and returns the
+    leaked blocks in allocation order as dicts: ``id`` (the MALLOC row's ID), ``ptr``, ``size``,
+    ``device`` (as the Device Id column: ``"cpu"``, ``"0"``...), ``pool`` and ``python_stack``.
+    ``ValueError`` when the file is missing or malformed or has too few marks.
+    """
+    console, leaks = _native.check_leaks(input_path, mstx_info, start_index)
+    print(console, end="")
+    return leaks
+
+
+def check_inefficient(
+    input_path: PathArg,
+    mem_size: int = 0,
+    inefficient_type: str | None = None,
+    idle_threshold: int = 3000,
+    *,
+    output_path: PathArg | None = None,
+) -> list[dict[str, Any]]:
+    """Inefficient memory at op granularity (op k = the k-th ``ATEN_START`` row of the device):
+
+    - ``early_allocation``: another tensor of the device is freed in an op strictly between the
+      op that allocates the block and the op of its first access;
+    - ``late_deallocation``: another tensor of the device is allocated in an op strictly between
+      the op of the block's last access and the op that frees it;
+    - ``temporary_idleness``: more than ``idle_threshold`` ops lie strictly between two
+      consecutive accesses of the block.
+
+    Returns one dict per (block, kind), ordered by the MALLOC row's ID: ``id``, ``ptr``,
+    ``size``, ``device``, ``inefficient_type``; only blocks of at least ``mem_size`` bytes, and
+    only ``inefficient_type`` when given. Writes nothing, unless ``output_path`` is given: then
+    the result is also written there as CSV (``ID,Ptr,size,Device Id,inefficient_type``, the
+    format of the online analysis's ``inefficient/inefficient_blocks.csv``).
+    """
+    return _native.check_inefficient(
+        input_path, mem_size, inefficient_type, idle_threshold, output_path=output_path
+    )
+
+
+_ANALYZERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "inefficient": check_inefficient,
+    "leaks": check_leaks,
+}
+
+
+def list_analyzers() -> list[str]:
+    """The names of the analyzers :func:`analyze` runs offline, sorted."""
+    return sorted(_ANALYZERS)
+
+
+def _analyzer(name: object) -> Callable[..., list[dict[str, Any]]]:
+    if not isinstance(name, str):
+        raise TypeError(f"the analyzer name must be a str, got {type(name).__name__}")
+    try:
+        return _ANALYZERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown analyzer {name!r}; available: {', '.join(list_analyzers())}"
+        ) from None
+
+
+def get_analyzer_config(name: str) -> dict[str, Any]:
+    """The parameters of analyzer ``name`` with their defaults, in order; a required parameter
+    (``input_path``; ``mstx_info`` and ``start_index`` of ``leaks``) has the value ``None``."""
+    params = inspect.signature(_analyzer(name)).parameters.values()
+    return {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params}
+
+
+def analyze(name: str, **kw: Any) -> list[dict[str, Any]]:
+    """Runs analyzer ``name`` with keyword arguments (those of :func:`get_analyzer_config`)."""
+    func = _analyzer(name)
+    params = inspect.signature(func).parameters
+    unknown = sorted(set(kw) - set(params))
+    if unknown:
+        raise TypeError(
+            f"analyzer {name!r} takes no argument {', '.join(unknown)}; "
+            f"it takes {', '.join(params)}"
+        )
+    missing = [
+        p.name for p in params.values() if p.default is inspect.Parameter.empty and p.name not in kw
+    ]
+    if missing:
+        raise TypeError(f"analyzer {name!r} needs {', '.join(missing)}")
+    return func(**kw)
