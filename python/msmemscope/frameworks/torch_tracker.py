@@ -351,12 +351,6 @@ class MemscopeDispatchMode(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # TorchDispatchMode otherwise wraps __torch_dispatch__ in torch._disable_dynamo, which
-        # doubles the cost of every op; Dynamo does not run under this mode anyway.
-        return False
-
     def __init__(self, tracker: _Tracker):
         super().__init__()
         self.tracker = tracker

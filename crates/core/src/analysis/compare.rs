@@ -250,12 +250,7 @@ impl OpCollector {
 
 /// The `size` of a MALLOC row's Attr.
 fn malloc_size(row: &EventRow) -> Option<u64> {
-    if let Some(size) = row.attr_u64("size") {
-        return Some(size);
-    }
-    let raw = row.attrs_json.as_deref()?;
-    let attrs: serde_json::Map<String, serde_json::Value> = serde_json::from_str(raw).ok()?;
-    attrs.get("size").and_then(|v| v.as_u64())
+    row.attr_u64("size")
 }
 
 /// One dump's ops in order, ready to compare.

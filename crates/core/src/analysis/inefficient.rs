@@ -370,11 +370,6 @@ fn mark(block: &Block, ptr: u64, device: DeviceId, kind: InefficientType) -> Ine
 
 /// The `size` and `allocation_id` attributes, from the parsed Attr or the producer's JSON.
 fn size_and_id(row: &EventRow) -> (u64, Option<u64>) {
-    if let Some(raw) = &row.attrs_json {
-        let attrs: crate::events::Attrs = serde_json::from_str(raw).unwrap_or_default();
-        let get = |k: &str| attrs.get(k).and_then(|v| v.as_u64());
-        return (get("size").unwrap_or(0), get("allocation_id"));
-    }
     (
         row.attr_u64("size").unwrap_or(0),
         row.attr_u64("allocation_id"),

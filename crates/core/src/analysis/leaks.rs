@@ -51,12 +51,9 @@ pub struct BlockAttrs {
 /// Reads `size` and `used` from a row's Attr, whether parsed (`attrs`) or still raw
 /// (`attrs_json`, as the online writer hands rows over). Missing or malformed keys are `None`.
 pub fn block_attrs(row: &EventRow) -> BlockAttrs {
-    match &row.attrs_json {
-        Some(raw) if !raw.is_empty() => serde_json::from_str(raw).unwrap_or_default(),
-        _ => BlockAttrs {
-            size: row.attr_u64("size"),
-            used: row.attr_u64("used"),
-        },
+    BlockAttrs {
+        size: row.attr_u64("size"),
+        used: row.attr_u64("used"),
     }
 }
 

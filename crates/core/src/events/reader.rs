@@ -39,12 +39,18 @@ pub fn open(
     }
 }
 
-/// Streams rows from a CSV dump (RFC 4180; quoted fields may span lines).
+/// Streams rows from a CSV dump (RFC 4180; quoted fields may span lines). Byte-oriented: a
+/// record is read whole, split at commas with `memchr` when it has no quotes (most rows), and
+/// unquoted field by field otherwise; Attr stays raw text until an analysis reads a value.
 pub struct CsvRows {
     path: PathBuf,
     input: std::io::BufReader<std::fs::File>,
     line: u64,
-    record: Vec<String>,
+    /// The current record's bytes (possibly several lines).
+    raw: Vec<u8>,
+    /// The current record's text after unquoting, and each field's range in it.
+    text: String,
+    fields: Vec<std::ops::Range<usize>>,
 }
 
 impl CsvRows {
@@ -57,10 +63,12 @@ impl CsvRows {
             path: path.to_path_buf(),
             input: std::io::BufReader::with_capacity(1 << 20, file),
             line: 0,
-            record: Vec::with_capacity(12),
+            raw: Vec::with_capacity(256),
+            text: String::with_capacity(256),
+            fields: Vec::with_capacity(12),
         };
         match rows.next_record() {
-            Ok(true) if rows.record.join(",") == HEADER => Ok(rows),
+            Ok(true) if rows.field_strs().collect::<Vec<_>>().join(",") == HEADER => Ok(rows),
             Ok(true) => Err(ReadError::NotADump {
                 path: path.to_path_buf(),
                 reason: format!("the header is not {HEADER}"),
@@ -73,51 +81,95 @@ impl CsvRows {
         }
     }
 
-    /// Reads the next record into `self.record`; false at the end.
+    fn field_strs(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|r| &self.text[r.clone()])
+    }
+
+    /// Reads the next record; false at the end.
     fn next_record(&mut self) -> Result<bool, ReadError> {
-        self.record.clear();
-        let mut field = String::new();
-        let mut quoted = false;
-        let mut any = false;
-        let mut line = String::new();
+        self.raw.clear();
+        let mut quotes = 0usize;
         loop {
-            line.clear();
-            let n = self.input.read_line(&mut line).map_err(|e| ReadError::Io {
-                path: self.path.clone(),
-                message: e.to_string(),
-            })?;
+            let start = self.raw.len();
+            let n = self
+                .input
+                .read_until(b'\n', &mut self.raw)
+                .map_err(|e| ReadError::Io {
+                    path: self.path.clone(),
+                    message: e.to_string(),
+                })?;
             if n == 0 {
-                if quoted {
+                if self.raw.is_empty() {
+                    return Ok(false);
+                }
+                if !quotes.is_multiple_of(2) {
                     return Err(self.bad("a quoted field is not closed"));
                 }
-                if any {
-                    self.record.push(field);
-                    return Ok(true);
-                }
-                return Ok(false);
+                break;
             }
             self.line += 1;
-            any = true;
-            let mut chars = line.chars().peekable();
-            while let Some(c) = chars.next() {
-                match (quoted, c) {
-                    (true, '"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    (true, '"') => quoted = false,
-                    (true, c) => field.push(c),
-                    (false, '"') => quoted = true,
-                    (false, ',') => self.record.push(std::mem::take(&mut field)),
-                    (false, '\n') => {
-                        self.record.push(std::mem::take(&mut field));
-                        return Ok(true);
-                    }
-                    (false, '\r') => {}
-                    (false, c) => field.push(c),
-                }
+            quotes += memchr::memchr_iter(b'"', &self.raw[start..]).count();
+            // An odd number of quotes so far: a quoted field goes on on the next line.
+            if quotes.is_multiple_of(2) {
+                break;
             }
         }
+        while matches!(self.raw.last(), Some(b'\n' | b'\r')) {
+            self.raw.pop();
+        }
+        self.text.clear();
+        self.fields.clear();
+        let raw = std::str::from_utf8(&self.raw).map_err(|_| ReadError::BadRow {
+            path: self.path.clone(),
+            line: self.line,
+            reason: "not UTF-8".into(),
+        })?;
+        if quotes == 0 {
+            self.text.push_str(raw);
+            let mut start = 0;
+            for comma in memchr::memchr_iter(b',', raw.as_bytes()) {
+                self.fields.push(start..comma);
+                start = comma + 1;
+            }
+            self.fields.push(start..raw.len());
+            return Ok(true);
+        }
+        // Quoted fields: copy the runs between quotes, undoubling `""`.
+        let b = raw.as_bytes();
+        let mut i = 0;
+        loop {
+            let start = self.text.len();
+            if b.get(i) == Some(&b'"') {
+                i += 1;
+                loop {
+                    let Some(q) = memchr::memchr(b'"', &b[i..]).map(|q| i + q) else {
+                        return Err(self.bad("a quoted field is not closed"));
+                    };
+                    self.text.push_str(&raw[i..q]);
+                    if b.get(q + 1) == Some(&b'"') {
+                        self.text.push('"');
+                        i = q + 2;
+                    } else {
+                        i = q + 1;
+                        break;
+                    }
+                }
+                // Anything between the closing quote and the comma is kept, as lenient readers do.
+                let end = memchr::memchr(b',', &b[i..]).map_or(b.len(), |c| i + c);
+                self.text.push_str(&raw[i..end]);
+                i = end;
+            } else {
+                let end = memchr::memchr(b',', &b[i..]).map_or(b.len(), |c| i + c);
+                self.text.push_str(&raw[i..end]);
+                i = end;
+            }
+            self.fields.push(start..self.text.len());
+            if i >= b.len() {
+                break;
+            }
+            i += 1; // the comma
+        }
+        Ok(true)
     }
 
     fn bad(&self, reason: impl Into<String>) -> ReadError {
@@ -129,11 +181,10 @@ impl CsvRows {
     }
 
     fn parse(&self) -> Result<EventRow, ReadError> {
-        let r = &self.record;
-        if r.len() != 12 {
-            return Err(self.bad(format!("{} fields, expected 12", r.len())));
+        if self.fields.len() != 12 {
+            return Err(self.bad(format!("{} fields, expected 12", self.fields.len())));
         }
-        parse_fields(r.iter().map(String::as_str)).map_err(|reason| self.bad(reason))
+        parse_fields(self.field_strs()).map_err(|reason| self.bad(reason))
     }
 }
 
@@ -184,8 +235,12 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
     };
     let attrs = next();
     if !attrs.is_empty() && attrs != "{}" {
-        row.attrs =
-            serde_json::from_str(attrs).map_err(|e| format!("Attr is not a JSON object: {e}"))?;
+        // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
+        // `parse_attrs` builds the map for the rest.
+        if !attrs.starts_with('{') || !attrs.ends_with('}') {
+            return Err(format!("Attr is not a JSON object: {attrs}"));
+        }
+        row.attrs_json = Some(attrs.to_string());
     }
     row.python_stack = next().to_string();
     row.c_stack = next().to_string();
@@ -319,10 +374,11 @@ mod tests {
         let mut text = format!("{HEADER}\n");
         write_row(&mut text, &a);
         write_row(&mut text, &b);
-        let rows: Vec<EventRow> = open(&temp("ok.csv", &text))
+        let mut rows: Vec<EventRow> = open(&temp("ok.csv", &text))
             .unwrap()
             .map(|r| r.unwrap())
             .collect();
+        rows[0].parse_attrs();
         assert_eq!(rows, vec![a, b]);
     }
 

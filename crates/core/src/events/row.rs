@@ -228,16 +228,76 @@ impl EventRow {
         }
     }
 
+    /// A numeric Attr value, from the parsed map or straight from the raw text (no JSON parse:
+    /// analyses read `size` from millions of rows).
     pub fn attr_u64(&self, key: &str) -> Option<u64> {
-        self.attrs.get(key).and_then(|v| v.as_u64())
+        if let Some(value) = self.attrs.get(key) {
+            return value.as_u64();
+        }
+        let raw = raw_value(self.attrs_json.as_deref()?, key)?;
+        let digits = raw.bytes().take_while(u8::is_ascii_digit).count();
+        raw[..digits].parse().ok()
     }
 
+    /// A string Attr value without escapes, from the parsed map or the raw text.
     pub fn attr_str(&self, key: &str) -> Option<&str> {
-        self.attrs.get(key).and_then(|v| v.as_str())
+        if let Some(value) = self.attrs.get(key) {
+            return value.as_str();
+        }
+        let raw = raw_value(self.attrs_json.as_deref()?, key)?;
+        let inner = raw.strip_prefix('"')?;
+        let end = inner.find('"')?;
+        let text = &inner[..end];
+        (!text.contains('\\')).then_some(text)
     }
+}
+
+/// The text right after `"key":` in a flat JSON object, or `None`. Only matches `key` in key
+/// position (after `{` or `,`), so a string value equal to the key is not mistaken for it.
+fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
+    let bytes = raw.as_bytes();
+    let mut from = 0;
+    while let Some(pos) = raw[from..].find(key) {
+        let start = from + pos;
+        let end = start + key.len();
+        from = end;
+        if start == 0 || bytes[start - 1] != b'"' || bytes.get(end) != Some(&b'"') {
+            continue;
+        }
+        let before = raw[..start - 1].trim_end();
+        if !(before.ends_with('{') || before.ends_with(',')) {
+            continue;
+        }
+        let after = raw[end + 1..].trim_start();
+        if let Some(value) = after.strip_prefix(':') {
+            return Some(value.trim_start());
+        }
+    }
+    None
 }
 
 /// `0x%016x`, as the seed prints pointers.
 pub fn format_ptr(ptr: u64) -> String {
     format!("0x{ptr:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_attrs_are_read_without_parsing() {
+        let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
+        row.attrs_json = Some(
+            r#"{"owner":"size","allocation_id": 7,"addr":"0x10","size":4096,"note":"a\"b"}"#.into(),
+        );
+        assert_eq!(row.attr_u64("size"), Some(4096));
+        assert_eq!(row.attr_u64("allocation_id"), Some(7));
+        assert_eq!(row.attr_str("addr"), Some("0x10"));
+        assert_eq!(row.attr_str("owner"), Some("size"));
+        assert_eq!(row.attr_u64("used"), None);
+        assert_eq!(row.attr_str("note"), None);
+        row.attrs.insert("used".into(), 5.into());
+        assert_eq!(row.attr_u64("used"), Some(5));
+    }
 }
