@@ -27,6 +27,7 @@ from .analyzers import (
     get_analyzer_config,
     list_analyzers,
 )
+from .snapshot import take_snapshot
 
 __all__ = [
     "analyze",
@@ -40,6 +41,7 @@ __all__ = [
     "start",
     "step",
     "stop",
+    "take_snapshot",
 ]
 
 

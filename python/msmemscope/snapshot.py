@@ -74,7 +74,9 @@ def take_snapshot(device_mask: int | None = None, name: str = "snapshot") -> int
     indices (bit i = ``cuda:i``; the CPU row is written only with ``None``). ``name`` becomes the
     row's Name.
     """
-    if device_mask is not None and (not isinstance(device_mask, int) or isinstance(device_mask, bool)):
+    if device_mask is not None and (
+        not isinstance(device_mask, int) or isinstance(device_mask, bool)
+    ):
         raise TypeError("device_mask must be an int bit mask of CUDA device indices, or None")
     if device_mask is not None and device_mask < 0:
         raise ValueError(f"device_mask must not be negative, got {device_mask}")
@@ -89,6 +91,9 @@ def take_snapshot(device_mask: int | None = None, name: str = "snapshot") -> int
             targets.append((f"cuda:{index}", _cuda_stats(index)))
     recorded = 0
     for device, stats in targets:
-        if nat.emit(nat.EVENT_SNAPSHOT, nat.TYPE_SNAPSHOT, name, device, None, stats, "", False) == 0:
+        if (
+            nat.emit(nat.EVENT_SNAPSHOT, nat.TYPE_SNAPSHOT, name, device, None, stats, "", False)
+            == 0
+        ):
             recorded += 1
     return recorded

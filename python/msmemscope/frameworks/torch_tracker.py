@@ -362,11 +362,11 @@ class MemscopeDispatchMode(TorchDispatchMode):
         tr = self.tracker
         if not tr.enabled or not self.tracing():
             return func(*args, **kwargs)
+        info = tr.ops.get(func)
+        if info is None and type(func) is not _OpOverload:
+            return func(*args, **kwargs)  # a higher-order operator: runs untracked inside
         try:
-            info = tr.ops.get(func)
             if info is None:
-                if type(func) is not _OpOverload:  # a higher-order operator: run it untracked
-                    return func(*args, **kwargs)
                 info = tr.op_info(func)
             cfg = tr.cfg
             if cfg.launch:
