@@ -16,6 +16,7 @@ value that is not a string) naming the key and the accepted values.
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 
 from . import analyzers, mstx
@@ -55,7 +56,11 @@ def config(**kw: str) -> None:
     """
     nat = _native_runtime()
     updated = nat.validate_config(nat.current_config(), **kw)
-    if not nat.configure(updated):
+    applied = nat.configure(updated)
+    tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    if applied and tracker is not None:
+        tracker.reload_config()
+    if not applied:
         warnings.warn(
             "msmemscope.config() has no effect while a host-leak window is open: call "
             "msmemscope.stop() first, then config() and start() again",
@@ -72,6 +77,11 @@ def start() -> None:
     if "host-leaks" in analyses and not nat.host_hooks_active():
         raise ValueError(nat.HOST_HOOKS_MISSING)
     nat.start()
+    if "host-leaks" not in analyses and "torch" in sys.modules:
+        # Tracing from Python: PyTorch ops and tensors are recorded from here on.
+        from .frameworks import torch_tracker
+
+        torch_tracker.install()
 
 
 def stop() -> None:

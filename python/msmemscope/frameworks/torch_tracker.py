@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import sys
 import threading
 import weakref
@@ -275,6 +276,34 @@ class _Tracker:
             self._malloc(ref, ptr, size)
 
     # --- access rows ----------------------------------------------------------------------------
+    def oom(self, op_name: str, failure: BaseException, args, kwargs) -> None:
+        """An OOM_TRIGGER row for a failed tensor allocation: the op, the requested size, the
+        allocator's message. The runtime adds the live blocks when `--analysis=oom` is on."""
+        message = (
+            str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        )
+        device = None
+        for a in torch.utils._pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, torch.device):
+                device = a
+            elif isinstance(a, torch.Tensor):
+                device = a.device
+            if device is not None:
+                break
+        dev = "cpu" if device is None or device.type == "cpu" else f"cuda:{device.index or 0}"
+        attrs = {"func": op_name, "req_size": _requested_bytes(str(failure)), "error": message}
+        nat = self.nat
+        nat.emit(
+            nat.EVENT_OOM_DETAIL,
+            nat.TYPE_OOM_TRIGGER,
+            op_name,
+            dev,
+            None,
+            attrs,
+            self.python_stack(),
+            True,
+        )
+
     def access(self, name: str, t, write: bool) -> None:
         if type(t) not in _PLAIN_TENSOR_TYPES:
             return
@@ -317,6 +346,29 @@ class _Tracker:
             for t in _fresh_outputs(info, out):
                 if type(t) in plain:
                     self.new_storage(t)
+
+
+_REQUESTED = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([0-9.]+) ([KMGT]i?B)")
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _is_allocation_failure(exc: BaseException) -> bool:
+    """A tensor allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory")."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _requested_bytes(message: str) -> int:
+    """The requested size named in an allocator's message (0 when it names none)."""
+    m = _REQUESTED.search(message)
+    if not m:
+        return 0
+    if m.group(1):
+        return int(m.group(1))
+    return int(float(m.group(2)) * _UNITS.get(m.group(3), 1))
 
 
 def _fresh_outputs(info: _OpInfo, out):
@@ -376,12 +428,14 @@ class MemscopeDispatchMode(TorchDispatchMode):
             return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)
-        except BaseException:
-            if cfg.launch:
-                try:
+        except BaseException as failure:
+            try:
+                if _is_allocation_failure(failure):
+                    tr.oom(info.name, failure, args, kwargs)
+                if cfg.launch:
                     tr.nat.emit(tr.E[3], tr.T[4], info.name, None, None, None, "", False)
-                except Exception as exc:
-                    tr.report(exc)
+            except Exception as exc:
+                tr.report(exc)
             raise
         try:
             if info.fresh or info.resize_args:
