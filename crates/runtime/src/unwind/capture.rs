@@ -209,7 +209,7 @@ fn unwind(
             Ok(Some(frame)) => {
                 let address = frame.address();
                 last = address;
-                if skipping_own && own.contains(&address) {
+                if skipping_own && (own.contains(&address) || snapshot.is_tool_code(address)) {
                     continue;
                 }
                 if skipping_own && !snapshot.covers(address) {

@@ -37,9 +37,16 @@ pub struct Snapshot {
     /// `dlpi_adds`/`dlpi_subs` when the snapshot was taken: unchanged counters mean unchanged modules.
     adds: u64,
     subs: u64,
+    /// Code of msmemscope's Python extension: like the runtime's own frames, its frames at the
+    /// top of a stack are the tool, not the program.
+    tool_ranges: Vec<Range<u64>>,
 }
 
 impl Snapshot {
+    pub fn is_tool_code(&self, address: u64) -> bool {
+        self.tool_ranges.iter().any(|r| r.contains(&address))
+    }
+
     pub fn covers(&self, address: u64) -> bool {
         let i = self.ranges.partition_point(|r| r.start <= address);
         i > 0 && address < self.ranges[i - 1].end
@@ -83,6 +90,12 @@ pub fn refresh(force: bool) -> bool {
     let scanned = scan();
     let mut unwinder = ProcessUnwinder::new();
     let mut ranges = Vec::with_capacity(scanned.modules.len());
+    let tool_ranges = scanned
+        .modules
+        .iter()
+        .filter(|m| is_python_extension(&m.info.path))
+        .map(|m| m.info.start..m.info.end)
+        .collect();
     if let Ok(mut seen) = SEEN.lock() {
         for m in &scanned.modules {
             if !seen.iter().any(|s| s == &m.info) {
@@ -106,6 +119,7 @@ pub fn refresh(force: bool) -> bool {
         ranges,
         adds: scanned.adds,
         subs: scanned.subs,
+        tool_ranges,
     });
     CURRENT.store(Box::into_raw(snapshot), Ordering::Release);
     true
@@ -242,6 +256,16 @@ unsafe extern "C" fn visit(
         sections,
     });
     0
+}
+
+/// `.../msmemscope/_native*.so`: the package's extension module.
+fn is_python_extension(path: &std::path::Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str());
+    name.starts_with("_native") && name.ends_with(".so") && parent == Some("msmemscope")
 }
 
 fn module_path(info: &libc::dl_phdr_info) -> PathBuf {
