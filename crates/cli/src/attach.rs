@@ -296,74 +296,7 @@ fn send(target: &Target, words: &str) -> Result<Reply, String> {
     }
 }
 
-/// The client's side of the frame format (the server's is crates/runtime/src/control/frame.rs:
-/// a 12-byte little-endian header `version u8 | type u8 | flags u16 | seq u16 | reserved u16 |
-/// payload_len u32`, then at most 64 KiB of UTF-8 JSON).
-pub mod frame {
-    use std::io::Read;
-
-    pub const VERSION: u8 = 1;
-    pub const HEADER_LEN: usize = 12;
-    pub const MAX_PAYLOAD: u32 = 64 * 1024;
-    pub const TYPE_REQUEST: u8 = 1;
-    pub const TYPE_RESPONSE: u8 = 2;
-    pub const TYPE_ERROR: u8 = 3;
-    pub const FLAG_MORE: u16 = 1;
-
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct Header {
-        pub version: u8,
-        pub kind: u8,
-        pub flags: u16,
-        pub seq: u16,
-        pub payload_len: u32,
-    }
-
-    pub fn encode(kind: u8, flags: u16, seq: u16, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-        out.push(VERSION);
-        out.push(kind);
-        out.extend_from_slice(&flags.to_le_bytes());
-        out.extend_from_slice(&seq.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(payload);
-        out
-    }
-
-    pub fn parse_header(b: &[u8; HEADER_LEN]) -> Header {
-        Header {
-            version: b[0],
-            kind: b[1],
-            flags: u16::from_le_bytes([b[2], b[3]]),
-            seq: u16::from_le_bytes([b[4], b[5]]),
-            payload_len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-        }
-    }
-
-    /// Reads one frame, refusing a bad version or a payload over the limit before reading it.
-    pub fn read(stream: &mut impl Read) -> Result<(Header, Vec<u8>), String> {
-        let mut header = [0u8; HEADER_LEN];
-        stream
-            .read_exact(&mut header)
-            .map_err(|e| format!("no reply from the process: {e}"))?;
-        let h = parse_header(&header);
-        if h.version != VERSION {
-            return Err(format!("reply frame of unsupported version {}", h.version));
-        }
-        if h.payload_len > MAX_PAYLOAD {
-            return Err(format!(
-                "reply frame of {} bytes exceeds the limit",
-                h.payload_len
-            ));
-        }
-        let mut payload = vec![0u8; h.payload_len as usize];
-        stream
-            .read_exact(&mut payload)
-            .map_err(|e| format!("truncated reply from the process: {e}"))?;
-        Ok((h, payload))
-    }
-}
+use msmemscope_core::control_frame as frame;
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,7 @@
 
 pub mod analysis;
 pub mod config;
+pub mod control_frame;
 pub mod events;
 pub mod host_leak;
 pub mod launch_env;

@@ -15,7 +15,7 @@
 //! Forked children have no listener (threads do not survive a fork) and never remove the
 //! parent's socket.
 
-pub mod frame;
+pub use msmemscope_core::control_frame as frame;
 pub mod socket;
 
 use std::io::Read;

@@ -7,8 +7,8 @@
 //!
 //! Types: 1 request `{"command": "…"}`, 2 response `{"status": 0|1, "output": "…"}`, 3 error
 //! `{"error": "…"}`. A response longer than one frame is split: every frame but the last has
-//! [`FLAG_MORE`] set, and the client joins the outputs. The CLI (crates/cli/src/attach.rs) holds
-//! the client side of the same format.
+//! [`FLAG_MORE`] set, and the client joins the outputs. Both sides use this module: the runtime's
+//! listener (crates/runtime/src/control) and the CLI's attach client.
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 12;
@@ -90,6 +90,30 @@ pub fn response_frames(seq: u16, status: i32, output: &str) -> Vec<Vec<u8>> {
             encode(TYPE_RESPONSE, flags, seq, payload.as_bytes())
         })
         .collect()
+}
+
+/// Reads one frame, refusing a bad version or a payload over the limit before reading (or
+/// allocating for) the payload.
+pub fn read(stream: &mut impl std::io::Read) -> Result<(Header, Vec<u8>), String> {
+    let mut header = [0u8; HEADER_LEN];
+    stream
+        .read_exact(&mut header)
+        .map_err(|e| format!("no reply from the process: {e}"))?;
+    let h = Header::parse(&header);
+    if h.version != VERSION {
+        return Err(format!("reply frame of unsupported version {}", h.version));
+    }
+    if h.payload_len > MAX_PAYLOAD {
+        return Err(format!(
+            "reply frame of {} bytes exceeds the limit",
+            h.payload_len
+        ));
+    }
+    let mut payload = vec![0u8; h.payload_len as usize];
+    stream
+        .read_exact(&mut payload)
+        .map_err(|e| format!("truncated reply from the process: {e}"))?;
+    Ok((h, payload))
 }
 
 /// What a request header says about the frame, before its payload is read.
