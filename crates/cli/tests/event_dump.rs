@@ -4,74 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+mod common;
+use common::{Scratch, BIN};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn release_dir() -> PathBuf {
-    Path::new(BIN).parent().unwrap().to_path_buf()
-}
-
-/// Builds the producer once, linked against the runtime library next to the CLI.
-fn producer() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let lib = release_dir().join("libmsmemscope_runtime.so");
-        assert!(
-            lib.is_file(),
-            "{} is missing: run `cargo build --release` first",
-            lib.display()
-        );
-        let dir = std::env::temp_dir().join(format!("msmemscope-emit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prog = dir.join("emit_events");
-        let out = Command::new("gcc")
-            .arg("-O2")
-            .arg("-I")
-            .arg(repo().join("crates/runtime/include"))
-            .arg(repo().join("tests/fixtures/emit_events.c"))
-            .arg("-o")
-            .arg(&prog)
-            .arg(format!("-L{}", release_dir().display()))
-            .arg("-lmsmemscope_runtime")
-            .arg(format!("-Wl,-rpath,{}", release_dir().display()))
-            .output()
-            .expect("gcc runs");
-        assert!(
-            out.status.success(),
-            "gcc: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        prog
-    })
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("msmemscope-dump-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn producer() -> std::path::PathBuf {
+    common::producer("emit_events")
 }
 
 fn run(scratch: &Scratch, options: &[&str], mode: &[&str]) -> Output {

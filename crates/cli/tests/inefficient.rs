@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use msmemscope_core::analysis::inefficient::{
     check_inefficient, InefficientBlock, InefficientType, Options, BLOCKS_FILE, BLOCKS_HEADER,
@@ -14,17 +13,11 @@ use msmemscope_core::events::DeviceId;
 
 use InefficientType::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+mod common;
+use common::{dump_fixture, Scratch, BIN};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    repo().join("tests/fixtures/dumps").join(name)
+fn producer() -> std::path::PathBuf {
+    common::producer("emit_inefficient")
 }
 
 /// (MALLOC row ID, Ptr, size, kind) of each mark.
@@ -42,7 +35,7 @@ fn marks(path: &Path, options: &Options) -> Vec<(u64, u64, u64, InefficientType)
 #[test]
 fn hand_written_early_allocation() {
     // A (row 3, 4096 B) is allocated in op 1, first written in op 3; B is freed after op 2.
-    let path = fixture("inefficient_early.csv");
+    let path = dump_fixture("inefficient_early.csv");
     assert_eq!(
         marks(&path, &Options::default()),
         vec![(3, 0x1000, 4096, EarlyAllocation)]
@@ -52,7 +45,7 @@ fn hand_written_early_allocation() {
 #[test]
 fn hand_written_late_deallocation() {
     // A (row 3, 2048 B) is last read in op 2 and freed after op 4; B is allocated in op 3.
-    let path = fixture("inefficient_late.csv");
+    let path = dump_fixture("inefficient_late.csv");
     assert_eq!(
         marks(&path, &Options::default()),
         vec![(3, 0x1000, 2048, LateDeallocation)]
@@ -62,7 +55,7 @@ fn hand_written_late_deallocation() {
 #[test]
 fn hand_written_temporary_idleness() {
     // A (row 3) has 3001 ops between its two accesses, B (row 4) 3000.
-    let path = fixture("inefficient_idle.csv");
+    let path = dump_fixture("inefficient_idle.csv");
     assert_eq!(
         marks(&path, &Options::default()),
         vec![(3, 0x1000, 8192, TemporaryIdleness)]
@@ -89,48 +82,6 @@ fn hand_written_temporary_idleness() {
         ..lower
     };
     assert_eq!(marks(&path, &other_kind), vec![]);
-}
-
-/// Builds the producer once, linked against the runtime library next to the CLI.
-fn producer() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let release = Path::new(BIN).parent().unwrap().to_path_buf();
-        assert!(
-            release.join("libmsmemscope_runtime.so").is_file(),
-            "libmsmemscope_runtime.so is missing: run `cargo build --release` first"
-        );
-        let dir =
-            std::env::temp_dir().join(format!("msmemscope-ineff-emit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prog = dir.join("emit_inefficient");
-        let out = Command::new("gcc")
-            .arg("-O2")
-            .arg("-I")
-            .arg(repo().join("crates/runtime/include"))
-            .arg(repo().join("tests/fixtures/emit_inefficient.c"))
-            .arg("-o")
-            .arg(&prog)
-            .arg(format!("-L{}", release.display()))
-            .arg("-lmsmemscope_runtime")
-            .arg(format!("-Wl,-rpath,{}", release.display()))
-            .output()
-            .expect("gcc runs");
-        assert!(
-            out.status.success(),
-            "gcc: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        prog
-    })
-}
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Runs the producer online; returns the scratch dir and the run directory.

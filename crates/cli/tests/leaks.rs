@@ -6,48 +6,17 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use msmemscope_core::analysis::check_leaks::{check_leaks, CheckLeaksError};
 use msmemscope_core::events::reader;
 use msmemscope_core::events::row::format_ptr;
 use msmemscope_core::events::{DeviceId, EventType};
 
-const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+mod common;
+use common::{dump_fixture, repo, Scratch, BIN};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn fixture(name: &str) -> PathBuf {
-    repo().join("tests/fixtures/dumps").join(name)
-}
-
-fn release_dir() -> PathBuf {
-    Path::new(BIN).parent().unwrap().to_path_buf()
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("msmemscope-leaks-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn producer() -> std::path::PathBuf {
+    common::producer("emit_leaks")
 }
 
 /// The report of `check_leaks(check_leaks.csv, "test", 0)` (see tests/fixtures/dumps/README.md).
@@ -116,7 +85,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000005000 on device cpu (row 11).
 
 #[test]
 fn check_leaks_on_a_hand_written_csv_dump() {
-    check_abc(&fixture("check_leaks.csv"));
+    check_abc(&dump_fixture("check_leaks.csv"));
 }
 
 /// Copies a dump's rows into a SQLite dump with the sinks' schema.
@@ -160,13 +129,13 @@ fn to_db(csv: &Path, db: &Path) {
 fn check_leaks_on_the_same_rows_as_sqlite() {
     let scratch = Scratch::new("db");
     let db = scratch.0.join("memscope_dump_1.db");
-    to_db(&fixture("check_leaks.csv"), &db);
+    to_db(&dump_fixture("check_leaks.csv"), &db);
     check_abc(&db);
 }
 
 #[test]
 fn check_leaks_errors() {
-    let bad = fixture("check_leaks_malformed.csv");
+    let bad = dump_fixture("check_leaks_malformed.csv");
     assert_eq!(
         check_leaks(&bad, "test", 0).unwrap_err().to_string(),
         format!(
@@ -180,46 +149,11 @@ fn check_leaks_errors() {
             .to_string(),
         "input_path must be an absolute path: tests/fixtures/dumps/check_leaks.csv"
     );
-    let missing = fixture("no_such_dump.csv");
+    let missing = dump_fixture("no_such_dump.csv");
     assert_eq!(
         check_leaks(&missing, "test", 0).unwrap_err().to_string(),
         format!("{}: no such file", missing.display())
     );
-}
-
-/// Builds the producer once, linked against the runtime library next to the CLI.
-fn producer() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let lib = release_dir().join("libmsmemscope_runtime.so");
-        assert!(
-            lib.is_file(),
-            "{} is missing: run `cargo build --release` first",
-            lib.display()
-        );
-        let dir =
-            std::env::temp_dir().join(format!("msmemscope-emit-leaks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let prog = dir.join("emit_leaks");
-        let out = Command::new("gcc")
-            .arg("-O2")
-            .arg("-I")
-            .arg(repo().join("crates/runtime/include"))
-            .arg(repo().join("tests/fixtures/emit_leaks.c"))
-            .arg("-o")
-            .arg(&prog)
-            .arg(format!("-L{}", release_dir().display()))
-            .arg("-lmsmemscope_runtime")
-            .arg(format!("-Wl,-rpath,{}", release_dir().display()))
-            .output()
-            .expect("gcc runs");
-        assert!(
-            out.status.success(),
-            "gcc: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        prog
-    })
 }
 
 fn run_cli(scratch: &Scratch, options: &[&str], program: &[&std::ffi::OsStr]) -> Output {
