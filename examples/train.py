@@ -1,10 +1,13 @@
 """The quick-start demo's PyTorch part: a small CPU training loop with a classic leak.
 
 It keeps every step's logits (for "later inspection") in a history list, so one 64x10 float
-tensor per step (2560 bytes) stays alive from step to step. Run unedited under `msmemscope`: the
+tensor per step (2560 bytes) stays alive from step to step. Run it under `msmemscope`: the
 PyTorch tracker turns on by itself when torch is imported and the dump records every tensor
-storage; the leaks analysis names the kept blocks from step 2 on.
+storage; each iteration calls `msmemscope.step()` when msmemscope is loaded, so the leaks
+analysis names the kept logits from step 2 on.
 """
+
+import sys
 
 import torch
 
@@ -13,7 +16,11 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 history = []
 
-for step in range(5):
+step = getattr(sys.modules.get("msmemscope"), "step", None)  # set when run under msmemscope
+
+for _ in range(5):
+    if step:
+        step()  # each iteration is one step for the leaks analysis
     x = torch.randn(64, 256)
     y = torch.randint(0, 10, (64,))
     logits = model(x)
@@ -22,8 +29,5 @@ for step in range(5):
     loss.backward()
     optimizer.step()
     history.append(logits)  # the leak: each step's logits stay alive
-    msmemscope_step = getattr(__import__("sys").modules.get("msmemscope"), "step", None)
-    if msmemscope_step:
-        msmemscope_step()  # step boundaries for the leaks analysis, when msmemscope is loaded
 
 print(f"trained 5 steps, last loss {loss.item():.4f}")

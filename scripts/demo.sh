@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Builds everything, then runs the two bundled examples under msmemscope:
 #  1. the leaky C program under host-leak detection: its leak report is printed at the end;
-#  2. a small PyTorch training loop, unedited: the event dump of every tensor allocation, free
-#     and operator is written (the PyTorch tracker starts by itself when torch is imported).
+#  2. a small PyTorch training loop: the event dump of every tensor allocation, free and
+#     operator is written (the PyTorch tracker starts by itself when torch is imported), and the
+#     leaks analysis names the tensors it keeps from step 2 on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 mkdir -p target/demo
 gcc -O2 -g -fomit-frame-pointer -pthread -o target/demo/leaky examples/leaky.c
 
-echo "== PyTorch training loop (event dump) =="
-bin/msmemscope --analysis=none --output-path=target/demo/results .venv/bin/python examples/train.py
+echo "== PyTorch training loop (event dump and the default leaks analysis) =="
+bin/msmemscope --output-path=target/demo/results .venv/bin/python examples/train.py
 
 echo
 echo "== Leaky C program (host heap leaks) =="
