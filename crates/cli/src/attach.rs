@@ -219,26 +219,11 @@ fn connect(target: &Target) -> Result<UnixStream, String> {
 
 /// The socket must be served by the target itself (same pid), not by whoever bound the path.
 fn check_server(stream: &UnixStream, target: &Target) -> Result<(), String> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes a ucred into the buffer of `len` bytes we pass.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc != 0 || cred.pid != target.pid {
+    let pid = frame::peer_credentials(stream.as_raw_fd()).map_or(0, |(pid, _)| pid);
+    if pid != target.pid {
         return Err(format!(
-            "the control socket of process {} is served by another process (pid {})",
-            target.pid, cred.pid
+            "the control socket of process {} is served by another process (pid {pid})",
+            target.pid
         ));
     }
     Ok(())

@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use msmemscope_core::events::reader;
-use msmemscope_core::events::row::format_ptr;
+mod common;
+use common::to_db;
 
 const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
 
@@ -93,43 +93,6 @@ fn compare(scratch: &Scratch, base: &Path, other: &Path, extra: &[&str]) -> (Pat
 fn body(text: &str) -> &str {
     text.strip_prefix(HEADER)
         .unwrap_or_else(|| panic!("header lines differ: {text}"))
-}
-
-/// Writes `csv`'s rows into a SQLite dump as the runtime's DB sink does.
-fn to_db(csv: &Path, db: &Path) {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.execute_batch(
-        "CREATE TABLE memscope_dump (\"ID\" INTEGER PRIMARY KEY, \"Event\" TEXT, \
-         \"Event Type\" TEXT, \"Name\" TEXT, \"Timestamp(ns)\" INTEGER, \"Process Id\" INTEGER, \
-         \"Thread Id\" INTEGER, \"Device Id\" TEXT, \"Ptr\" TEXT, \"Attr\" TEXT, \
-         \"Call Stack(Python)\" TEXT, \"Call Stack(C)\" TEXT)",
-    )
-    .unwrap();
-    for row in reader::open(csv).unwrap() {
-        let row = row.unwrap();
-        conn.execute(
-            "INSERT INTO memscope_dump VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            rusqlite::params![
-                row.id as i64,
-                row.event.as_str(),
-                row.event_type.as_str(),
-                if row.name.is_empty() {
-                    "N/A"
-                } else {
-                    &row.name
-                },
-                row.ts_ns as i64,
-                row.pid,
-                row.tid as i64,
-                row.device.to_string(),
-                row.ptr.map(format_ptr).unwrap_or_else(|| "N/A".into()),
-                row.attrs_text(),
-                row.python_stack,
-                row.c_stack,
-            ],
-        )
-        .unwrap();
-    }
 }
 
 const OP_EXPECTED: &str = "\

@@ -9,10 +9,10 @@ use std::process::{Command, Output};
 
 use msmemscope_core::analysis::check_leaks::{check_leaks, CheckLeaksError};
 use msmemscope_core::events::reader;
-use msmemscope_core::events::row::format_ptr;
 use msmemscope_core::events::{DeviceId, EventType};
 
 mod common;
+use common::to_db;
 use common::{dump_fixture, repo, Scratch, BIN};
 
 fn producer() -> std::path::PathBuf {
@@ -86,43 +86,6 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000005000 on device cpu (row 11).
 #[test]
 fn check_leaks_on_a_hand_written_csv_dump() {
     check_abc(&dump_fixture("check_leaks.csv"));
-}
-
-/// Copies a dump's rows into a SQLite dump with the sinks' schema.
-fn to_db(csv: &Path, db: &Path) {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.execute_batch(
-        "CREATE TABLE memscope_dump (\"ID\" INTEGER PRIMARY KEY, \"Event\" TEXT, \
-         \"Event Type\" TEXT, \"Name\" TEXT, \"Timestamp(ns)\" INTEGER, \"Process Id\" INTEGER, \
-         \"Thread Id\" INTEGER, \"Device Id\" TEXT, \"Ptr\" TEXT, \"Attr\" TEXT, \
-         \"Call Stack(Python)\" TEXT, \"Call Stack(C)\" TEXT)",
-    )
-    .unwrap();
-    for row in reader::open(csv).unwrap() {
-        let row = row.unwrap();
-        conn.execute(
-            "INSERT INTO memscope_dump VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-            rusqlite::params![
-                row.id as i64,
-                row.event.as_str(),
-                row.event_type.as_str(),
-                if row.name.is_empty() {
-                    "N/A"
-                } else {
-                    &row.name
-                },
-                row.ts_ns as i64,
-                row.pid as i64,
-                row.tid as i64,
-                row.device.to_string(),
-                row.ptr.map_or_else(|| "N/A".to_string(), format_ptr),
-                row.attrs_text(),
-                row.python_stack,
-                row.c_stack,
-            ],
-        )
-        .unwrap();
-    }
 }
 
 #[test]

@@ -162,6 +162,31 @@ pub fn parse_request(payload: &[u8]) -> Result<String, String> {
     Ok(command.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
+/// The pid and uid of the process at the other end of a connected Unix socket (SO_PEERCRED):
+/// the listener checks who attaches, the client checks who serves.
+pub fn peer_credentials(fd: std::os::fd::RawFd) -> std::io::Result<(i32, u32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a ucred into the buffer of `len` bytes we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((cred.pid, cred.uid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

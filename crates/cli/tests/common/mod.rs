@@ -91,3 +91,13 @@ pub fn producer(name: &str) -> PathBuf {
     built.insert(name.to_string(), prog.clone());
     prog
 }
+
+/// Copies a CSV dump's rows into a new SQLite dump, as `--format db` writes them.
+pub fn to_db(csv: &Path, db: &Path) {
+    use msmemscope_core::events::{db as dump_db, reader};
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch(dump_db::CREATE_TABLE).unwrap();
+    for row in reader::open(csv).unwrap() {
+        dump_db::insert(&conn, &row.unwrap()).unwrap();
+    }
+}

@@ -4,6 +4,7 @@
 
 pub mod abi;
 pub mod csv;
+pub mod db;
 pub mod reader;
 pub mod row;
 

@@ -199,33 +199,16 @@ fn serve(listener: UnixListener) {
 
 /// `Err(reason)` unless the peer is the same user or root.
 fn check_peer(stream: &UnixStream) -> Result<(), String> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes a ucred into the buffer of `len` bytes we pass.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc != 0 {
+    let Ok((_, uid)) = frame::peer_credentials(stream.as_raw_fd()) else {
         return Err("permission denied: cannot read the peer's credentials".to_string());
-    }
+    };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    if cred.uid == me || cred.uid == 0 {
+    if uid == me || uid == 0 {
         Ok(())
     } else {
         Err(format!(
-            "permission denied: uid {} may not attach to a process of uid {me}",
-            cred.uid
+            "permission denied: uid {uid} may not attach to a process of uid {me}"
         ))
     }
 }

@@ -10,7 +10,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use msmemscope_core::config::DataFormat;
-use msmemscope_core::events::{csv, DeviceId, EventRow};
+use msmemscope_core::events::{csv, db, DeviceId, EventRow};
 use msmemscope_core::run_dir::ensure_dir;
 
 trait Sink: Send {
@@ -44,13 +44,6 @@ struct DbSink {
     pending: bool,
 }
 
-const CREATE_TABLE: &str = "CREATE TABLE memscope_dump (\
-    \"ID\" INTEGER PRIMARY KEY, \"Event\" TEXT, \"Event Type\" TEXT, \"Name\" TEXT, \
-    \"Timestamp(ns)\" INTEGER, \"Process Id\" INTEGER, \"Thread Id\" INTEGER, \"Device Id\" TEXT, \
-    \"Ptr\" TEXT, \"Attr\" TEXT, \"Call Stack(Python)\" TEXT, \"Call Stack(C)\" TEXT)";
-const INSERT: &str =
-    "INSERT INTO memscope_dump VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
-
 impl Sink for DbSink {
     fn write(&mut self, row: &EventRow) -> Result<(), String> {
         if !self.pending {
@@ -59,37 +52,7 @@ impl Sink for DbSink {
                 .map_err(|e| e.to_string())?;
             self.pending = true;
         }
-        let mut insert = self
-            .conn
-            .prepare_cached(INSERT)
-            .map_err(|e| e.to_string())?;
-        {
-            let ptr = row
-                .ptr
-                .map(msmemscope_core::events::row::format_ptr)
-                .unwrap_or_else(|| "N/A".into());
-            let name = if row.name.is_empty() {
-                "N/A"
-            } else {
-                row.name.as_str()
-            };
-            insert
-                .execute(rusqlite::params![
-                    row.id as i64,
-                    row.event.as_str(),
-                    row.event_type.as_str(),
-                    name,
-                    row.ts_ns as i64,
-                    row.pid as i64,
-                    row.tid as i64,
-                    row.device.to_string(),
-                    ptr,
-                    row.attrs_text(),
-                    row.python_stack,
-                    row.c_stack,
-                ])
-                .map_err(|e| e.to_string())?;
-        }
+        db::insert(&self.conn, row).map_err(|e| e.to_string())?;
         Ok(())
     }
 
@@ -152,7 +115,7 @@ impl Sinks {
                     let (path, file) = create_unique(&dir, &self.stamp, "db")?;
                     drop(file);
                     let conn = rusqlite::Connection::open(&path).map_err(|e| e.to_string())?;
-                    conn.execute_batch(CREATE_TABLE)
+                    conn.execute_batch(db::CREATE_TABLE)
                         .map_err(|e| e.to_string())?;
                     (
                         Box::new(DbSink {
