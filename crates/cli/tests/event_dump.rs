@@ -424,3 +424,34 @@ fn oom_analysis_dumps_recent_and_largest_blocks() {
         oom[5]
     );
 }
+
+#[test]
+fn call_stack_c_depth_is_honoured_beyond_the_stack_key() {
+    let c_stack_lines = |options: &[&str]| {
+        let scratch = Scratch::new("deep");
+        run(&scratch, options, &["deep"]);
+        let records = csv_rows(&dump_files(&scratch, "device_cpu")[0]);
+        let malloc = records
+            .iter()
+            .find(|r| r[1] == "MALLOC")
+            .expect("a MALLOC row")
+            .clone();
+        malloc[11].lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let shallow = c_stack_lines(&["--analysis=none", "--call-stack=c:5"]);
+    assert_eq!(shallow.len(), 5, "{shallow:?}");
+    assert!(
+        shallow.iter().all(|f| f.starts_with("nested ")),
+        "{shallow:?}"
+    );
+    let deep = c_stack_lines(&["--analysis=none", "--call-stack=c:60"]);
+    // 41 frames of `nested`, then main and the C start-up: more than a stack key's 20.
+    assert_eq!(
+        deep.iter().filter(|f| f.starts_with("nested ")).count(),
+        41,
+        "{deep:?}"
+    );
+    assert!(deep.iter().any(|f| f.starts_with("main ")), "{deep:?}");
+    let off = c_stack_lines(&["--analysis=none"]);
+    assert!(off.is_empty(), "no C stack without --call-stack c: {off:?}");
+}

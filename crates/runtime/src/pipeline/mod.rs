@@ -233,9 +233,14 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     row.tid = thread_id();
     let mut frames = Vec::new();
     if let (true, Some(depth)) = (want_c_stack, depth) {
-        crate::unwind::with_stack(|stack, _| {
-            frames.extend(stack.as_slice().iter().take(depth as usize));
-        });
+        if depth as usize <= crate::unwind::MAX_FRAMES {
+            // Memoized: allocation-heavy producers ask for stacks at every row.
+            crate::unwind::with_stack(|stack, _| {
+                frames.extend(stack.as_slice().iter().take(depth as usize));
+            });
+        } else {
+            frames = crate::unwind::capture_deep(depth as usize);
+        }
     }
     // The writer (and the dump file) start with the first real event: a process that only
     // starts and stops tracing, or execs another program first (a shell script, a version

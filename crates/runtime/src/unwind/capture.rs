@@ -175,6 +175,7 @@ fn walk(
             Err(())
         }
     };
+    out.len = 0;
     unwind(
         snapshot,
         rules,
@@ -182,11 +183,86 @@ fn walk(
         start.sp,
         start.bp,
         &mut read_stack,
-        out,
+        |address| {
+            out.frames[out.len] = address;
+            out.len += 1;
+            out.len < MAX_FRAMES
+        },
     )
 }
 
-/// The full walk with framehop. Returns whether it met an address outside every module.
+/// Takes up to `max` frames of the current thread's stack (deeper than a stack key can hold),
+/// for event rows with `--call-stack c:N`. Not memoized: events are far rarer than
+/// allocations. Must be called with the reentrancy guard held.
+#[inline(never)]
+pub fn capture_deep(max: usize) -> Vec<u64> {
+    let (pc, sp, bp): (u64, u64, u64);
+    // SAFETY: reads rip, rsp and rbp into registers; touches no memory and no flags.
+    unsafe {
+        std::arch::asm!(
+            "lea {pc}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    let mut frames = Vec::with_capacity(max.min(1024));
+    let _ = THREAD.try_with(|cell| {
+        let Some(snapshot) = modules::current() else {
+            return;
+        };
+        // SAFETY: as in `with_stack`: this thread's cell, never re-entered.
+        let slot = unsafe { &mut *cell.get() };
+        let thread = slot.get_or_insert_with(|| {
+            Box::new(ThreadUnwinder {
+                rules: RuleCache::new_in(),
+                memo: Memo::new(),
+                bounds: (0, 0),
+            })
+        });
+        let Some(range) = thread.stack_range(sp) else {
+            return;
+        };
+        let mut read_stack = |addr: u64| {
+            if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
+                // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
+                Ok(unsafe { *(addr as *const u64) })
+            } else {
+                Err(())
+            }
+        };
+        let mut snapshot = snapshot;
+        for _attempt in 0..2 {
+            frames.clear();
+            let met_unknown = unwind(
+                snapshot,
+                &mut thread.rules,
+                pc,
+                sp,
+                bp,
+                &mut read_stack,
+                |a| {
+                    frames.push(a);
+                    frames.len() < max
+                },
+            );
+            if !met_unknown || !modules::refresh_for_unknown_address() {
+                break;
+            }
+            match modules::current() {
+                Some(fresh) => snapshot = fresh,
+                None => break,
+            }
+        }
+    });
+    frames
+}
+
+/// The full walk with framehop, handing each frame below the tool's own to `push`, which says
+/// whether to go on. Returns whether it met an address outside every module.
 fn unwind(
     snapshot: &modules::Snapshot,
     rules: &mut RuleCache,
@@ -194,7 +270,7 @@ fn unwind(
     sp: u64,
     bp: u64,
     read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
-    out: &mut CapturedStack,
+    mut push: impl FnMut(u64) -> bool,
 ) -> bool {
     let own = OWN_CODE.get().cloned().unwrap_or(0..0);
     let mut frames =
@@ -217,9 +293,7 @@ fn unwind(
                     met_unknown = true;
                 }
                 skipping_own = false;
-                out.frames[out.len] = address;
-                out.len += 1;
-                if out.len == MAX_FRAMES {
+                if !push(address) {
                     return met_unknown;
                 }
             }

@@ -5,4 +5,4 @@ pub mod capture;
 mod memo;
 pub mod modules;
 
-pub use capture::{with_stack, CapturedStack, MAX_FRAMES};
+pub use capture::{capture_deep, with_stack, CapturedStack, MAX_FRAMES};
