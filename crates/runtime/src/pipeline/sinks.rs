@@ -126,16 +126,38 @@ impl Sinks {
                     )
                 }
             };
-            self.paths.push(path);
             let mut sink = sink;
             if self.open.is_empty() {
                 for waiting in self.unrouted.drain(..) {
                     sink.write(&waiting)?;
                 }
+            } else {
+                self.replay_deviceless(sink.as_mut())?;
             }
+            self.paths.push(path);
             self.open.insert(device, sink);
         }
         Ok(self.open.get_mut(&device).expect("just inserted"))
+    }
+
+    /// A device file that opens after another starts with the rows without a device written so
+    /// far (marks, steps, op launches), read back from the first file: every device's dump then
+    /// holds the whole step and mark structure, as offline analyses of one file need.
+    fn replay_deviceless(&mut self, sink: &mut dyn Sink) -> Result<(), String> {
+        for open in self.open.values_mut() {
+            open.flush()?;
+        }
+        let Some(first) = self.paths.first() else {
+            return Ok(());
+        };
+        let rows = msmemscope_core::events::reader::open(first).map_err(|e| e.to_string())?;
+        for row in rows {
+            let row = row.map_err(|e| e.to_string())?;
+            if row.device == DeviceId::None {
+                sink.write(&row)?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes one row (rows arrive in time order).
