@@ -42,6 +42,14 @@ struct ThreadUnwinder {
 }
 
 impl ThreadUnwinder {
+    fn new() -> Box<ThreadUnwinder> {
+        Box::new(ThreadUnwinder {
+            rules: RuleCache::new_in(),
+            memo: Memo::new(),
+            bounds: (0, 0),
+        })
+    }
+
     /// The part of this thread's stack a walk from `sp` may read, or `None` when `sp` lies
     /// outside the stack (an alternate signal stack or a user-level stack switch): then no
     /// stack is taken rather than reading unknown memory.
@@ -53,6 +61,27 @@ impl ThreadUnwinder {
         let (low, high) = self.bounds;
         (low <= sp && sp < high).then_some(StackRange { low: sp, high })
     }
+}
+
+/// `(pc, sp, bp)` at the point of use. A macro, not a function: the registers must belong to the
+/// frame that walks, which a call (inlined or not) does not guarantee.
+macro_rules! registers {
+    () => {{
+        let (pc, sp, bp): (u64, u64, u64);
+        // SAFETY: reads rip, rsp and rbp into registers; touches no memory and no flags.
+        unsafe {
+            std::arch::asm!(
+                "lea {pc}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                pc = out(reg) pc,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+        (pc, sp, bp)
+    }};
 }
 
 thread_local! {
@@ -76,31 +105,13 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
     let mut f = Some(f);
     let mut call =
         |stack: &CapturedStack, tag: &mut u64| (f.take().expect("called once"))(stack, tag);
-    let (pc, sp, bp): (u64, u64, u64);
-    // SAFETY: reads rip, rsp and rbp into registers; touches no memory and no flags.
-    unsafe {
-        std::arch::asm!(
-            "lea {pc}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            pc = out(reg) pc,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
+    let (pc, sp, bp) = registers!();
     let walked = THREAD.try_with(|cell| {
         let snapshot = modules::current()?;
         // SAFETY: the cell is only touched by this thread, and never re-entered (the guard
         // keeps hooks from running inside this function).
         let slot = unsafe { &mut *cell.get() };
-        let thread = slot.get_or_insert_with(|| {
-            Box::new(ThreadUnwinder {
-                rules: RuleCache::new_in(),
-                memo: Memo::new(),
-                bounds: (0, 0),
-            })
-        });
+        let thread = slot.get_or_insert_with(ThreadUnwinder::new);
         let range = thread.stack_range(sp)?;
         let key = MemoKey {
             snapshot: snapshot as *const _ as usize,
@@ -147,6 +158,17 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
     }
 }
 
+/// The stack word at `addr`, if it lies inside `range` (what the unwinder may read).
+#[inline]
+fn read_word(range: StackRange, addr: u64) -> Result<u64, ()> {
+    if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
+        // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
+        Ok(unsafe { *(addr as *const u64) })
+    } else {
+        Err(())
+    }
+}
+
 /// Where a walk starts: the hook's registers and the stack it may read.
 struct WalkStart {
     pc: u64,
@@ -166,14 +188,9 @@ fn walk(
 ) -> bool {
     let range = start.range;
     let mut read_stack = |addr: u64| {
-        if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
-            // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
-            let value = unsafe { *(addr as *const u64) };
-            log.push(addr, value);
-            Ok(value)
-        } else {
-            Err(())
-        }
+        let value = read_word(range, addr)?;
+        log.push(addr, value);
+        Ok(value)
     };
     out.len = 0;
     unwind(
@@ -196,19 +213,7 @@ fn walk(
 /// allocations. Must be called with the reentrancy guard held.
 #[inline(never)]
 pub fn capture_deep(max: usize) -> Vec<u64> {
-    let (pc, sp, bp): (u64, u64, u64);
-    // SAFETY: reads rip, rsp and rbp into registers; touches no memory and no flags.
-    unsafe {
-        std::arch::asm!(
-            "lea {pc}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            pc = out(reg) pc,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
+    let (pc, sp, bp) = registers!();
     let mut frames = Vec::with_capacity(max.min(1024));
     let _ = THREAD.try_with(|cell| {
         let Some(snapshot) = modules::current() else {
@@ -216,24 +221,11 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
         };
         // SAFETY: as in `with_stack`: this thread's cell, never re-entered.
         let slot = unsafe { &mut *cell.get() };
-        let thread = slot.get_or_insert_with(|| {
-            Box::new(ThreadUnwinder {
-                rules: RuleCache::new_in(),
-                memo: Memo::new(),
-                bounds: (0, 0),
-            })
-        });
+        let thread = slot.get_or_insert_with(ThreadUnwinder::new);
         let Some(range) = thread.stack_range(sp) else {
             return;
         };
-        let mut read_stack = |addr: u64| {
-            if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
-                // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
-                Ok(unsafe { *(addr as *const u64) })
-            } else {
-                Err(())
-            }
-        };
+        let mut read_stack = |addr: u64| read_word(range, addr);
         let mut snapshot = snapshot;
         for _attempt in 0..2 {
             frames.clear();
