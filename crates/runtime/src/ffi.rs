@@ -135,7 +135,6 @@ pub extern "C" fn msmemscope_start() -> i32 {
                 return FAILED;
             }
             crate::lifecycle::mark_own_code();
-            crate::unwind::modules::refresh(false);
             let settings = WindowSettings::new(&config, &CapOverrides::from_env());
             return match window::open(settings) {
                 Some(_) => OK,

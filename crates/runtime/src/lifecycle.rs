@@ -40,7 +40,6 @@ extern "C" fn on_load() {
     };
     log::init(&run.dir, run.config.log_level);
     mark_own_code();
-    modules::refresh(true);
     register_exit_handler();
     let run = RUN.get_or_init(|| run);
     if run.config.host_leaks() {
@@ -116,21 +115,15 @@ fn take_launch_environment() -> Option<Run> {
 
 /// Records this library's code range, so stack capture can skip the hook's own frames.
 pub fn mark_own_code() {
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let here = on_load as *const libc::c_void;
-    // SAFETY: dladdr reads loader tables; `info` is a valid out-pointer.
-    if unsafe { libc::dladdr(here, &mut info) } == 0 {
-        return;
+    // Scans the loaded modules if that was not done yet: the unwinder needs them anyway.
+    modules::refresh(false);
+    let here = on_load as *const () as u64;
+    if let Some(m) = modules::seen_modules()
+        .into_iter()
+        .find(|m| m.start <= here && here < m.end)
+    {
+        capture::set_own_code_range(m.start..m.end);
     }
-    let base = info.dli_fbase as u64;
-    modules::refresh(true);
-    for m in modules::seen_modules() {
-        if m.start <= here as u64 && (here as u64) < m.end {
-            capture::set_own_code_range(m.start..m.end);
-            return;
-        }
-    }
-    let _ = base;
 }
 
 extern "C" fn at_exit() {
