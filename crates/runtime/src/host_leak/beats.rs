@@ -2,9 +2,10 @@
 //! stacks are appended to a per-stack series, the input of the Leak Suspicion Index.
 //!
 //! Beats are driven by the program's own allocations: the first allocation after a beat falls
-//! due takes it, on its own thread, under the reentrancy guard. No thread of ours runs inside
-//! the program, so its thread count, its signal delivery and its forks stay as they were. A
-//! window whose program stops allocating gets no beats until the closing sample.
+//! due takes it, on its own thread, under the reentrancy guard. Beats add no thread to the
+//! program (the only one msmemscope adds is the attach listener, which
+//! `MSMEMSCOPE_NO_CONTROL=1` turns off). A window whose program stops allocating gets no beats
+//! until the closing sample.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
