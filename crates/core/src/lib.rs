@@ -10,5 +10,7 @@ pub mod events;
 pub mod host_leak;
 pub mod launch_env;
 pub mod run_dir;
+// Stream-race sanitizer: sanitizer-op marks and the vector-clock checker.
+pub mod sanitizer;
 pub mod symbolize;
 pub mod time_fmt;

@@ -20,6 +20,8 @@ pub mod pipeline;
 // `InitializeInjectionNvtx2` (the NVTX injection entry point).
 pub mod marks;
 mod private_alloc;
+// Stream-race sanitizer: sanitizer-op marks and intercepted synchronization calls.
+pub mod sanitizer;
 pub mod unwind;
 
 #[global_allocator]
