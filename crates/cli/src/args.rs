@@ -14,8 +14,8 @@
 //! 5. [`refuse_unavailable`]: what this build cannot run yet.
 
 use msmemscope_core::config::{
-    parse_input_paths, parse_pid, resolve, set_option, Analysis, ConfigError, GivenOptions,
-    LogLevel, OptionName, RunConfig,
+    parse_input_paths, parse_pid, resolve, set_option, ConfigError, GivenOptions, LogLevel,
+    OptionName, RunConfig,
 };
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -666,9 +666,8 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
 const AVAILABILITY: &str = "--analysis=host-leaks, the event dump (--analysis=none) and the \
-leaks, oom and inefficient analyses launch with every dump option; --pid attaches to a running process; \
---compare diffs two dumps; --analysis=decompose and --watch are checked, then refused as \
-not available yet.";
+leaks, decompose, oom and inefficient analyses launch with every dump option; --pid attaches to a \
+running process; --compare diffs two dumps; --watch is checked, then refused as not available yet.";
 
 fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
     Err(UsageError(format!(
@@ -688,12 +687,7 @@ fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
         | Command::Compare { .. } => return Ok(()),
         Command::Launch { config, .. } => config,
     };
-    for analysis in &config.analysis {
-        match analysis {
-            Analysis::HostLeaks | Analysis::Leaks | Analysis::Oom(_) | Analysis::Inefficient => {}
-            other => return not_yet(format_args!("--analysis={other}")),
-        }
-    }
+    // Every analysis runs in this build.
     if config.watch.is_some() {
         return not_yet("--watch");
     }
@@ -703,7 +697,7 @@ fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use msmemscope_core::config::{DataFormat, EventKind, HostLeakMode};
+    use msmemscope_core::config::{Analysis, DataFormat, EventKind, HostLeakMode};
 
     fn parse_strs(args: &[&str]) -> Result<Command, UsageError> {
         parse(args.iter().map(OsString::from).collect())
@@ -987,7 +981,6 @@ mod tests {
     #[test]
     fn capability_gate() {
         let refused = [
-            (&["--analysis=oom:5,decompose", "prog"][..], "--analysis=decompose is not available yet in this build; use --analysis=host-leaks or the event dump"),
             (&["--watch=aten::add,aten::mul", "prog"][..], "--watch is not available yet in this build; use --analysis=host-leaks or the event dump"),
         ];
         for (args, message) in refused {

@@ -215,7 +215,6 @@ fn missing_values_and_missing_program() {
 #[test]
 fn unavailable_modes_are_refused_in_one_line() {
     let cases: &[(&[&str], &str)] = &[
-        (&["--analysis=decompose"], "--analysis=decompose is not available yet"),
         (&["--analysis=leaks", "--watch=aten::add.Tensor:1,aten::mul"], "--watch is not available yet"),
         // Not "not available": host-leaks never takes the dump's options.
         (&["--analysis=host-leaks", "--format=db"], "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --format"),
