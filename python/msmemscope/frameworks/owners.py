@@ -1,0 +1,273 @@
+"""Owners of tracked tensor storages: the ``owner`` attribute of MALLOC rows (SPEC §7, decompose).
+
+An owner is labels joined with ``@``: the pool (``PTA``), then the framework category when the
+decompose analysis is on (``weight``, ``gradient``, ``optimizer_state``, ``activation``,
+``temporary``, ``buffer``, or a framework hook's own such as ``fsdp2@all_gather``), then the user's
+labels from :mod:`msmemscope.describe`, outermost first: ``PTA@activation@encoder@attn``.
+
+A storage's category is first decided when its MALLOC row is written, from where the program is:
+
+- inside a framework hook's :func:`scope` (this thread): that scope's category;
+- inside ``Optimizer.step``: ``optimizer_state``;
+- inside the autograd engine (``torch._C._current_graph_task_id() != -1``): ``temporary``;
+- otherwise: ``activation``.
+
+Some owners are only known later — a tensor becomes a module's parameter or buffer, an autograd
+result becomes a parameter's ``.grad``, a tensor made in ``step()`` is kept in the optimizer's
+state — and rows are written in time order, so the tracker then writes a ``SYSTEM``/``OWNER`` row
+(Ptr = the block, Attr ``allocation_id, addr, size, owner``) that moves the block to its new
+owner. The points where that happens mirror PyTorch's ``MemTracker``, so that both tools agree on
+what each byte is: a module's parameters, their gradients and its buffers are labelled when the
+module first runs forward; gradients again when autograd produces or accumulates them (tensor
+hooks on each parameter); optimizer states after each ``Optimizer.step``.
+
+These hooks exist only while the decompose analysis is configured: a run without it pays one
+attribute check per allocation.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["decompose_enabled", "relabel", "scope"]
+
+# --- framework categories ---------------------------------------------------------------------
+WEIGHT = "weight"
+BUFFER = "buffer"
+GRADIENT = "gradient"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATION = "activation"
+TEMPORARY = "temporary"
+
+MAX_USER_LABELS = 3
+MAX_LABEL_CHARS = 128
+
+_graph_task_id = torch._C._current_graph_task_id
+
+
+class _State:
+    """Process-wide owner state (one tracker per process)."""
+
+    def __init__(self):
+        self.decompose = False
+        self.in_optimizer = 0
+        # The describer's labels, outermost first. Process-wide, not per thread: a labelled
+        # region includes the autograd engine's worker threads that run its backward.
+        self.user_labels: list[str] = []
+        self.scopes = threading.local()  # .stack: framework categories entered on this thread
+        self.handles: list = []  # global hooks while decompose is on
+        self.seen_modules: weakref.WeakSet = weakref.WeakSet()
+        self.hooked_params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+_state = _State()
+
+
+def decompose_enabled() -> bool:
+    """Whether the decompose analysis is configured (framework categories are recorded)."""
+    return _state.decompose
+
+
+# --- decided at allocation ----------------------------------------------------------------------
+def category_for_new() -> str | None:
+    """The framework category of a storage allocated now, or ``None`` without decompose."""
+    stack = getattr(_state.scopes, "stack", None)
+    if stack:
+        return stack[-1]
+    if not _state.decompose:
+        return None
+    if _state.in_optimizer:
+        return OPTIMIZER_STATE
+    if _graph_task_id() != -1:
+        return TEMPORARY
+    return ACTIVATION
+
+
+def current_user_labels() -> tuple[str, ...]:
+    return tuple(_state.user_labels)
+
+
+def owner_text(pool: str, category: str | None, labels: tuple[str, ...] | None) -> str:
+    """``PTA``, ``PTA@weight``, ``PTA@weight@mine``..."""
+    parts = [pool]
+    if category:
+        parts.append(category)
+    if labels:
+        parts.extend(labels)
+    return "@".join(parts)
+
+
+@contextmanager
+def scope(category: str):
+    """Tensors allocated inside (on this thread) get framework ``category`` (for framework hooks:
+    ``scope("fsdp2@all_gather")``); it overrides the automatic classification."""
+    _check_category(category)
+    stack = getattr(_state.scopes, "stack", None)
+    if stack is None:
+        stack = _state.scopes.stack = []
+    stack.append(category)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def relabel(tensor, category: str) -> None:
+    """Gives ``tensor``'s storage framework ``category`` (an OWNER row when it changes). A storage
+    the tracker has not seen (made before tracking started) is adopted: it gets its MALLOC row
+    now, with that owner."""
+    _check_category(category)
+    tracker = _tracker()
+    if tracker is not None and isinstance(tensor, torch.Tensor):
+        tracker.set_owner(tensor, category=category)
+
+
+def add_user_label(tensor, label: str) -> None:
+    """Appends a user label to ``tensor``'s storage owner (``describer(t, owner=...)``)."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.set_owner(tensor, label=label)
+
+
+def push_user_label(label: str) -> None:
+    labels = _state.user_labels
+    if label not in labels and len(set(labels)) >= MAX_USER_LABELS:
+        raise ValueError(
+            f"describer: at most {MAX_USER_LABELS} distinct owner labels can be active at once "
+            f"(active: {', '.join(dict.fromkeys(labels))}); cannot add {label!r}"
+        )
+    labels.append(label)
+
+
+def pop_user_label(label: str) -> None:
+    """Ends the innermost region labelled ``label`` (``__exit__`` may come from another describer
+    object than ``__enter__``, as in the seed's explicit-call form)."""
+    labels = _state.user_labels
+    for i in range(len(labels) - 1, -1, -1):
+        if labels[i] == label:
+            del labels[i]
+            return
+    raise ValueError(f"describer: no active region is labelled {label!r}")
+
+
+def check_label(label) -> str:
+    if not isinstance(label, str):
+        raise TypeError(f"describer: owner must be a str, not {type(label).__name__}")
+    if not label or len(label) > MAX_LABEL_CHARS:
+        raise ValueError(
+            f"describer: owner must have 1 to {MAX_LABEL_CHARS} characters, got {len(label)}"
+        )
+    bad = next((c for c in label if c in '@"\\' or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"describer: owner {label!r} contains {bad!r}; '@' separates labels and quotes, "
+            "backslashes and control characters are not accepted"
+        )
+    return label
+
+
+def _check_category(category) -> None:
+    if not isinstance(category, str) or not category or '"' in category or "\\" in category:
+        raise ValueError(f"owner category must be a non-empty str without quotes, got {category!r}")
+
+
+def _tracker():
+    from . import torch_tracker
+
+    return torch_tracker._tracker
+
+
+# --- learned later: the MemTracker points ---------------------------------------------------------
+def _relabel_quietly(tensor, category: str) -> None:
+    tracker = _tracker()
+    if tracker is not None and tracker.enabled:
+        try:
+            tracker.set_owner(tensor, category=category)
+        except Exception as exc:
+            tracker.report(exc)
+
+
+def _grad_hook(grad):
+    if isinstance(grad, torch.Tensor):
+        _relabel_quietly(grad, GRADIENT)
+
+
+def _post_accumulate_hook(param):
+    if param.grad is not None:
+        _relabel_quietly(param.grad, GRADIENT)
+
+
+def _label_module(module) -> None:
+    for param in module.parameters():
+        _relabel_quietly(param, WEIGHT)
+        if param.grad is not None:
+            _relabel_quietly(param.grad, GRADIENT)
+        if param.requires_grad and param not in _state.hooked_params:
+            _state.hooked_params[param] = (
+                param.register_hook(_grad_hook),
+                param.register_post_accumulate_grad_hook(_post_accumulate_hook),
+            )
+    for buf in module.buffers():
+        _relabel_quietly(buf, BUFFER)
+
+
+def _module_pre_forward(module, args):
+    if not _state.decompose or module in _state.seen_modules:
+        return
+    _state.seen_modules.add(module)
+    _label_module(module)
+
+
+def _optimizer_pre_step(optimizer, args, kwargs):
+    _state.in_optimizer += 1
+
+
+def _optimizer_post_step(optimizer, args, kwargs):
+    _state.in_optimizer = max(0, _state.in_optimizer - 1)
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            _relabel_quietly(param, WEIGHT)
+            if param.grad is not None:
+                _relabel_quietly(param.grad, GRADIENT)
+    for states in optimizer.state.values():
+        for value in states.values():
+            if isinstance(value, torch.Tensor):
+                _relabel_quietly(value, OPTIMIZER_STATE)
+
+
+def enable_decompose() -> None:
+    """Installs the global module and optimizer hooks (idempotent)."""
+    if _state.decompose:
+        return
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    _state.handles = [
+        register_module_forward_pre_hook(_module_pre_forward),
+        register_optimizer_step_pre_hook(_optimizer_pre_step),
+        register_optimizer_step_post_hook(_optimizer_post_step),
+    ]
+    _state.decompose = True
+
+
+def disable_decompose() -> None:
+    """Removes every hook :func:`enable_decompose` and the module labelling installed."""
+    if not _state.decompose:
+        return
+    _state.decompose = False
+    for handle in _state.handles:
+        handle.remove()
+    _state.handles = []
+    for pair in list(_state.hooked_params.values()):
+        for handle in pair:
+            handle.remove()
+    _state.hooked_params = weakref.WeakKeyDictionary()
+    _state.seen_modules = weakref.WeakSet()
+    _state.in_optimizer = 0
