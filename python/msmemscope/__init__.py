@@ -19,7 +19,7 @@ import json
 import sys
 import warnings
 
-from . import analyzers, mstx
+from . import analyzers, mstx, watcher
 from ._runtime import native as _native_runtime
 from .analyzers import (
     analyze,
@@ -43,6 +43,7 @@ __all__ = [
     "step",
     "stop",
     "take_snapshot",
+    "watcher",
 ]
 
 
@@ -60,6 +61,8 @@ def config(**kw: str) -> None:
     tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
     if applied and tracker is not None:
         tracker.reload_config()
+    if applied:  # the watch range and mode follow config(watch=...)
+        watcher._watch.WATCH.reconfigure()
     if not applied:
         warnings.warn(
             "msmemscope.config() has no effect while a host-leak window is open: call "

@@ -14,3 +14,5 @@ pub mod run_dir;
 pub mod sanitizer;
 pub mod symbolize;
 pub mod time_fmt;
+// Memory block watch: the CRC-64 of the watch dumps.
+pub mod watch;

@@ -39,6 +39,8 @@ pub struct Runtime {
     pub mstx_mark: Option<MstxMarkFn>,
     pub mstx_range_start: Option<MstxRangeStartFn>,
     pub mstx_range_end: Option<MstxRangeEndFn>,
+    /// `msmemscope_run_dir` (same shape as `current_config`); optional for older runtimes.
+    pub run_dir: Option<CurrentConfigFn>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -167,6 +169,8 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
                 .map(|p| std::mem::transmute::<*mut c_void, MstxRangeStartFn>(p)),
             mstx_range_end: opt(sym(c"mstxRangeEnd"))
                 .map(|p| std::mem::transmute::<*mut c_void, MstxRangeEndFn>(p)),
+            run_dir: opt(sym(c"msmemscope_run_dir"))
+                .map(|p| std::mem::transmute::<*mut c_void, CurrentConfigFn>(p)),
         })
     }
 }

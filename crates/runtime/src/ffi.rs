@@ -163,6 +163,23 @@ pub extern "C" fn msmemscope_stop() -> i32 {
     })
 }
 
+/// Writes the run directory's path into `buf` (up to `cap` bytes) and returns its length,
+/// creating the directory if this run has none yet; `FAILED` when it cannot be created. For
+/// producers that write files of their own there (the Python watch dumps).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_run_dir(buf: *mut u8, cap: usize) -> i64 {
+    let _entered = Entered::try_enter();
+    let Ok(Ok(dir)) = catch_unwind(pipeline::run_dir) else {
+        return FAILED as i64;
+    };
+    let path = dir.as_os_str().as_encoded_bytes();
+    if !buf.is_null() && cap >= path.len() {
+        // SAFETY: the caller's buffer holds `cap` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(path.as_ptr(), buf, path.len()) };
+    }
+    path.len() as i64
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_step() -> i32 {
     guarded(|| {

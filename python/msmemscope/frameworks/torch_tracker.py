@@ -161,6 +161,10 @@ class _Tracker:
         self.free_cb = self._on_storage_dead
         self.E = nat.EVENT_MALLOC, nat.EVENT_FREE, nat.EVENT_ACCESS, nat.EVENT_OP_LAUNCH
         self.T = nat.TYPE_PTA, nat.TYPE_READ, nat.TYPE_WRITE, nat.TYPE_ATEN_START, nat.TYPE_ATEN_END
+        # Memory block watch (frameworks/watch.py): None unless a block or an op range is watched.
+        from .watch import WATCH
+
+        self.watch = WATCH.attach(self)
 
     def report(self, exc: BaseException) -> None:
         """Reports the first internal error on stderr; later ones are dropped."""
@@ -426,6 +430,9 @@ class MemscopeDispatchMode(TorchDispatchMode):
         except Exception as exc:
             tr.report(exc)
             return func(*args, **kwargs)
+        w = tr.watch  # memory block watch: checksums before the op (frameworks/watch.py)
+        if w is not None:
+            w.before(info, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except BaseException as failure:
@@ -446,6 +453,8 @@ class MemscopeDispatchMode(TorchDispatchMode):
                 tr.nat.emit(tr.E[3], tr.T[4], info.name, None, None, None, "", False)
         except Exception as exc:
             tr.report(exc)
+        if w is not None:  # memory block watch: checksums after the op
+            w.after(info, args, kwargs, out)
         return out
 
 
