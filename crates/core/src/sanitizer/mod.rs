@@ -2,6 +2,9 @@
 //! vector-clock race checker fed by those marks and by the stream/event synchronization calls
 //! the runtime intercepts.
 
+pub mod message;
+pub mod race;
+
 /// A synchronization between streams, as the CUDA stream/event API expresses it. Handles are the
 /// API's opaque pointers as integers; stream 0 is the legacy default stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
