@@ -4,6 +4,7 @@
 
 pub mod message;
 pub mod race;
+pub mod report;
 
 /// A synchronization between streams, as the CUDA stream/event API expresses it. Handles are the
 /// API's opaque pointers as integers; stream 0 is the legacy default stream.

@@ -41,7 +41,7 @@ const MAX_READS_PER_SEGMENT: usize = 64;
 /// Segments kept at most; beyond this new memory is no longer tracked (and the checker says so).
 pub const MAX_SEGMENTS: usize = 1 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AccessKind {
     Read,
     Write,
