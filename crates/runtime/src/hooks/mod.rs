@@ -1,5 +1,7 @@
 //! The functions the runtime interposes. Each hook: call the real function (after taking the
 //! block out of the ledger, for frees), then record, under the reentrancy guard.
 
+// CUDA backend (issue 11).
+pub mod cuda;
 pub mod dl;
 pub mod malloc;
