@@ -175,6 +175,20 @@ pub fn is_tracing() -> bool {
             .is_some_and(|p| p.tracing.load(Ordering::Relaxed))
 }
 
+// --- CUDA hooks (issue 11): a cheap pre-check before building a row ---
+/// Whether a row of this kind would be recorded now (tracing, `--events`, `--level`,
+/// `--steps`; the device is not known yet), so hooks skip building rows nobody keeps.
+pub fn admits(event: Event, event_type: EventType) -> bool {
+    if !is_tracing() {
+        return false;
+    }
+    let p = pipeline();
+    let step = p.step.load(Ordering::Acquire);
+    let probe = EventRow::new(event, event_type, "");
+    p.filter.read().is_ok_and(|f| f.admits(&probe, step))
+}
+// --- end CUDA hooks ---
+
 pub fn start_tracing() {
     let p = pipeline();
     if !p.tracing.swap(true, Ordering::AcqRel) {
