@@ -142,6 +142,8 @@ extern "C" fn at_exit() {
         }
     }
     pipeline::shutdown();
+    // After the pipeline: the sanitizer's console text follows the analyses' report.
+    crate::sanitizer::write_report_at_exit();
 }
 
 extern "C" fn after_fork_in_child() {

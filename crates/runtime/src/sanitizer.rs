@@ -1,15 +1,85 @@
-//! The runtime's side of the stream-race sanitizer: synchronization calls intercepted by the
-//! CUDA hooks and `sanitizer-op:` marks feed one process-wide checker.
+//! The runtime's side of the stream-race sanitizer: `sanitizer-op:` marks (from `mstxMarkA`,
+//! Python's `msmemscope.mstx.mark` and NVTX marks alike) and the stream/event synchronization
+//! calls the CUDA hooks intercept feed one process-wide race checker
+//! (`msmemscope_core::sanitizer`).
+//!
+//! When it runs: from the first `sanitizer-op:` mark on (a program run under `msmemscope` needs
+//! nothing but its marks), or from `msmemscope_sanitizer_enable` (Python's
+//! `enable_sanitizer()`), which also counts the synchronizations made before the first mark.
+//! Until then a synchronization call costs one relaxed load.
+//!
+//! At exit the report goes to `sanitizer/race_report_{ts}.txt` in the run directory and to the
+//! console: appended to `analysis_report.txt`, which the launcher prints, in launched runs; on
+//! stderr otherwise. A malformed mark gets one warning line (reason and column) on stderr and in
+//! the log, for the first [`MAX_WARNINGS`]; all are counted in the report.
+#![allow(clippy::missing_safety_doc)]
 
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
+use msmemscope_core::sanitizer::message::{self, OpMark};
+use msmemscope_core::sanitizer::race::{Launch, RaceChecker};
+use msmemscope_core::sanitizer::report::RaceLog;
 use msmemscope_core::sanitizer::SyncOp;
+use msmemscope_core::symbolize::Symbolizer;
 
 use crate::guard::Entered;
 
-/// Set once the checker has something to check (the first sanitizer-op mark, or
-/// `enable_sanitizer()`); until then a synchronization call costs one relaxed load.
+/// Set once the checker runs.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Where well-formed marks are also sent (the Python side's bridge to PyTorch's CUDA sanitizer).
+static FORWARD: Mutex<Option<Forward>> = Mutex::new(None);
+
+/// Malformed marks warned about one by one; the rest are only counted.
+pub const MAX_WARNINGS: u64 = 20;
+/// C frames kept per mark.
+const STACK_DEPTH: usize = 8;
+/// Distinct mark stacks kept; marks from further call sites are reported without a stack.
+const MAX_STACKS: usize = 1 << 16;
+
+/// `void forward(const char *message, uint64_t stream)`: called on the marking thread, after
+/// the native checker, for every well-formed mark.
+pub type Forward = unsafe extern "C" fn(*const c_char, u64);
+
+#[derive(Default)]
+struct State {
+    checker: RaceChecker,
+    log: RaceLog,
+    /// Context ids (1-based indexes) of the marks' C stacks.
+    stacks: Vec<Box<[u64]>>,
+    stack_ids: HashMap<Box<[u64]>, u64>,
+}
+
+impl State {
+    fn intern_stack(&mut self, frames: &[u64]) -> u64 {
+        if frames.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.stack_ids.get(frames) {
+            return id;
+        }
+        if self.stacks.len() >= MAX_STACKS {
+            return 0;
+        }
+        self.stacks.push(frames.into());
+        let id = self.stacks.len() as u64;
+        self.stack_ids.insert(frames.into(), id);
+        id
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    f(lock(&STATE).get_or_insert_with(State::default))
+}
 
 /// A stream/event synchronization call the hooks saw. Callable from inside a hook, with or
 /// without the hook's reentrancy guard held: cheap while the sanitizer is off, never panics.
@@ -19,9 +89,247 @@ pub fn on_sync(op: SyncOp) {
     }
     // Held by the hook already, or taken here: either way nothing below is recorded.
     let _entered = Entered::try_enter();
-    let _ = std::panic::catch_unwind(|| apply_sync(op));
+    let _ = catch_unwind(|| with_state(|s| s.checker.sync(op)));
 }
 
-fn apply_sync(_op: SyncOp) {
-    // Filled in by the checker (next commit).
+/// A mark whose message starts with `sanitizer-op:`. Called by the marks module with the
+/// reentrancy guard held; `stream` is the mark's stream (None: the default stream, 0).
+pub fn on_mark(text: &str, stream: Option<u64>) {
+    if crate::pipeline::is_detached() {
+        return;
+    }
+    match message::parse(text) {
+        Ok(op) => {
+            activate();
+            check(&op, stream.unwrap_or(0));
+            forward(text, stream.unwrap_or(0));
+        }
+        Err(e) => warn_malformed(&e.to_string()),
+    }
+}
+
+/// Turns the checker on; its report needs the exit handler, which a process that marks
+/// without ever starting a trace has not registered yet.
+fn activate() {
+    if !ACTIVE.swap(true, Ordering::Relaxed) {
+        crate::lifecycle::register_exit_handler();
+    }
+}
+
+fn check(op: &OpMark, stream: u64) {
+    let mut frames = Vec::with_capacity(STACK_DEPTH);
+    crate::unwind::with_stack(|stack, _| {
+        frames.extend(stack.as_slice().iter().take(STACK_DEPTH));
+    });
+    with_state(|s| {
+        let context = s.intern_stack(&frames);
+        s.log.marks += 1;
+        for race in s.checker.launch(Launch {
+            stream,
+            op,
+            context,
+        }) {
+            s.log.add(race);
+        }
+    });
+}
+
+fn forward(text: &str, stream: u64) {
+    let Some(f) = *lock(&FORWARD) else {
+        return;
+    };
+    if let Ok(c) = CString::new(text) {
+        // SAFETY: a registered callback of type `Forward`; the string lives for the call.
+        unsafe { f(c.as_ptr(), stream) };
+    }
+}
+
+fn warn_malformed(reason: &str) {
+    let n = with_state(|s| {
+        s.log.malformed += 1;
+        s.log.malformed
+    });
+    if n > MAX_WARNINGS {
+        return;
+    }
+    let mut line = format!(
+        "msmemscope: warning: skipped a malformed sanitizer-op mark: {reason} (format: {})",
+        message::FORMAT
+    );
+    if n == MAX_WARNINGS {
+        line.push_str("; further malformed marks are only counted in the sanitizer report");
+    }
+    crate::log::error(&line);
+    line.push('\n');
+    write_stderr(&line);
+}
+
+/// One `write(2)` to fd 2: no std lock a program thread might hold, no buffering.
+fn write_stderr(text: &str) {
+    // SAFETY: a valid buffer of `len` bytes; a short or failed write is only a lost message.
+    unsafe { libc::write(2, text.as_ptr().cast(), text.len()) };
+}
+
+/// Turns the checker on and sets (or, with None, clears) the callback that also receives every
+/// well-formed mark. Returns 0.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_sanitizer_enable(forward: Option<Forward>) -> i32 {
+    let _entered = Entered::try_enter();
+    *lock(&FORWARD) = forward;
+    activate();
+    0
+}
+
+/// The report so far, as at exit (without stacks), into `buf` (`cap` bytes). Returns the
+/// report's length (call again with a larger buffer when it exceeds `cap`); -1 for a NULL
+/// buffer with a nonzero `cap`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_sanitizer_report(buf: *mut u8, cap: usize) -> i64 {
+    if buf.is_null() && cap != 0 {
+        return -1;
+    }
+    let _entered = Entered::try_enter();
+    let text =
+        catch_unwind(|| with_state(|s| s.log.render(&mut |_| Vec::new()))).unwrap_or_default();
+    let n = text.len().min(cap);
+    if n > 0 {
+        // SAFETY: the caller's buffer holds `cap` >= `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len() as i64
+}
+
+/// At exit (after the pipeline's last rows): writes the report when the checker ran.
+pub fn write_report_at_exit() {
+    if !ACTIVE.load(Ordering::Relaxed) || crate::pipeline::is_detached() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let Some(state) = lock(&STATE).take() else {
+            return;
+        };
+        let text = render_with_stacks(&state);
+        publish(&text);
+    }));
+}
+
+fn render_with_stacks(state: &State) -> String {
+    let mut symbolizer: Option<Symbolizer> = None;
+    let mut rendered: HashMap<u64, Vec<String>> = HashMap::new();
+    state.log.render(&mut |context| {
+        let Some(frames) = (context as usize)
+            .checked_sub(1)
+            .and_then(|i| state.stacks.get(i))
+        else {
+            return Vec::new();
+        };
+        let symbolizer = symbolizer.get_or_insert_with(|| {
+            crate::unwind::modules::refresh(false);
+            Symbolizer::new(crate::unwind::modules::seen_modules())
+        });
+        frames
+            .iter()
+            .flat_map(|&address| {
+                rendered
+                    .entry(address)
+                    .or_insert_with(|| {
+                        symbolizer
+                            .symbolize_return_address(address)
+                            .iter()
+                            .map(|f| f.render())
+                            .collect()
+                    })
+                    .clone()
+            })
+            .collect()
+    })
+}
+
+/// The report file, and the console.
+fn publish(text: &str) {
+    let written = crate::lifecycle::report_dir().and_then(|dir| write_report_file(&dir, text));
+    let launched = crate::lifecycle::launched_run();
+    let note = match &written {
+        Ok(path) => format!("msmemscope: sanitizer report: {}\n", path.display()),
+        Err(e) => {
+            crate::log::error(&format!("sanitizer report: {e}"));
+            format!("msmemscope: the sanitizer report could not be written: {e}\n")
+        }
+    };
+    let console = format!("{text}{note}");
+    match launched {
+        // The launcher prints analysis_report.txt once the program has ended.
+        Some(run) if !run.config.host_leaks() => {
+            let path = run.dir.join(msmemscope_core::launch_env::ANALYSIS_REPORT);
+            if let Err(e) = append(&path, console.as_bytes()) {
+                crate::log::error(&format!("sanitizer report: {e}"));
+                write_stderr(&console);
+            }
+        }
+        _ => write_stderr(&console),
+    }
+}
+
+fn write_report_file(run_dir: &std::path::Path, text: &str) -> Result<PathBuf, String> {
+    let dir = run_dir.join("sanitizer");
+    msmemscope_core::run_dir::ensure_dir(&dir)?;
+    let ts = msmemscope_core::run_dir::local_timestamp();
+    let mut path = dir.join(format!("race_report_{ts}.txt"));
+    // A second process of the same run (or a second report within the second) gets its own.
+    if path.exists() {
+        path = dir.join(format!("race_report_{ts}_{}.txt", std::process::id()));
+    }
+    msmemscope_core::run_dir::write_new(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+fn append(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| format!("cannot append to {}: {e}", path.display()))
+}
+
+/// Synchronization kinds of [`msmemscope_sanitizer_sync`] (include/msmemscope/sanitizer.h).
+pub const SYNC_EVENT_RECORD: u32 = 1;
+pub const SYNC_STREAM_WAIT_EVENT: u32 = 2;
+pub const SYNC_EVENT_SYNCHRONIZE: u32 = 3;
+pub const SYNC_STREAM_SYNCHRONIZE: u32 = 4;
+pub const SYNC_DEVICE_SYNCHRONIZE: u32 = 5;
+
+/// The [`SyncOp`] of a C caller's `(kind, a, b)`, as the header documents them.
+pub fn sync_op(kind: u32, a: u64, b: u64) -> Option<SyncOp> {
+    Some(match kind {
+        SYNC_EVENT_RECORD => SyncOp::EventRecord {
+            event: a,
+            stream: b,
+        },
+        SYNC_STREAM_WAIT_EVENT => SyncOp::StreamWaitEvent {
+            stream: a,
+            event: b,
+        },
+        SYNC_EVENT_SYNCHRONIZE => SyncOp::EventSynchronize { event: a },
+        SYNC_STREAM_SYNCHRONIZE => SyncOp::StreamSynchronize { stream: a },
+        SYNC_DEVICE_SYNCHRONIZE => SyncOp::DeviceSynchronize,
+        _ => return None,
+    })
+}
+
+/// A synchronization made through an API the runtime does not intercept (another stream
+/// runtime, or a program without CUDA). Returns 0, or -1 for an unknown `kind`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_sanitizer_sync(kind: u32, a: u64, b: u64) -> i32 {
+    match sync_op(kind, a, b) {
+        Some(op) => {
+            on_sync(op);
+            0
+        }
+        None => -1,
+    }
 }

@@ -95,6 +95,12 @@ fn row(
 
 /// A `Mark` row.
 pub fn mark(message: &str, stream: Option<u64>, domain: Option<&str>) {
+    // --- sanitizer: `sanitizer-op:` marks also feed the stream-race checker (the row stays).
+    #[cfg(not(test))]
+    if msmemscope_core::sanitizer::message::is_sanitizer_mark(message) {
+        crate::sanitizer::on_mark(message, stream);
+    }
+    // --- end sanitizer
     sink::emit(row(EventType::Mark, message, None, stream, domain));
 }
 
