@@ -33,6 +33,8 @@ pub enum Command {
     Launch {
         config: RunConfig,
         program: Vec<OsString>,
+        /// `--report`: write the run's HTML page when the target has exited.
+        report: bool,
     },
     /// `source msmemscope --load-api-env[=…]` or `--unload-api-env`.
     ApiEnv(ApiEnvRequest),
@@ -100,6 +102,8 @@ enum Kind {
     InputPath,
     Pid,
     CommandWord,
+    /// `--report`: the HTML page after a launch.
+    Report,
 }
 
 impl Kind {
@@ -273,6 +277,13 @@ const OPTIONS: &[OptSpec] = &[
         "alias of --format",
     ),
     opt(
+        Some("report"),
+        None,
+        Kind::Report,
+        "",
+        "after the run, write msmemscope_report.html into the run directory (as msmemscope report DIR)",
+    ),
+    opt(
         Some("compare"),
         None,
         Kind::Compare,
@@ -336,6 +347,8 @@ pub fn help_text() -> String {
          msmemscope [options] <program> [args...]   run <program> under the tool (also after --)\n  \
          msmemscope --compare --input-path=BASE,COMPARE [--level=op|kernel]\n  \
          msmemscope --pid PID [--command WORD]\n  \
+         msmemscope report DIR   one HTML page per run (DIR: a run or the output directory)\n  \
+         msmemscope export --format torch-snapshot DIR   the run for PyTorch's memory viewer\n  \
          source msmemscope --load-api-env[=host|npu|cuda|all]\n  \
          source msmemscope --unload-api-env\n\n\
          Options take their value as --option=value or --option value. Lists are separated by\n\
@@ -523,6 +536,7 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
     let mut pid = None;
     let mut command_word = None;
     let mut compare = false;
+    let mut report = false;
     let mut api_env = Vec::new();
 
     for occurrence in &options {
@@ -555,6 +569,7 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
                 command_word = Some(word.to_owned());
             }
             (Kind::Compare, _) => compare = true,
+            (Kind::Report, _) => report = true,
             (Kind::LoadApiEnv, value) => {
                 let kind = match value.map(|v| utf8(v, spelled)).transpose()? {
                     None | Some("npu" | "cuda") => ApiEnvKind::Device,
@@ -614,6 +629,12 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
         return Ok((Command::ApiEnv(*api_env.last().unwrap_or(&request)), given));
     }
 
+    if report && (pid.is_some() || compare) {
+        return Err(UsageError(format!(
+            "--report writes the page of the run it launches and cannot be combined with {}; for existing results run msmemscope report DIR",
+            if compare { "--compare" } else { "--pid" }
+        )));
+    }
     if command_word.is_some() && pid.is_none() {
         return Err(UsageError("--command needs --pid PID".to_owned()));
     }
@@ -661,7 +682,89 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
         ));
     }
     resolve(&mut config, &given)?;
-    Ok((Command::Launch { config, program }, given))
+    Ok((
+        Command::Launch {
+            config,
+            program,
+            report,
+        },
+        given,
+    ))
+}
+
+// --- report / export subcommands (offline, on a finished run) -------------------------------
+
+/// `msmemscope report DIR` and `msmemscope export --format torch-snapshot DIR`: the first
+/// argument is the subcommand's word (a program named so runs as `msmemscope -- report`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subcommand {
+    Report(PathBuf),
+    ExportTorchSnapshot(PathBuf),
+}
+
+/// The subcommand argv starts with, if any.
+pub fn parse_subcommand(args: &[OsString]) -> Option<Result<Subcommand, UsageError>> {
+    let word = args.first()?.to_str()?;
+    let rest = &args[1..];
+    match word {
+        "report" => Some(match rest {
+            [dir] if !dir.as_bytes().starts_with(b"-") => Ok(Subcommand::Report(PathBuf::from(dir))),
+            [] => Err(UsageError(
+                "report needs a directory: msmemscope report DIR (a run directory or the output directory holding runs)".to_owned(),
+            )),
+            _ => Err(UsageError(format!(
+                "report takes one directory and no options, got {}; usage: msmemscope report DIR",
+                quoted(rest)
+            ))),
+        }),
+        "export" => Some(parse_export(rest)),
+        _ => None,
+    }
+}
+
+fn quoted(args: &[OsString]) -> String {
+    args.iter()
+        .map(|a| format!("\"{}\"", a.to_string_lossy().escape_debug()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn parse_export(rest: &[OsString]) -> Result<Subcommand, UsageError> {
+    const USAGE: &str = "usage: msmemscope export --format torch-snapshot DIR";
+    let mut format = None;
+    let mut dir = None;
+    let mut args = rest.iter();
+    while let Some(arg) = args.next() {
+        let bytes = arg.as_bytes();
+        if bytes == b"--format" {
+            let value = args.next().ok_or_else(|| {
+                UsageError(
+                    "export --format needs a value: accepted values are torch-snapshot".to_owned(),
+                )
+            })?;
+            format = Some(value.clone());
+        } else if let Some(value) = bytes.strip_prefix(b"--format=") {
+            format = Some(OsStr::from_bytes(value).to_owned());
+        } else if bytes.starts_with(b"-") || dir.is_some() {
+            return Err(UsageError(format!(
+                "export does not take {}; {USAGE}",
+                quoted(std::slice::from_ref(arg))
+            )));
+        } else {
+            dir = Some(PathBuf::from(arg));
+        }
+    }
+    match (format, dir) {
+        (None, _) => Err(UsageError(format!(
+            "export needs --format torch-snapshot; {USAGE}"
+        ))),
+        (Some(f), _) if f != "torch-snapshot" => Err(UsageError(format!(
+            "invalid export --format \"{}\": accepted values are torch-snapshot",
+            f.to_string_lossy().escape_debug()
+        ))),
+        (Some(_), None) => Err(UsageError(format!("export needs a directory; {USAGE}"))),
+        (Some(_), Some(dir)) => Ok(Subcommand::ExportTorchSnapshot(dir)),
+    }
 }
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
@@ -718,7 +821,9 @@ mod tests {
 
     fn launch(args: &[&str]) -> (RunConfig, Vec<OsString>) {
         match parse_strs(args) {
-            Ok(Command::Launch { config, program }) => (config, program),
+            Ok(Command::Launch {
+                config, program, ..
+            }) => (config, program),
             other => panic!("expected a launch, got {other:?}"),
         }
     }

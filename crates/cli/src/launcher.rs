@@ -38,7 +38,7 @@ pub fn runtime_library() -> Result<PathBuf, String> {
     }
 }
 
-pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
+pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     let library = match runtime_library() {
         Ok(path) => path,
         Err(line) => {
@@ -116,6 +116,13 @@ pub fn run(config: &RunConfig, program: &[OsString]) -> ExitCode {
         report_host_leaks(&dir, config, &status);
     } else {
         report_event_dump(&dir, config);
+    }
+    if report {
+        // The page is extra output: failing to write it is said, never the target's status.
+        match crate::report::generate(&dir) {
+            Ok(path) => eprintln!("msmemscope: report: {}", path.display()),
+            Err(failure) => eprintln!("msmemscope: report: {}", failure.message),
+        }
     }
     pass_through(status)
 }

@@ -6,13 +6,24 @@ mod args;
 mod attach;
 mod compare;
 mod launcher;
+mod report;
 
 use std::process::ExitCode;
 
 use args::{Command, UsageError};
 
 fn main() -> ExitCode {
-    let command = match args::parse(std::env::args_os().skip(1).collect()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match args::parse_subcommand(&argv) {
+        Some(Ok(args::Subcommand::Report(dir))) => return report::run(&dir),
+        Some(Ok(args::Subcommand::ExportTorchSnapshot(dir))) => return report::run_export(&dir),
+        Some(Err(UsageError(line))) => {
+            eprintln!("msmemscope: {line}");
+            return ExitCode::from(2);
+        }
+        None => {}
+    }
+    let command = match args::parse(argv) {
         Ok(command) => command,
         Err(UsageError(line)) => {
             eprintln!("msmemscope: {line}");
@@ -25,7 +36,11 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::ApiEnv(request) => api_env::run(request),
-        Command::Launch { config, program } => launcher::run(&config, &program),
+        Command::Launch {
+            config,
+            program,
+            report,
+        } => launcher::run(&config, &program, report),
         Command::Attach { pid, command } => attach::run(pid, command),
         Command::Compare { config, inputs } => compare::run(&config, &inputs),
     }

@@ -6,6 +6,7 @@ pub mod detail_csv;
 pub mod lsi;
 pub mod model;
 pub mod overview;
+pub mod sites_json;
 
 pub use buckets::{SizeBucket, SizeHistogram, SIZE_BUCKETS};
 pub use model::*;

@@ -95,6 +95,9 @@ pub struct LeakSite {
     pub assessment: Assessment,
     /// Rendered frames, innermost first.
     pub frames: Vec<String>,
+    /// The site's live bytes at each beat, `(beat, bytes)`, for displays (`leak_sites_N.json`);
+    /// filled for the sites the report shows, empty when the site has no series.
+    pub live_series: Vec<(f64, u64)>,
 }
 
 /// How the beat series were taken, for the TOP N section's first line.

@@ -384,6 +384,7 @@ mod tests {
             ),
             assessment: assess(&series, &facts, &window),
             frames: vec![frame.to_string()],
+            live_series: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ use msmemscope_core::config::HostLeakMode;
 use msmemscope_core::host_leak::detail_csv::{render_block_detail, sort_blocks};
 use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::overview::render_overview;
+use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
     BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta, SizeHistogram,
     WindowSpan,
@@ -108,6 +109,7 @@ pub fn build_report(
             freed: s.counts.freed,
             assessment: assess_site(Some(s.id), &s.counts, unfreed),
             frames: Vec::new(),
+            live_series: Vec::new(),
         });
         frames_of.insert(s.id, s.frames);
     }
@@ -119,6 +121,7 @@ pub fn build_report(
             freed: unknown.freed,
             assessment: assess_site(None, &unknown, unfreed),
             frames: Vec::new(),
+            live_series: Vec::new(),
         });
     }
     let (mut sites, mut resident) = HostLeakReport::rank_sites(all_sites);
@@ -135,6 +138,12 @@ pub fn build_report(
     {
         if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
             site.frames = symbols.render(frames);
+        }
+        if let lsi::Series::Points(points) = ledger.beats.series_of(site.stack_id, window_beats) {
+            site.live_series = points
+                .iter()
+                .map(|p| (p.beat, p.live_bytes as u64))
+                .collect();
         }
     }
 
@@ -324,6 +333,9 @@ pub fn write_report(
     }
     let overview = dir.join(format!("leak_overview_{}.txt", report.stage));
     write_new_file(&overview, render_overview(report).as_bytes())?;
+    // The machine-readable twin of the overview (TOP N with their beat series), for the report page.
+    let sites = dir.join(format!("leak_sites_{}.json", report.stage));
+    write_new_file(&sites, render_sites_json(report).as_bytes())?;
     if let Some(details) = details {
         if !details.is_empty() {
             let csv = dir.join(format!("block_detail_{}.csv", report.stage));

@@ -1,0 +1,228 @@
+//! `msmemscope report DIR`: one self-contained HTML page per run (`msmemscope_report.html` in
+//! the run directory), and `msmemscope export --format torch-snapshot DIR`.
+//!
+//! Everything heavy happens here, in one streaming pass per dump file: the timeline is reduced
+//! to time buckets (`timeline.rs`), the leaks analysis is core's, the other views read the
+//! files the run wrote (`sections.rs`). The page (`page.rs`) gets only those aggregates, so it
+//! stays small and responsive for any dump size.
+//!
+//! Exit status: 0 written; 2 when DIR is not a run (or output) directory or a file in it is
+//! not what its name says (one line naming it); 1 when writing fails.
+
+mod page;
+mod pickle;
+mod sections;
+mod timeline;
+mod torch_snapshot;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use msmemscope_core::events::reader::{self, ReadError};
+use serde_json::{json, Value};
+
+pub use torch_snapshot::export as export_torch_snapshot;
+
+/// The page's file name inside the run directory.
+pub const REPORT_FILE: &str = "msmemscope_report.html";
+
+/// Why a report could not be made: the message, and whether the user's input is to blame.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub usage: bool,
+}
+
+impl Failure {
+    fn input(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            usage: true,
+        }
+    }
+
+    fn io(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            usage: false,
+        }
+    }
+
+    pub fn exit(self) -> ExitCode {
+        eprintln!("msmemscope: {}", self.message);
+        ExitCode::from(if self.usage { 2 } else { 1 })
+    }
+}
+
+impl From<ReadError> for Failure {
+    fn from(e: ReadError) -> Failure {
+        Failure {
+            usage: !matches!(e, ReadError::Io { .. }),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Whether `dir` is one run's directory (what the launcher or the Python API creates).
+fn is_run_dir(dir: &Path) -> bool {
+    dir.join("config.json").is_file()
+        || dir.join("host_leak").is_dir()
+        || dump_files(dir).map(|d| !d.is_empty()).unwrap_or(false)
+}
+
+/// The run directories `dir` stands for: itself, or the `msmemscope_*` runs inside an output
+/// directory.
+pub fn runs_of(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::input(format!(
+            "{}: no such directory; give a run directory (msmemscope_PID_TIMESTAMP) or the output directory holding runs",
+            dir.display()
+        )));
+    }
+    if is_run_dir(dir) {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Failure::io(format!("cannot list {}: {e}", dir.display())))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("msmemscope_"))
+                && p.is_dir()
+                && is_run_dir(p)
+        })
+        .collect();
+    runs.sort();
+    if runs.is_empty() {
+        return Err(Failure::input(format!(
+            "{}: not a run directory (no config.json, device_*/dump/ or host_leak/) and it holds no msmemscope_* runs",
+            dir.display()
+        )));
+    }
+    Ok(runs)
+}
+
+/// `device_*/dump/memscope_dump_*.{csv,db}` of a run, with the device directory's name.
+pub fn dump_files(run: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut files = Vec::new();
+    let entries = match std::fs::read_dir(run) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(files),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("device_") || !entry.path().is_dir() {
+            continue;
+        }
+        let Ok(dumps) = std::fs::read_dir(entry.path().join("dump")) else {
+            continue;
+        };
+        for dump in dumps.flatten() {
+            let file = dump.file_name().to_string_lossy().into_owned();
+            if file.starts_with("memscope_dump_")
+                && (file.ends_with(".csv") || file.ends_with(".db"))
+            {
+                files.push((name.clone(), dump.path()));
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads one run and writes its page; returns the page's path.
+pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
+    let dumps =
+        dump_files(run).map_err(|e| Failure::io(format!("cannot list {}: {e}", run.display())))?;
+    let mut timelines = Vec::new();
+    let mut leaks = Vec::new();
+    let mut oom = sections::OomSection::default();
+    for (device_dir, path) in &dumps {
+        let mut timeline = timeline::Timeline::new();
+        let mut leak = sections::LeakSection::new();
+        for row in reader::open(path)? {
+            let row = row?;
+            timeline.feed(&row);
+            leak.feed(&row);
+            oom.feed(&row);
+        }
+        leaks.extend(leak.finish());
+        let file = path
+            .strip_prefix(run)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .into_owned();
+        let label = device_dir
+            .strip_prefix("device_")
+            .unwrap_or(device_dir)
+            .to_owned();
+        timelines.push(timeline.to_json(&label, &file));
+    }
+    let config: Value = std::fs::read_to_string(run.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let data = json!({
+        "run": run.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "generated_by": crate::args::version_text(),
+        "config": config,
+        "timelines": timelines,
+        "leaks": if dumps.is_empty() { Value::Null } else { sections::leaks_json(leaks) },
+        "oom": oom.to_json(),
+        "compare": sections::compare_json(run).map_err(Failure::input)?,
+        "watch": sections::watch_json(run).map_err(Failure::input)?,
+        "host_leak": sections::host_leak_json(run).map_err(Failure::input)?,
+    });
+    let html = page::render(&data);
+    let path = run.join(REPORT_FILE);
+    write_file(&path, html.as_bytes())?;
+    Ok(path)
+}
+
+/// Writes `path` (replacing an earlier report), never through a symlink.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes));
+    file.map_err(|e| Failure::io(format!("cannot write {}: {e}", path.display())))
+}
+
+/// `msmemscope report DIR`: prints each page's path.
+pub fn run(dir: &Path) -> ExitCode {
+    let runs = match runs_of(dir) {
+        Ok(runs) => runs,
+        Err(failure) => return failure.exit(),
+    };
+    for run in runs {
+        match generate(&run) {
+            Ok(path) => println!("{}", path.display()),
+            Err(failure) => return failure.exit(),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `msmemscope export --format torch-snapshot DIR`: prints each snapshot's path.
+pub fn run_export(dir: &Path) -> ExitCode {
+    let runs = match runs_of(dir) {
+        Ok(runs) => runs,
+        Err(failure) => return failure.exit(),
+    };
+    for run in runs {
+        match export_torch_snapshot(&run) {
+            Ok(path) => println!("{}", path.display()),
+            Err(failure) => return failure.exit(),
+        }
+    }
+    ExitCode::SUCCESS
+}

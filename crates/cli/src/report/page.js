@@ -1,0 +1,439 @@
+// The report page: reads the JSON island and draws the views. Everything it shows was
+// aggregated by msmemscope; the page only lays it out (charts with uPlot).
+"use strict";
+
+const DATA = JSON.parse(document.getElementById("report-data").textContent);
+const COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+  "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39"];
+
+// What the page computed, for whoever drives it (tests read this and the data-* attributes).
+window.msmemscopeReport = { ready: false, peaks: {}, views: [] };
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null) node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.appendChild(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+  }
+  return node;
+}
+
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "-";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Math.abs(n), u = 0;
+  while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
+  return (n < 0 ? "-" : "") + (u === 0 ? String(v) : v.toFixed(v >= 100 ? 0 : v >= 10 ? 1 : 2)) + " " + units[u];
+}
+
+function fmtMs(ms) {
+  if (ms >= 1000) return (ms / 1000).toFixed(3) + " s";
+  return ms.toFixed(3) + " ms";
+}
+
+// A tick label with just the decimals its spacing needs.
+function fmtTick(ms, incr) {
+  const inSeconds = incr >= 1000;
+  const v = inSeconds ? ms / 1000 : ms;
+  const step = inSeconds ? incr / 1000 : incr;
+  const decimals = Math.max(0, Math.min(6, Math.ceil(-Math.log10(step) + 1e-9)));
+  return v.toFixed(decimals) + (inSeconds ? " s" : " ms");
+}
+
+function card(title, ...children) {
+  return el("div", { class: "card" }, el("h2", {}, title), ...children);
+}
+
+function table(headers, rows, opts) {
+  const head = el("tr", {}, headers.map((h) => el("th", { class: h.num ? "num" : "" }, h.label || h)));
+  const t = el("table", opts || {}, el("thead", {}, head), el("tbody", {}, rows));
+  return el("div", { class: "scroll" }, t);
+}
+
+// ---------------------------------------------------------------------------------- timeline
+
+function maxOf(values) {
+  let m = 0;
+  for (const v of values) if (v !== null && v > m) m = v;
+  return m;
+}
+
+function drawTimeline(container, tl, index) {
+  const peak = maxOf(tl.max);
+  window.msmemscopeReport.peaks[tl.label] = peak;
+  const facts = el("div", { class: "facts" },
+    el("span", {}, "device ", el("b", {}, tl.label)),
+    el("span", {}, "file ", el("b", {}, tl.file)),
+    el("span", { id: "timeline-peak-" + index, "data-bytes": String(peak), "data-device": tl.label },
+      "peak allocated ", el("b", {}, fmtBytes(peak)), " at " + fmtMs(tl.peak.ms)),
+    el("span", {}, "rows ", el("b", {}, tl.rows.toLocaleString())),
+    el("span", {}, "MALLOC ", el("b", {}, tl.mallocs.toLocaleString()), " / FREE ", el("b", {}, tl.frees.toLocaleString())),
+    el("span", {}, "live at end ", el("b", {}, fmtBytes(tl.live_at_end.bytes)), " in " + tl.live_at_end.count + " blocks"),
+    el("span", {}, "bucket ", el("b", {}, fmtMs(tl.bucket_ms))),
+    tl.dropped_marks ? el("span", {}, tl.dropped_marks + " marks not shown") : null);
+  const wrap = el("div", { class: "chart-wrap" });
+  const tip = el("div", { class: "tooltip" });
+  const tools = el("div", { class: "chart-tools" });
+  const legend = el("div", { class: "legend-owners" });
+  container.appendChild(card("Memory on device " + tl.label, facts, tools, wrap, legend));
+  wrap.appendChild(tip);
+  if (tl.t.length === 0) {
+    wrap.appendChild(el("p", { class: "empty" }, "No rows in this dump."));
+    return;
+  }
+
+  // Stacked owners: cumulative sums drawn from the top one down, each filled to the axis.
+  const owners = tl.owners;
+  const cumulative = [];
+  let running = new Array(tl.t.length).fill(0);
+  for (const o of owners) {
+    running = running.map((v, i) => v + o.bytes[i]);
+    cumulative.push(running);
+  }
+  const series = [{ label: "time" }];
+  const data = [tl.t];
+  for (let k = owners.length - 1; k >= 0; k--) {
+    const color = COLORS[k % COLORS.length];
+    series.push({ label: owners[k].name, stroke: color, fill: color + "99", width: 0, points: { show: false } });
+    data.push(cumulative[k]);
+  }
+  series.push({ label: "allocated (max)", stroke: "#20303f", width: 1.5, points: { show: false } });
+  data.push(tl.max);
+  series.push({ label: "allocated (min)", stroke: "#20303f", dash: [3, 3], width: 1, points: { show: false } });
+  data.push(tl.min);
+  if (tl.reserved) {
+    series.push({ label: "reserved", stroke: "#e15759", width: 1.5, spanGaps: true, points: { show: false } });
+    data.push(tl.reserved);
+  }
+  owners.forEach((o, k) => legend.appendChild(el("span", {}, el("i", { style: "background:" + COLORS[k % COLORS.length] }), o.name)));
+  legend.appendChild(el("span", {}, el("i", { style: "background:#20303f" }), "allocated max / min (dashed)"));
+  if (tl.reserved) legend.appendChild(el("span", {}, el("i", { style: "background:#e15759" }), "reserved"));
+  legend.appendChild(el("span", {}, el("i", { style: "background:#8a5a00" }), "step"));
+  legend.appendChild(el("span", {}, el("i", { style: "background:#7b3fa0" }), "mark"));
+
+  const xEnd = tl.t[tl.t.length - 1] + tl.bucket_ms;
+  const drawMarkers = (u) => {
+    const ctx = u.ctx, top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
+    ctx.save();
+    ctx.font = Math.round(10 * devicePixelRatio) + "px sans-serif";
+    for (const [ms, step] of tl.steps) {
+      const x = Math.round(u.valToPos(ms, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = "#8a5a00";
+      ctx.setLineDash([4, 3]);
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
+      ctx.fillStyle = "#8a5a00";
+      ctx.fillText("step " + step, x + 3, top + 11 * devicePixelRatio);
+    }
+    ctx.setLineDash([]);
+    ctx.fillStyle = "#7b3fa0";
+    for (const [ms] of tl.marks) {
+      const x = u.valToPos(ms, "x", true);
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.beginPath(); ctx.moveTo(x - 4, bottom); ctx.lineTo(x + 4, bottom); ctx.lineTo(x, bottom - 7); ctx.fill();
+    }
+    ctx.restore();
+  };
+  const showTip = (u) => {
+    const i = u.cursor.idx;
+    if (i === null || i === undefined || u.cursor.left < 0) { tip.style.display = "none"; return; }
+    const lines = [
+      "t " + fmtMs(tl.t[i]) + " .. " + fmtMs(tl.t[i] + tl.bucket_ms),
+      "allocated " + fmtBytes(tl.min[i]) + " .. " + fmtBytes(tl.max[i]),
+    ];
+    if (tl.reserved && tl.reserved[i] !== null) lines.push("reserved " + fmtBytes(tl.reserved[i]));
+    const [mallocs, frees] = tl.counts[i];
+    lines.push(mallocs + " MALLOC, " + frees + " FREE");
+    const h = tl.hover[i];
+    if (h) lines.push("largest: " + fmtBytes(h[0]) + (h[1] ? " in " + h[1] : "") + " (" + h[2] + ")");
+    for (const o of owners) if (o.bytes[i]) lines.push("  " + o.name + ": " + fmtBytes(o.bytes[i]));
+    tip.replaceChildren(...lines.map((l) => el("div", {}, l)));
+    tip.style.display = "block";
+    const left = u.cursor.left + u.bbox.left / devicePixelRatio + 14;
+    tip.style.left = Math.min(left, wrap.clientWidth - 260) + "px";
+    tip.style.top = (u.cursor.top + 10) + "px";
+  };
+  const width = Math.max(600, (document.querySelector("main").clientWidth || 1000) - 60);
+  const opts = {
+    width, height: 320,
+    scales: { x: { time: false, range: (u, min, max) => [min, max] } },
+    series,
+    legend: { show: false },
+    cursor: { drag: { x: true, y: false }, points: { show: false } },
+    axes: [
+      { label: "time since the first row", space: 90, values: (u, vals, axis, space, incr) => vals.map((v) => fmtTick(v, incr)) },
+      { size: 80, values: (u, vals) => vals.map((v) => fmtBytes(v)) },
+    ],
+    hooks: { draw: [drawMarkers], setCursor: [showTip] },
+  };
+  const plot = new uPlot(opts, data, wrap);
+  wrap.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+  const view = () => [plot.scales.x.min, plot.scales.x.max];
+  const setX = (min, max) => plot.setScale("x", { min: Math.max(0, min), max: Math.min(xEnd, max) });
+  // Zoom: drag a range, or the wheel around the cursor; pan: the buttons or shift+wheel.
+  plot.over.addEventListener("wheel", (e) => {
+    e.preventDefault();
+    const [min, max] = view();
+    const span = max - min;
+    if (e.shiftKey) {
+      const step = span * 0.1 * Math.sign(e.deltaY);
+      setX(min + step, max + step);
+      return;
+    }
+    const at = plot.posToVal(e.offsetX, "x");
+    const factor = e.deltaY < 0 ? 0.8 : 1.25;
+    setX(at - (at - min) * factor, at + (max - at) * factor);
+  }, { passive: false });
+  const pan = (dir) => { const [min, max] = view(); const s = (max - min) * 0.25 * dir; setX(min + s, max + s); };
+  const zoom = (f) => { const [min, max] = view(); const c = (min + max) / 2, h = (max - min) * f / 2; setX(c - h, c + h); };
+  tools.append(
+    el("button", { onclick: () => pan(-1), title: "pan left" }, "\u25c0"),
+    el("button", { onclick: () => pan(1), title: "pan right" }, "\u25b6"),
+    el("button", { onclick: () => zoom(0.5), title: "zoom in" }, "+"),
+    el("button", { onclick: () => zoom(2), title: "zoom out" }, "\u2212"),
+    el("button", { onclick: () => setX(0, xEnd), title: "whole run" }, "reset"),
+    el("span", {}, "drag to zoom, wheel to zoom, shift+wheel to pan; hover for the op, size and owner"));
+}
+
+function timelineView(view) {
+  if (!DATA.timelines.length) {
+    view.appendChild(card("Timeline", el("p", { class: "empty" }, "This run has no event dump (device_*/dump/).")));
+    return;
+  }
+  DATA.timelines.forEach((tl, i) => drawTimeline(view, tl, i));
+}
+
+// ---------------------------------------------------------------------------------- leaks
+
+function leaksView(view) {
+  const leaks = DATA.leaks;
+  if (!leaks) {
+    view.appendChild(card("Leak candidates (leaks analysis)", el("p", { class: "empty" }, "No event dump in this run.")));
+  } else {
+    const byStep = new Map();
+    for (const r of leaks.rows) {
+      if (!byStep.has(r.step)) byStep.set(r.step, []);
+      byStep.get(r.step).push(r);
+    }
+    const body = [];
+    for (const [step, rows] of [...byStep.entries()].sort((a, b) => a[0] - b[0])) {
+      const total = rows.reduce((s, r) => s + r.size, 0);
+      body.push(el("h3", {}, "step " + step + ": " + rows.length + " block(s), " + fmtBytes(total)));
+      body.push(table(["device", "pool", { label: "size", num: true }, "Mb(s)", "address", "kernel", { label: "row ID", num: true }],
+        rows.map((r) => el("tr", { class: "leak-row", "data-ptr": r.ptr, "data-device": r.device, "data-step": String(r.step) },
+          el("td", {}, r.device), el("td", {}, r.pool), el("td", { class: "num" }, fmtBytes(r.size)), el("td", {}, r.mb),
+          el("td", {}, r.ptr), el("td", {}, "kernel_" + r.kernel), el("td", { class: "num" }, String(r.row_id))))));
+    }
+    if (!leaks.rows.length) body.push(el("p", { class: "empty" }, "No block outlived its step."));
+    view.appendChild(card("Leak candidates per step (leaks analysis)", ...body,
+      el("h3", {}, "Report"), el("pre", { id: "leak-text" }, leaks.text)));
+  }
+  hostLeakCards(view);
+}
+
+function sparkline(series) {
+  if (!series || series.length < 2) return el("span", { class: "empty" }, "no series");
+  const w = 140, h = 26;
+  const xs = series.map((p) => p[0]), ys = series.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y1 = Math.max(...ys) || 1;
+  const pts = series.map(([x, y]) => ((x - x0) / ((x1 - x0) || 1) * (w - 2) + 1).toFixed(1) + "," +
+    (h - 1 - y / y1 * (h - 2)).toFixed(1)).join(" ");
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", w); svg.setAttribute("height", h); svg.setAttribute("class", "spark");
+  const line = document.createElementNS(ns, "polyline");
+  line.setAttribute("points", pts); line.setAttribute("fill", "none");
+  line.setAttribute("stroke", "#a1221b"); line.setAttribute("stroke-width", "1.5");
+  const title = document.createElementNS(ns, "title");
+  title.textContent = "live bytes per beat: " + fmtBytes(ys[0]) + " \u2192 " + fmtBytes(ys[ys.length - 1]) + " (max " + fmtBytes(y1) + ")";
+  svg.append(title, line);
+  return svg;
+}
+
+function siteRows(sites, cols) {
+  const rows = [];
+  for (const s of sites) {
+    const cls = s.class.startsWith("resident") ? "resident" : s.class.split("/")[0];
+    const stack = el("tr", { class: "stack", style: "display:none" },
+      el("td", { colspan: String(cols) }, el("pre", { class: "site-stack" },
+        s.frames.length ? s.frames.join("\n") : "(unresolved stack" + (s.stack_id === null ? ": unknown bucket" : " " + s.stack_id) + ")")));
+    const row = el("tr", {
+      class: "site-row clickable", "data-rank": s.rank, "data-class": s.class, "data-lsi": s.lsi_text,
+      "data-unfreed-bytes": String(s.unfreed.bytes), title: "click for the call stack",
+      onclick: () => { stack.style.display = stack.style.display === "none" ? "" : "none"; },
+    },
+    el("td", {}, s.rank), el("td", {}, el("span", { class: "tag " + cls }, s.class)),
+    el("td", { class: "num" }, s.lsi_text),
+    el("td", { class: "num" }, fmtBytes(s.unfreed.bytes) + " / " + s.unfreed.count),
+    el("td", { class: "num" }, fmtBytes(s.allocated.bytes) + " / " + s.allocated.count),
+    el("td", {}, sparkline(s.series)),
+    el("td", {}, s.frames[0] || (s.stack_id === null ? "unknown bucket" : "stack " + s.stack_id)));
+    rows.push(row, stack);
+  }
+  return rows;
+}
+
+function hostLeakCards(view) {
+  const hl = DATA.host_leak;
+  if (!hl.windows.length && !hl.overviews.length) return;
+  const headers = ["rank", "class", { label: "LSI", num: true }, { label: "unfreed", num: true },
+    { label: "allocated", num: true }, "live bytes per beat", "innermost frame"];
+  for (const w of hl.windows) {
+    const facts = el("div", { class: "facts" },
+      el("span", {}, "window ", el("b", {}, String(w.stage))),
+      el("span", {}, "unfreed ", el("b", {}, fmtBytes(w.unfreed.bytes)), " in " + w.unfreed.count + " blocks"),
+      el("span", {}, "sites ", el("b", {}, String(w.sites_total))),
+      el("span", {}, "beat ", el("b", {}, w.beat_ms + " ms")));
+    const parts = [facts];
+    for (const reason of w.unusable) parts.push(el("p", { class: "empty" }, "Not usable as a leak conclusion: " + reason));
+    parts.push(el("h3", {}, "TOP " + w.top_n + " leak sites"));
+    parts.push(w.sites.length ? table(headers, siteRows(w.sites, headers.length), { class: "host-sites" }) : el("p", { class: "empty" }, "No leak site."));
+    if (w.resident.length) {
+      parts.push(el("h3", {}, "Resident baselines"));
+      parts.push(table(headers, siteRows(w.resident, headers.length), { class: "host-resident" }));
+    }
+    view.appendChild(card("Host heap leaks, window " + w.stage, ...parts));
+  }
+  if (!hl.windows.length) {
+    for (const o of hl.overviews) view.appendChild(card("Host heap leaks: " + o.file, el("pre", {}, o.text)));
+  }
+}
+
+// ---------------------------------------------------------------------------------- compare
+
+function compareView(view) {
+  if (!DATA.compare.length) {
+    view.appendChild(card("Compare", el("p", { class: "empty" },
+      "No compare/memory_compare_*.csv in this run (msmemscope --compare --input-path=BASE,COMPARE -o RUN_DIR writes one).")));
+    return;
+  }
+  for (const c of DATA.compare) {
+    const facts = el("div", { class: "facts" },
+      el("span", {}, "ops ", el("b", {}, String(c.total))),
+      el("span", {}, "matched ", el("b", {}, String(c.matched))),
+      el("span", {}, "only in base ", el("b", {}, String(c.base_only))),
+      el("span", {}, "only in compare ", el("b", {}, String(c.compare_only))),
+      el("span", {}, "memory differs ", el("b", {}, String(c.changed))),
+      c.rows.length < c.total ? el("span", {}, "first " + c.rows.length + " rows shown") : null);
+    const rows = c.rows.map((f) => {
+      const [event, name, device, base, other, diff] = f;
+      const kind = base === "N/A" ? "compare-only" : other === "N/A" ? "base-only" : diff !== "0" ? "changed" : "same";
+      return el("tr", { class: "compare-row " + kind, "data-fields": JSON.stringify(f) },
+        el("td", {}, device), el("td", {}, event),
+        el("td", {}, base === "N/A" ? "" : name), el("td", { class: "num" }, base),
+        el("td", {}, other === "N/A" ? "" : name), el("td", { class: "num" }, other),
+        el("td", { class: "num diff" }, diff));
+    });
+    view.appendChild(card("Compare: " + c.file, facts,
+      table(["device", "event", "base op", { label: "base bytes", num: true }, "compare op",
+        { label: "compare bytes", num: true }, { label: "diff", num: true }], rows, { class: "compare-table" })));
+  }
+}
+
+// ---------------------------------------------------------------------------------- OOM
+
+function oomView(view) {
+  const rows = DATA.oom.rows;
+  if (!rows.length) {
+    view.appendChild(card("Out of memory", el("p", { class: "empty" }, "No OOM_DETAIL rows: no allocation failed while the oom analysis was on.")));
+    return;
+  }
+  const groups = [["OOM_TRIGGER", "Triggers"], ["OOM_RECENT_ALLOC", "Most recent live blocks"], ["OOM_TOP_ALLOC", "Largest live blocks"]];
+  const parts = [];
+  for (const [type, title] of groups) {
+    const mine = rows.filter((r) => r.type === type);
+    if (!mine.length) continue;
+    parts.push(el("h3", {}, title + " (" + mine.length + ")"));
+    const body = [];
+    for (const r of mine) {
+      const a = r.attrs;
+      const size = a.size !== undefined ? a.size : a.req_size;
+      const stackText = [r.c_stack, r.python_stack].filter((s) => s).join("\n");
+      const stack = el("tr", { class: "stack", style: "display:none" }, el("td", { colspan: "6" }, el("pre", {}, stackText || "(no stack recorded)")));
+      body.push(el("tr", { class: "oom-row clickable", "data-type": r.type, onclick: () => { stack.style.display = stack.style.display === "none" ? "" : "none"; } },
+        el("td", { class: "num" }, String(r.id)), el("td", {}, r.device), el("td", {}, r.ptr || a.ptr || ""),
+        el("td", { class: "num" }, size !== undefined ? fmtBytes(Number(size)) : ""),
+        el("td", {}, a.func || a.pool || r.name || ""),
+        el("td", {}, Object.entries(a).map(([k, v]) => k + "=" + v).join(", "))), stack);
+    }
+    parts.push(table([{ label: "row ID", num: true }, "device", "address", { label: "size", num: true }, "function / pool", "Attr"], body));
+  }
+  if (DATA.oom.dropped) parts.push(el("p", { class: "empty" }, DATA.oom.dropped + " more rows not shown"));
+  view.appendChild(card("Out of memory", ...parts));
+}
+
+// ---------------------------------------------------------------------------------- watch
+
+function watchView(view) {
+  if (!DATA.watch.length) {
+    view.appendChild(card("Watch", el("p", { class: "empty" }, "No watch_dump/*.csv in this run (--watch start,end writes them).")));
+    return;
+  }
+  for (const w of DATA.watch) {
+    if (w.error) { view.appendChild(card("Watch: " + w.file, el("p", { class: "empty" }, w.error))); continue; }
+    const changed = w.rows.filter((r) => r.changed);
+    const facts = el("div", { class: "facts" },
+      el("span", {}, "rows ", el("b", {}, String(w.total))),
+      el("span", {}, "checksum changes ", el("b", {}, String(w.changes))));
+    const all = el("input", { type: "checkbox" });
+    const render = () => {
+      const rows = (all.checked ? w.rows : changed).map((r) => el("tr", { class: r.changed ? "watch-row watch-change" : "watch-row", "data-block": r.block },
+        el("td", {}, r.block), r.fields.map((f) => el("td", {}, f))));
+      holder.replaceChildren(rows.length ? table(["block"].concat(w.header), rows) : el("p", { class: "empty" }, "No checksum changed."));
+    };
+    const holder = el("div");
+    all.addEventListener("change", render);
+    view.appendChild(card("Watch: " + w.file, facts, w.summary ? el("pre", { class: "watch-summary" }, w.summary) : null,
+      el("label", {}, all, " show every row (changes highlighted)"), holder));
+    render();
+  }
+}
+
+// ---------------------------------------------------------------------------------- layout
+
+const VIEWS = [
+  ["timeline", "Timeline", timelineView, () => DATA.timelines.length],
+  ["leaks", "Leaks", leaksView, () => (DATA.leaks ? DATA.leaks.rows.length : 0) + DATA.host_leak.windows.reduce((s, w) => s + w.sites.length, 0)],
+  ["compare", "Compare", compareView, () => DATA.compare.reduce((s, c) => s + c.total, 0)],
+  ["oom", "OOM", oomView, () => DATA.oom.rows.filter((r) => r.type === "OOM_TRIGGER").length],
+  ["watch", "Watch", watchView, () => DATA.watch.reduce((s, w) => s + (w.changes || 0), 0)],
+];
+
+function main() {
+  const header = el("header", {}, el("h1", {}, "msmemscope report: " + (DATA.run || "")),
+    el("div", { class: "meta" }, DATA.generated_by + (DATA.config && DATA.config.analysis ? " \u00b7 analysis " + JSON.stringify(DATA.config.analysis) : "")));
+  const nav = el("nav");
+  const main = el("main");
+  document.body.append(header, nav, main);
+  const sections = {};
+  for (const [id, title, , count] of VIEWS) {
+    nav.appendChild(el("a", { href: "#" + id, id: "tab-" + id }, title, el("span", { class: "count" }, String(count()))));
+    sections[id] = main.appendChild(el("section", { class: "view", id: "view-" + id }));
+  }
+  const built = new Set();
+  const show = () => {
+    const id = (location.hash || "#timeline").slice(1);
+    const entry = VIEWS.find((v) => v[0] === id) || VIEWS[0];
+    for (const [vid] of VIEWS) {
+      sections[vid].classList.toggle("active", vid === entry[0]);
+      document.getElementById("tab-" + vid).classList.toggle("active", vid === entry[0]);
+    }
+    // Charts need a visible container to size themselves, so each view is built when shown.
+    if (!built.has(entry[0])) {
+      built.add(entry[0]);
+      entry[2](sections[entry[0]]);
+      window.msmemscopeReport.views.push(entry[0]);
+    }
+  };
+  window.addEventListener("hashchange", show);
+  show();
+  window.msmemscopeReport.ready = true;
+}
+
+main();

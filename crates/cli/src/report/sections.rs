@@ -1,0 +1,294 @@
+//! The report's views besides the timeline, each from what the run directory already holds:
+//! the `leaks` analysis re-run over the dump (core's implementation), OOM_DETAIL rows, the
+//! compare CSVs, the watch checksums and the host-leak sites file.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use msmemscope_core::analysis::leaks::{self, Leak, Leaks};
+use msmemscope_core::analysis::Analysis;
+use msmemscope_core::events::row::format_ptr;
+use msmemscope_core::events::{Event, EventRow};
+use serde_json::{json, Value};
+
+/// OOM_DETAIL rows kept for the page (the first ones; the rest are counted).
+pub const MAX_OOM_ROWS: usize = 10_000;
+/// Compare rows kept per file for the side-by-side view (all rows are counted).
+pub const MAX_COMPARE_ROWS: usize = 20_000;
+/// Watch rows kept per file (changes first are what the view shows).
+pub const MAX_WATCH_ROWS: usize = 20_000;
+
+/// The leaks analysis over one dump file, as the runtime runs it online.
+pub struct LeakSection {
+    analysis: Leaks,
+}
+
+impl LeakSection {
+    pub fn new() -> LeakSection {
+        LeakSection {
+            analysis: Leaks::new(),
+        }
+    }
+
+    pub fn feed(&mut self, row: &EventRow) {
+        self.analysis.feed(row);
+    }
+
+    pub fn finish(mut self) -> Vec<Leak> {
+        self.analysis.finish();
+        self.analysis.leaks().to_vec()
+    }
+}
+
+/// The leaks of every dump file of a run, as one report. A row without a device is written to
+/// every device file, so a leak of such a block is found once per file: keep one.
+pub fn leaks_json(found: Vec<Leak>) -> Value {
+    let mut seen = HashSet::new();
+    let leaks: Vec<Leak> = found
+        .into_iter()
+        .filter(|l| seen.insert((l.device, l.pool, l.ptr, l.row_id)))
+        .collect();
+    let rows: Vec<Value> = leaks
+        .iter()
+        .map(|l| {
+            json!({
+                "device": l.device.to_string(),
+                "pool": l.pool.as_str(),
+                "ptr": format_ptr(l.ptr),
+                "size": l.size,
+                "mb": leaks::mb(l.size),
+                "kernel": l.kernel.map_or_else(|| "N/A".to_string(), |k| k.to_string()),
+                "step": l.step,
+                "row_id": l.row_id,
+            })
+        })
+        .collect();
+    let text = leaks::render(&leaks);
+    json!({
+        "rows": rows,
+        // Core's own report text: what `leaks/leak_report.txt` holds for the same rows.
+        "text": if text.is_empty() { "====== No memory leaks detected ======\n".to_string() } else { text },
+    })
+}
+
+/// OOM_DETAIL rows: triggers, then the recent and largest live blocks written with them.
+#[derive(Default)]
+pub struct OomSection {
+    rows: Vec<Value>,
+    dropped: u64,
+}
+
+impl OomSection {
+    pub fn feed(&mut self, row: &EventRow) {
+        if row.event != Event::OomDetail {
+            return;
+        }
+        if self.rows.len() >= MAX_OOM_ROWS {
+            self.dropped += 1;
+            return;
+        }
+        let mut row = row.clone();
+        row.parse_attrs();
+        self.rows.push(json!({
+            "id": row.id,
+            "type": row.event_type.as_str(),
+            "name": row.name,
+            "ts_ns": row.ts_ns,
+            "device": row.device.to_string(),
+            "ptr": row.ptr.map(format_ptr),
+            "attrs": Value::Object(row.attrs),
+            "c_stack": row.c_stack,
+            "python_stack": row.python_stack,
+        }));
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"rows": self.rows, "dropped": self.dropped})
+    }
+}
+
+/// Splits one CSV record (RFC 4180, no embedded newlines: the compare and watch files write
+/// names on one line).
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            (true, '"') => quoted = false,
+            (false, '"') => quoted = true,
+            (false, ',') => fields.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+fn files_in(dir: &Path, prefix: &str, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix) && n.ends_with(ext))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `compare/memory_compare_*.csv`: the aligned op sequences with their byte diff.
+pub fn compare_json(run: &Path) -> Result<Value, String> {
+    let mut out = Vec::new();
+    for path in files_in(&run.join("compare"), "memory_compare_", ".csv") {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut lines = text.lines();
+        let sides = lines.next().unwrap_or_default();
+        let columns = lines.next().unwrap_or_default();
+        if sides != msmemscope_core::analysis::compare::HEADER_SIDES
+            || columns != msmemscope_core::analysis::compare::HEADER_COLUMNS
+        {
+            return Err(format!(
+                "{}: not a compare file (its header lines are not those --compare writes)",
+                path.display()
+            ));
+        }
+        let (mut rows, mut total, mut matched, mut base_only, mut compare_only, mut changed) =
+            (Vec::new(), 0u64, 0u64, 0u64, 0u64, 0u64);
+        for line in lines {
+            let f = csv_fields(line);
+            if f.len() != 6 {
+                return Err(format!(
+                    "{}: a row with {} fields, expected 6: {line}",
+                    path.display(),
+                    f.len()
+                ));
+            }
+            total += 1;
+            match (f[3].as_str(), f[4].as_str()) {
+                ("N/A", _) => compare_only += 1,
+                (_, "N/A") => base_only += 1,
+                _ => matched += 1,
+            }
+            if f[5] != "0" {
+                changed += 1;
+            }
+            if rows.len() < MAX_COMPARE_ROWS {
+                rows.push(json!(f));
+            }
+        }
+        out.push(json!({
+            "file": path.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "rows": rows,
+            "total": total,
+            "matched": matched,
+            "base_only": base_only,
+            "compare_only": compare_only,
+            "changed": changed,
+        }));
+    }
+    Ok(Value::from(out))
+}
+
+/// `watch_dump/*.csv`: each watched block's checksums in op order; the rows where a block's
+/// checksum differs from its previous one are the changes the view lists (with the watch's
+/// own `watch_summary.txt`, which says which changes no op's writes explain). The checksum
+/// column is found by name, so the view follows the file's own header.
+pub fn watch_json(run: &Path) -> Result<Value, String> {
+    let mut out = Vec::new();
+    for path in files_in(&run.join("watch_dump"), "", ".csv") {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut lines = text.lines();
+        let header = csv_fields(lines.next().unwrap_or_default());
+        // The first word that some column contains wins: the words are in order of preference.
+        let find = |words: &[&str]| {
+            words.iter().find_map(|w| {
+                header
+                    .iter()
+                    .position(|h| h.to_ascii_lowercase().contains(w))
+            })
+        };
+        let Some(sum) = find(&["check", "sum", "crc"]) else {
+            out.push(json!({"file": path.file_name().map(|n| n.to_string_lossy().into_owned()), "header": header, "error": "no checksum column"}));
+            continue;
+        };
+        // The runtime's files name a block in `Tensor info` as
+        // `{device}_{tid}_{op}_{call}-{watched name}_{outid}_{before|after}`: the block is what
+        // follows the first `-` (op names have none), less the phase.
+        let tensor_info = header.iter().position(|h| h == "Tensor info");
+        let key = tensor_info.or_else(|| find(&["watched", "name", "addr", "ptr"]));
+        let block_of = |field: &str| -> String {
+            if tensor_info.is_none() {
+                return field.to_owned();
+            }
+            let block = field.split_once('-').map_or(field, |(_, rest)| rest);
+            block
+                .rsplit_once('_')
+                .map_or(block, |(name, _phase)| name)
+                .to_owned()
+        };
+        let mut last: std::collections::HashMap<String, String> = Default::default();
+        let (mut rows, mut total, mut changes) = (Vec::new(), 0u64, 0u64);
+        for line in lines {
+            let f = csv_fields(line);
+            total += 1;
+            let k = key
+                .and_then(|k| f.get(k))
+                .map(|v| block_of(v))
+                .unwrap_or_default();
+            let value = f.get(sum).cloned().unwrap_or_default();
+            let changed = last
+                .insert(k.clone(), value.clone())
+                .is_some_and(|prev| prev != value);
+            if changed {
+                changes += 1;
+            }
+            if rows.len() < MAX_WATCH_ROWS {
+                rows.push(json!({"fields": f, "block": k, "changed": changed}));
+            }
+        }
+        out.push(json!({
+            "file": path.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "header": header,
+            "summary": std::fs::read_to_string(run.join("watch_dump/watch_summary.txt")).ok(),
+            "checksum_column": sum,
+            "rows": rows,
+            "total": total,
+            "changes": changes,
+        }));
+    }
+    Ok(Value::from(out))
+}
+
+/// `host_leak/leak_sites_*.json` (one per window), or the overview text when a run predates it.
+pub fn host_leak_json(run: &Path) -> Result<Value, String> {
+    let dir = run.join("host_leak");
+    let mut windows = Vec::new();
+    for path in files_in(&dir, "leak_sites_", ".json") {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
+        windows.push(value);
+    }
+    let overviews: Vec<Value> = files_in(&dir, "leak_overview_", ".txt")
+        .into_iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(&p).ok()?;
+            Some(json!({"file": p.file_name()?.to_string_lossy(), "text": text}))
+        })
+        .collect();
+    Ok(json!({"windows": windows, "overviews": overviews}))
+}

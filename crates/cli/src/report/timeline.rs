@@ -1,0 +1,400 @@
+//! One dump file's memory over time, reduced to a few thousand time buckets in one streaming
+//! pass, so a 10-million-row dump becomes a page of a few hundred kilobytes.
+//!
+//! Allocated bytes are the sum of the live blocks' sizes (MALLOC adds a block keyed by pool and
+//! Ptr, the FREE with the same key removes it). Each bucket keeps the minimum and maximum of
+//! that sum within it, so the page's peak is the dump's peak exactly whatever the zoom; the
+//! bytes by owner are taken at the moment the bucket's maximum was reached, so the stacked
+//! areas add up to the maximum line. Reserved bytes are the largest `total` Attr in the bucket.
+//!
+//! Buckets start 1 µs wide; when they outgrow [`MAX_BUCKETS`] neighbours merge pairwise and the
+//! width doubles (min/max/owners-at-max merge exactly), so one pass needs no end time.
+
+use std::collections::HashMap;
+
+use msmemscope_core::analysis::leaks::is_pool;
+use msmemscope_core::events::{Event, EventRow, EventType};
+use serde_json::{json, Value};
+
+/// The most buckets a timeline holds; merging halves them to `MAX_BUCKETS / 2`.
+pub const MAX_BUCKETS: usize = 4096;
+/// Owners beyond this many (by first appearance) are summed as `other`.
+pub const MAX_OWNERS: usize = 24;
+/// Marks and step lines kept for the page (the first ones; the rest are counted).
+pub const MAX_MARKS: usize = 5000;
+const FIRST_WIDTH_NS: u64 = 1000;
+const OTHER_OWNER: &str = "other";
+
+/// The largest allocation of a bucket, shown on hover.
+#[derive(Clone, Debug, Default)]
+struct Largest {
+    size: u64,
+    op: u32,
+    owner: u16,
+    ts_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Bucket {
+    min: u64,
+    max: u64,
+    max_ts_ns: u64,
+    /// Bytes per owner when `max` was reached.
+    owners_at_max: Vec<u64>,
+    reserved: Option<u64>,
+    largest: Option<Largest>,
+    mallocs: u32,
+    frees: u32,
+}
+
+impl Bucket {
+    fn new(level: u64, ts: u64, owners: &[u64]) -> Bucket {
+        Bucket {
+            min: level,
+            max: level,
+            max_ts_ns: ts,
+            owners_at_max: owners.to_vec(),
+            reserved: None,
+            largest: None,
+            mallocs: 0,
+            frees: 0,
+        }
+    }
+
+    fn merge(&mut self, other: Bucket) {
+        self.min = self.min.min(other.min);
+        if other.max > self.max {
+            self.max = other.max;
+            self.max_ts_ns = other.max_ts_ns;
+            self.owners_at_max = other.owners_at_max;
+        }
+        self.reserved = match (self.reserved, other.reserved) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        if other.largest.as_ref().map(|l| l.size) > self.largest.as_ref().map(|l| l.size) {
+            self.largest = other.largest;
+        }
+        self.mallocs += other.mallocs;
+        self.frees += other.frees;
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    size: u64,
+    owner: u16,
+}
+
+/// Builds one dump file's timeline from its rows, in file order.
+pub struct Timeline {
+    t0: Option<u64>,
+    width_ns: u64,
+    buckets: Vec<Bucket>,
+    live: HashMap<(EventType, u64), LiveBlock>,
+    allocated: u64,
+    owners: Vec<String>,
+    owner_index: HashMap<String, u16>,
+    owner_bytes: Vec<u64>,
+    peak: u64,
+    peak_ts_ns: u64,
+    /// The innermost open op per thread, for the hover text of allocations.
+    open_ops: HashMap<u64, Vec<u32>>,
+    op_names: Vec<String>,
+    op_index: HashMap<String, u32>,
+    steps: Vec<(u64, String)>,
+    marks: Vec<(u64, String, String)>,
+    dropped_marks: u64,
+    rows: u64,
+    mallocs: u64,
+    frees: u64,
+    unmatched_frees: u64,
+    last_ts: u64,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Timeline::new()
+    }
+}
+
+impl Timeline {
+    pub fn new() -> Timeline {
+        let mut timeline = Timeline {
+            t0: None,
+            width_ns: FIRST_WIDTH_NS,
+            buckets: Vec::new(),
+            live: HashMap::new(),
+            allocated: 0,
+            owners: Vec::new(),
+            owner_index: HashMap::new(),
+            owner_bytes: Vec::new(),
+            peak: 0,
+            peak_ts_ns: 0,
+            open_ops: HashMap::new(),
+            op_names: vec![String::new()],
+            op_index: HashMap::new(),
+            steps: Vec::new(),
+            marks: Vec::new(),
+            dropped_marks: 0,
+            rows: 0,
+            mallocs: 0,
+            frees: 0,
+            unmatched_frees: 0,
+            last_ts: 0,
+        };
+        timeline.op_index.insert(String::new(), 0);
+        timeline
+    }
+
+    fn owner_id(&mut self, owner: &str) -> u16 {
+        if let Some(&id) = self.owner_index.get(owner) {
+            return id;
+        }
+        let name = if self.owners.len() + 1 >= MAX_OWNERS {
+            OTHER_OWNER
+        } else {
+            owner
+        };
+        let id = match self.owner_index.get(name) {
+            Some(&id) => id,
+            None => {
+                self.owners.push(name.to_owned());
+                self.owner_bytes.push(0);
+                for bucket in &mut self.buckets {
+                    bucket.owners_at_max.push(0);
+                }
+                (self.owners.len() - 1) as u16
+            }
+        };
+        self.owner_index.insert(owner.to_owned(), id);
+        id
+    }
+
+    fn op_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.op_index.get(name) {
+            return id;
+        }
+        let id = self.op_names.len() as u32;
+        self.op_names.push(name.to_owned());
+        self.op_index.insert(name.to_owned(), id);
+        id
+    }
+
+    /// The index of the bucket `ts` falls in, merging buckets until it fits.
+    fn bucket(&mut self, ts: u64) -> usize {
+        let t0 = *self.t0.get_or_insert(ts);
+        // Rows are in time order; a stray earlier stamp joins the current bucket.
+        let ts = ts.max(self.last_ts).max(t0);
+        self.last_ts = ts;
+        let mut index = ((ts - t0) / self.width_ns) as usize;
+        while index >= MAX_BUCKETS {
+            self.halve();
+            index = ((ts - t0) / self.width_ns) as usize;
+        }
+        while self.buckets.len() <= index {
+            let bucket = Bucket::new(self.allocated, ts, &self.owner_bytes);
+            self.buckets.push(bucket);
+        }
+        index
+    }
+
+    fn halve(&mut self) {
+        let old = std::mem::take(&mut self.buckets);
+        let mut merged = Vec::with_capacity(old.len() / 2 + 1);
+        let mut iter = old.into_iter();
+        while let Some(mut first) = iter.next() {
+            if let Some(second) = iter.next() {
+                first.merge(second);
+            }
+            merged.push(first);
+        }
+        self.buckets = merged;
+        self.width_ns *= 2;
+    }
+
+    /// Records the current level in the bucket of `ts`; returns the bucket's index.
+    fn level_changed(&mut self, ts: u64) -> usize {
+        let level = self.allocated;
+        if level > self.peak {
+            self.peak = level;
+            self.peak_ts_ns = ts;
+        }
+        let index = self.bucket(ts);
+        let bucket = &mut self.buckets[index];
+        bucket.min = bucket.min.min(level);
+        if level > bucket.max {
+            bucket.max = level;
+            bucket.max_ts_ns = ts;
+            bucket.owners_at_max.clear();
+            bucket.owners_at_max.extend_from_slice(&self.owner_bytes);
+        }
+        index
+    }
+
+    pub fn feed(&mut self, row: &EventRow) {
+        self.rows += 1;
+        match (row.event, row.event_type) {
+            (Event::Malloc, pool) if is_pool(pool) => {
+                let Some(ptr) = row.ptr else { return };
+                let size = row.attr_u64("size").unwrap_or(0);
+                let owner_text = row.attr_str("owner").unwrap_or(pool.as_str()).to_owned();
+                let owner = self.owner_id(&owner_text);
+                if let Some(old) = self.live.insert((pool, ptr), LiveBlock { size, owner }) {
+                    // A MALLOC over a live block: the dump missed its FREE; replace it.
+                    self.allocated -= old.size;
+                    self.owner_bytes[old.owner as usize] -= old.size;
+                }
+                self.allocated += size;
+                self.owner_bytes[owner as usize] += size;
+                self.mallocs += 1;
+                let op = self
+                    .open_ops
+                    .get(&row.tid)
+                    .and_then(|ops| ops.last())
+                    .copied()
+                    .unwrap_or(0);
+                let reserved = row.attr_u64("total");
+                let index = self.level_changed(row.ts_ns);
+                let bucket = &mut self.buckets[index];
+                bucket.mallocs += 1;
+                if let Some(total) = reserved {
+                    bucket.reserved = Some(bucket.reserved.map_or(total, |r| r.max(total)));
+                }
+                if bucket.largest.as_ref().is_none_or(|l| size > l.size) {
+                    bucket.largest = Some(Largest {
+                        size,
+                        op,
+                        owner,
+                        ts_ns: row.ts_ns,
+                    });
+                }
+            }
+            (Event::Free, pool) if is_pool(pool) => {
+                let Some(ptr) = row.ptr else { return };
+                self.frees += 1;
+                let reserved = row.attr_u64("total");
+                match self.live.remove(&(pool, ptr)) {
+                    Some(block) => {
+                        self.allocated -= block.size;
+                        self.owner_bytes[block.owner as usize] -= block.size;
+                    }
+                    None => self.unmatched_frees += 1,
+                }
+                let index = self.level_changed(row.ts_ns);
+                let bucket = &mut self.buckets[index];
+                bucket.frees += 1;
+                if let Some(total) = reserved {
+                    bucket.reserved = Some(bucket.reserved.map_or(total, |r| r.max(total)));
+                }
+            }
+            (Event::OpLaunch, EventType::AtenStart) => {
+                let op = self.op_id(&row.name);
+                self.open_ops.entry(row.tid).or_default().push(op);
+            }
+            (Event::OpLaunch, EventType::AtenEnd) => {
+                if let Some(ops) = self.open_ops.get_mut(&row.tid) {
+                    ops.pop();
+                }
+            }
+            (Event::System, EventType::Step) => {
+                self.bucket(row.ts_ns);
+                if self.steps.len() < MAX_MARKS {
+                    self.steps.push((row.ts_ns, row.name.clone()));
+                } else {
+                    self.dropped_marks += 1;
+                }
+            }
+            (Event::Mstx, kind) => {
+                self.bucket(row.ts_ns);
+                if self.marks.len() < MAX_MARKS {
+                    self.marks
+                        .push((row.ts_ns, kind.as_str().to_owned(), row.name.clone()));
+                } else {
+                    self.dropped_marks += 1;
+                }
+            }
+            (Event::System, kind) if kind.as_str() == "OWNER" => self.relabel(row),
+            _ => {}
+        }
+    }
+
+    /// A decompose `SYSTEM OWNER` row: the block at Ptr now belongs to the Attr's `owner`.
+    fn relabel(&mut self, row: &EventRow) {
+        let (Some(ptr), Some(owner)) = (row.ptr, row.attr_str("owner")) else {
+            return;
+        };
+        let owner = owner.to_owned();
+        // The row names the block by address only; pools never share an address.
+        let Some(key) = [EventType::Pta, EventType::Hal, EventType::Host]
+            .into_iter()
+            .map(|pool| (pool, ptr))
+            .find(|key| self.live.contains_key(key))
+        else {
+            return;
+        };
+        let new_owner = self.owner_id(&owner);
+        let block = self.live.get_mut(&key).expect("the key was just found");
+        let old_owner = std::mem::replace(&mut block.owner, new_owner);
+        let size = block.size;
+        self.owner_bytes[old_owner as usize] -= size;
+        self.owner_bytes[new_owner as usize] += size;
+    }
+
+    /// The page's data: bucket start times in ms since the first row, and the series.
+    pub fn to_json(&self, label: &str, file: &str) -> Value {
+        let t0 = self.t0.unwrap_or(0);
+        let ms = |ts: u64| ts.saturating_sub(t0) as f64 / 1e6;
+        let times: Vec<f64> = (0..self.buckets.len())
+            .map(|i| (i as u64 * self.width_ns) as f64 / 1e6)
+            .collect();
+        let has_reserved = self.buckets.iter().any(|b| b.reserved.is_some());
+        let owners: Vec<Value> = (0..self.owners.len())
+            .map(|o| {
+                json!({
+                    "name": self.owners[o],
+                    "bytes": self.buckets.iter().map(|b| b.owners_at_max.get(o).copied().unwrap_or(0)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let hover: Vec<Value> = self
+            .buckets
+            .iter()
+            .map(|b| match &b.largest {
+                Some(l) => json!([
+                    l.size,
+                    self.op_names[l.op as usize],
+                    self.owners[l.owner as usize],
+                    ms(l.ts_ns)
+                ]),
+                None => Value::Null,
+            })
+            .collect();
+        json!({
+            "label": label,
+            "file": file,
+            "t0_ns": t0,
+            "bucket_ms": self.width_ns as f64 / 1e6,
+            "rows": self.rows,
+            "mallocs": self.mallocs,
+            "frees": self.frees,
+            "unmatched_frees": self.unmatched_frees,
+            "live_at_end": {"count": self.live.len(), "bytes": self.allocated},
+            "peak": {"bytes": self.peak, "ms": ms(self.peak_ts_ns)},
+            "t": times,
+            "max": self.buckets.iter().map(|b| b.max).collect::<Vec<_>>(),
+            "min": self.buckets.iter().map(|b| b.min).collect::<Vec<_>>(),
+            "reserved": if has_reserved {
+                Value::from(self.buckets.iter().map(|b| b.reserved.map_or(Value::Null, Value::from)).collect::<Vec<_>>())
+            } else {
+                Value::Null
+            },
+            "counts": self.buckets.iter().map(|b| json!([b.mallocs, b.frees])).collect::<Vec<_>>(),
+            "owners": owners,
+            "hover": hover,
+            "steps": self.steps.iter().map(|(ts, name)| json!([ms(*ts), name])).collect::<Vec<_>>(),
+            "marks": self.marks.iter().map(|(ts, kind, msg)| json!([ms(*ts), kind, msg])).collect::<Vec<_>>(),
+            "dropped_marks": self.dropped_marks,
+        })
+    }
+}
