@@ -35,8 +35,10 @@ __all__ = [
     "analyzers",
     "check_inefficient",
     "check_leaks",
+    "cleanup_framework_hooks",
     "config",
     "get_analyzer_config",
+    "init_framework_hooks",
     "list_analyzers",
     "mstx",
     "start",
@@ -95,3 +97,20 @@ def stop() -> None:
 def step() -> None:
     """Marks the end of a training or inference step."""
     _native_runtime().step()
+
+
+# --- framework hooks (frameworks/hooks): imported on first use, so `import msmemscope` stays light
+def init_framework_hooks(framework: str, version: str, component: str, type: str) -> None:
+    """Hooks one framework component for decompose or snapshot, e.g.
+    ``init_framework_hooks("pytorch", "2.10+", "fsdp2", "decompose")``; see
+    :func:`msmemscope.frameworks.hooks.init_framework_hooks`."""
+    from .frameworks import hooks
+
+    hooks.init_framework_hooks(framework, version, component, type)
+
+
+def cleanup_framework_hooks() -> None:
+    """Restores every function framework hooks patched."""
+    from .frameworks import hooks
+
+    hooks.cleanup_framework_hooks()

@@ -1,0 +1,63 @@
+"""Two training steps of a small MLP under FSDP on CPU (gloo), one rank per process.
+
+Usage: fsdp_train.py fsdp1|fsdp2 [manual]. The rendezvous comes from the environment as
+torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With ``manual`` the script calls
+``msmemscope.init_framework_hooks`` itself. Prints ``KNOWN param_bytes N`` (the unsharded model's
+parameter bytes) and ``ACTIVE ...`` (the applied hooks), and marks ``fsdp-check`` (an MSTX mark)
+after the second step while everything is still alive.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import msmemscope
+
+kind = sys.argv[1]
+manual = "manual" in sys.argv[2:]
+
+torch.manual_seed(0)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+# Every parameter's first dimension is even, so each of the 2 ranks holds exactly half.
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+if manual:
+    version = "2.6+" if kind == "fsdp1" else "2.10+"
+    msmemscope.init_framework_hooks("pytorch", version, kind, "decompose")
+
+if kind == "fsdp2":
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+elif kind == "fsdp1":
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = FSDP(model, device_id=torch.device("cpu"))
+else:
+    raise SystemExit(f"unknown kind {kind!r}: fsdp1 or fsdp2")
+
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+x = torch.randn(4, 16)
+for _ in range(2):
+    optimizer.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    msmemscope.step()
+
+from msmemscope.frameworks import hooks  # noqa: E402
+
+print(f"KNOWN param_bytes {param_bytes}")
+print("ACTIVE " + ";".join(",".join(h) for h in hooks.active_hooks()))
+print(f"ACTIVATIONS {hooks.activation_count()}")
+msmemscope.mstx.mark("fsdp-check")
+sys.stdout.flush()
+dist.barrier()
+dist.destroy_process_group()
