@@ -176,7 +176,8 @@ def watch(target, *, length=None, name=None, dump_nums=None) -> None:
 
 def remove(target=None, *, length=None, name=None) -> None:
     """Stops watching a block, given as it was to :func:`watch` (the tensor, or the address and
-    length), or by its ``name``."""
+    length), or by its ``name``. A block whose watch already ended (``dump_nums`` reached, its
+    storage freed) is accepted and nothing happens; one never watched is a ValueError."""
     if name is not None:
         if target is not None or length is not None:
             raise TypeError("remove() takes either name= alone, or the tensor / address and length")
@@ -208,7 +209,7 @@ def remove(target=None, *, length=None, name=None) -> None:
 
     def same(b) -> bool:
         where = b.locate()
-        return where is not None and where[0] == addr and b.length == length
+        return (where[0] if where else b.at) == addr and b.length == length
 
     block = _watch.WATCH.find(same)
     if block is None:

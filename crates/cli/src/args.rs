@@ -770,13 +770,8 @@ fn parse_export(rest: &[OsString]) -> Result<Subcommand, UsageError> {
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
 const AVAILABILITY: &str = "--analysis=host-leaks, the event dump (--analysis=none) and the \
 leaks, decompose, oom and inefficient analyses launch with every dump option; --pid attaches to a \
-running process; --compare diffs two dumps; --watch is checked, then refused as not available yet.";
-
-fn not_yet(what: impl fmt::Display) -> Result<(), UsageError> {
-    Err(UsageError(format!(
-        "{what} is not available yet in this build; use --analysis=host-leaks or the event dump"
-    )))
-}
+running process; --compare diffs two dumps; --watch checksums (or dumps) watched blocks before and \
+after every op of its range.";
 
 /// The capability gate: everything this build parses and validates but cannot run yet. It is
 /// the last stage, so a bad value is always reported as such first. Each later feature deletes
@@ -790,10 +785,8 @@ fn refuse_unavailable(command: &Command) -> Result<(), UsageError> {
         | Command::Compare { .. } => return Ok(()),
         Command::Launch { config, .. } => config,
     };
-    // Every analysis runs in this build.
-    if config.watch.is_some() {
-        return not_yet("--watch");
-    }
+    // Every analysis runs in this build, and --watch.
+    let _ = config;
     Ok(())
 }
 
@@ -1085,12 +1078,11 @@ mod tests {
 
     #[test]
     fn capability_gate() {
-        let refused = [
-            (&["--watch=aten::add,aten::mul", "prog"][..], "--watch is not available yet in this build; use --analysis=host-leaks or the event dump"),
-        ];
-        for (args, message) in refused {
-            assert_eq!(error(args), message, "for {args:?}");
-        }
+        // --watch passes the gate.
+        assert!(matches!(
+            parse_strs(&["--watch=aten::add.Tensor:1,aten::mul.Tensor", "prog"]),
+            Ok(Command::Launch { .. })
+        ));
         // --compare passes the gate.
         assert!(matches!(
             parse_strs(&["--compare", "--input-path=a,b"]),

@@ -215,7 +215,6 @@ fn missing_values_and_missing_program() {
 #[test]
 fn unavailable_modes_are_refused_in_one_line() {
     let cases: &[(&[&str], &str)] = &[
-        (&["--analysis=leaks", "--watch=aten::add.Tensor:1,aten::mul"], "--watch is not available yet"),
         // Not "not available": host-leaks never takes the dump's options.
         (&["--analysis=host-leaks", "--format=db"], "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --format"),
         (&["--analysis=host-leaks", "--events=alloc,free"], "does not take --events"),
@@ -260,7 +259,7 @@ fn help_and_version_go_to_stdout() {
         "--sample-rate",
         "--load-api-env",
         "op, kernel",
-        "not available yet",
+        "watched blocks before and after every op",
     ] {
         assert!(text.contains(needle), "help lacks {needle:?}");
     }

@@ -78,6 +78,7 @@ class Block:
 
     __slots__ = (
         "addr",
+        "at",
         "device",
         "dumps",
         "dumps_left",
@@ -89,9 +90,13 @@ class Block:
         "outid",
         "ref",
         "stopped",
+        "user",
     )
 
-    def __init__(self, name, outid, device, length, *, storage=None, offset=0, addr=0, dumps=None):
+    def __init__(
+        self, name, outid, device, length, *, storage=None, offset=0, addr=0, dumps=None, user=True
+    ):
+        self.user = user  # registered by watcher.watch (not an output of the start op)
         self.name = name
         self.outid = outid
         self.device = device  # "cpu" or "cuda:N"
@@ -99,6 +104,8 @@ class Block:
         self.ref = weakref.ref(storage) if storage is not None else None
         self.offset = offset
         self.addr = addr
+        # The address it was last seen at (remove() still matches it once the watch stopped).
+        self.at = addr if storage is None else storage.data_ptr() + offset
         self.dumps_left = dumps  # None: unlimited
         self.dumps = 0
         self.last = None  # checksum after the last op (None: not read yet)
@@ -117,7 +124,8 @@ class Block:
         st = self.ref()
         if st is None or st.nbytes() < self.offset + self.length:
             return None
-        return st.data_ptr() + self.offset, st
+        self.at = st.data_ptr() + self.offset
+        return self.at, st
 
     def describe(self) -> str:
         where = self.locate()
@@ -336,9 +344,11 @@ class Watch:
             self.refresh()
 
     def find(self, predicate) -> Block | None:
+        """The watched block ``predicate`` accepts; else one that was watched and has stopped
+        (freed, dump_nums reached), whose ``stopped`` is set."""
         with self.lock:
-            for b in self.user_blocks:
-                if predicate(b):
+            for b in (*self.user_blocks, *self.stopped):
+                if b.user and predicate(b):
                     return b
         return None
 
@@ -605,7 +615,7 @@ def _output_block(op: str, index: int, t) -> Block | None:
     st = t.untyped_storage()
     device = "cpu" if t.device.type == "cpu" else f"cuda:{t.device.index or 0}"
     offset = span[0] - st.data_ptr()
-    return Block(op, index, device, span[1], storage=st, offset=offset)
+    return Block(op, index, device, span[1], storage=st, offset=offset, user=False)
 
 
 WATCH = Watch()

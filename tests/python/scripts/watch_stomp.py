@@ -22,7 +22,7 @@ from msmemscope import watcher
 mode = sys.argv[1]
 dump_nums = int(sys.argv[2]) if len(sys.argv) > 2 else None
 
-lib = torch.library.Library("mswatch", "DEF")  # noqa: TOR901 (a plain CPU kernel is the point)
+lib = torch.library.Library("mswatch", "DEF")
 lib.define("stomp(Tensor(a!) out, int extra) -> ()")
 
 
