@@ -35,6 +35,7 @@ TYPE_SNAPSHOT: int
 TYPE_OOM_TRIGGER: int
 TYPE_OOM_RECENT_ALLOC: int
 TYPE_OOM_TOP_ALLOC: int
+TYPE_OWNER: int
 
 AttrValue = int | float | str | bool | None | list[int] | tuple[int, ...]
 

@@ -170,6 +170,10 @@ fn report_event_dump(dir: &Path, config: &RunConfig) {
                 .flatten()
         })
         .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
+        })
         .collect();
     dumps.sort();
     if dumps.is_empty() {

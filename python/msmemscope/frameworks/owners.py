@@ -32,6 +32,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["decompose_enabled", "relabel", "scope"]
 
@@ -61,7 +62,8 @@ class _State:
         self.scopes = threading.local()  # .stack: framework categories entered on this thread
         self.handles: list = []  # global hooks while decompose is on
         self.seen_modules: weakref.WeakSet = weakref.WeakSet()
-        self.hooked_params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Keyed by identity: a tensor's == is elementwise.
+        self.hooked_params = WeakIdKeyDictionary()
 
 
 _state = _State()
@@ -88,7 +90,9 @@ def category_for_new() -> str | None:
 
 
 def current_user_labels() -> tuple[str, ...]:
-    return tuple(_state.user_labels)
+    """The active labels, outermost first, each once (a region nested in one with the same
+    label adds nothing)."""
+    return tuple(dict.fromkeys(_state.user_labels))
 
 
 def owner_text(pool: str, category: str | None, labels: tuple[str, ...] | None) -> str:
@@ -191,11 +195,29 @@ def _relabel_quietly(tensor, category: str) -> None:
             tracker.report(exc)
 
 
+def _never_raises(hook):
+    """Hooks run inside the program's forward, backward and step: an error of ours is reported
+    once by the tracker and never reaches the program."""
+
+    def guarded(*args):
+        try:
+            hook(*args)
+        except Exception as exc:
+            tracker = _tracker()
+            if tracker is not None:
+                tracker.report(exc)
+
+    guarded.__name__ = hook.__name__
+    return guarded
+
+
+@_never_raises
 def _grad_hook(grad):
     if isinstance(grad, torch.Tensor):
         _relabel_quietly(grad, GRADIENT)
 
 
+@_never_raises
 def _post_accumulate_hook(param):
     if param.grad is not None:
         _relabel_quietly(param.grad, GRADIENT)
@@ -215,6 +237,7 @@ def _label_module(module) -> None:
         _relabel_quietly(buf, BUFFER)
 
 
+@_never_raises
 def _module_pre_forward(module, args):
     if not _state.decompose or module in _state.seen_modules:
         return
@@ -222,10 +245,12 @@ def _module_pre_forward(module, args):
     _label_module(module)
 
 
+@_never_raises
 def _optimizer_pre_step(optimizer, args, kwargs):
     _state.in_optimizer += 1
 
 
+@_never_raises
 def _optimizer_post_step(optimizer, args, kwargs):
     _state.in_optimizer = max(0, _state.in_optimizer - 1)
     for group in optimizer.param_groups:
@@ -268,6 +293,6 @@ def disable_decompose() -> None:
     for pair in list(_state.hooked_params.values()):
         for handle in pair:
             handle.remove()
-    _state.hooked_params = weakref.WeakKeyDictionary()
+    _state.hooked_params = WeakIdKeyDictionary()
     _state.seen_modules = weakref.WeakSet()
     _state.in_optimizer = 0

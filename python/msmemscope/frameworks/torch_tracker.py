@@ -34,6 +34,7 @@ Nothing here raises into the program: an internal error is reported once on stde
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -45,12 +46,15 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from . import owners
+
 __all__ = ["install", "installed", "reload_config", "uninstall"]
 
 _Tensor = torch.Tensor
 _PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 _TRACKED_DEVICE_TYPES = frozenset({"cpu", "cuda"})
 _OpOverload = torch._ops.OpOverload
+_NO_SCOPE = contextlib.nullcontext()
 
 # Frames from these directories are skipped at the top (innermost end) of Python stacks.
 _SKIP_DIRS = tuple(
@@ -65,7 +69,7 @@ _SKIP_DIRS = tuple(
 class _Config:
     """The parts of the runtime's RunConfig the tracker acts on, read once per (re)load."""
 
-    __slots__ = ("access", "alloc", "c_stack", "free", "launch", "python_depth")
+    __slots__ = ("access", "alloc", "c_stack", "decompose", "free", "launch", "python_depth")
 
     def __init__(self, config_json: str | None = None):
         cfg = json.loads(config_json) if config_json else {}
@@ -80,13 +84,14 @@ class _Config:
         stacks = cfg.get("call_stack") or {}
         self.python_depth = stacks.get("python") or 0
         self.c_stack = stacks.get("c") is not None
+        self.decompose = "decompose" in (cfg.get("analysis") or ())
 
 
 class _StorageRef(weakref.ref):
     """A weak reference to a tracked storage, carrying its block (the FREE needs it after the
     storage is gone)."""
 
-    __slots__ = ("aid", "device", "key", "ptr", "size")
+    __slots__ = ("aid", "category", "device", "key", "labels", "ptr", "size")
 
 
 # Ops that may give an argument they write a new block (out= arguments are keyword-only).
@@ -210,7 +215,10 @@ class _Tracker:
         attrs = {"allocation_id": 0, "addr": f"0x{ptr:016x}", "size": size, "used": 0}
         if dev != "cpu":
             attrs["total"] = _cuda_reserved(dev)
-        attrs["owner"] = "PTA"
+        if ref.category is None and ref.labels is None:
+            ref.category = owners.category_for_new()
+            ref.labels = owners.current_user_labels()
+        attrs["owner"] = owners.owner_text("PTA", ref.category, ref.labels)
         with self.lock:
             aid = next(self.ids)
             used = self.used.get(dev, 0) + size
@@ -248,21 +256,59 @@ class _Tracker:
         except Exception as exc:
             self.report(exc)
 
-    def new_storage(self, t) -> None:
+    def new_storage(self, t) -> _StorageRef | None:
         """An op returned ``t`` as a new tensor: a storage not seen before gets a MALLOC."""
         st = t.untyped_storage()
         key = id(st)
         if key in self.live:
-            return
+            return None
         dev = _device_of(t)
         if dev is None:
-            return
+            return None
         ref = _StorageRef(st, self.free_cb)
         ref.key, ref.device, ref.size, ref.aid, ref.ptr = key, dev, 0, 0, 0
+        ref.category = ref.labels = None
         self.live[key] = ref
         size = st.nbytes()
         if size:
             self._malloc(ref, st.data_ptr(), size)
+        return ref
+
+    # --- owners ---------------------------------------------------------------------------------
+    def set_owner(self, t, category: str | None = None, label: str | None = None) -> None:
+        """Gives ``t``'s storage a framework ``category`` and/or appends a user ``label``; a
+        changed owner of a live block is written as a SYSTEM/OWNER row. A storage not tracked
+        yet (made before tracking) is adopted with that owner: its MALLOC row is written now."""
+        if type(t) not in _PLAIN_TENSOR_TYPES or t.device.type not in _TRACKED_DEVICE_TYPES:
+            return
+        st = t.untyped_storage()
+        ref = self.live.get(id(st))
+        if ref is None:
+            if not self.enabled:
+                return
+            with owners.scope(category) if category else _NO_SCOPE:
+                ref = self.new_storage(t)
+            if ref is None or label is None:
+                return
+        old = (ref.category, ref.labels)
+        if ref.category is None and ref.labels is None:  # zero-byte so far: no MALLOC yet
+            ref.labels = ()
+        if category is not None:
+            ref.category = category
+        if label is not None and label not in ref.labels:
+            if len(ref.labels) >= owners.MAX_USER_LABELS:
+                raise ValueError(
+                    f"describer: a tensor carries at most {owners.MAX_USER_LABELS} owner labels "
+                    f"(it has {', '.join(ref.labels)}); cannot add {label!r}"
+                )
+            ref.labels = (*ref.labels, label)
+        if (ref.category, ref.labels) == old or not ref.size or not self.cfg.alloc:
+            return
+        owner = owners.owner_text("PTA", ref.category, ref.labels)
+        attrs = {"allocation_id": ref.aid, "addr": f"0x{ref.ptr:016x}", "size": ref.size}
+        attrs["owner"] = owner
+        nat = self.nat
+        nat.emit(nat.EVENT_SYSTEM, nat.TYPE_OWNER, owner, ref.device, ref.ptr, attrs, "", False)
 
     def written_storage(self, t) -> None:
         """An op that may reallocate wrote ``t``: a tracked storage whose block changed gets a
@@ -489,9 +535,28 @@ def installed() -> bool:
 
 
 def reload_config() -> None:
-    """Re-reads the runtime's configuration (call after ``msmemscope.config()``)."""
-    if _tracker is not None:
-        _tracker.cfg = _Config(_tracker.nat.current_config())
+    """Re-reads the runtime's configuration (call after ``msmemscope.config()``); turns the
+    decompose hooks on or off with the decompose analysis."""
+    if _tracker is None:
+        return
+    _tracker.cfg = cfg = _Config(_tracker.nat.current_config())
+    if cfg.decompose:
+        owners.enable_decompose()
+    else:
+        owners.disable_decompose()
+    _framework_hooks(cfg.decompose)
+
+
+def _framework_hooks(decompose: bool) -> None:
+    """The frameworks' decompose hooks (FSDP, vLLM...), registered lazily: each activates only
+    once its framework is imported."""
+    try:
+        from . import hooks
+    except ImportError:
+        return
+    toggle = getattr(hooks, "auto_register" if decompose else "auto_unregister", None)
+    if toggle is not None:
+        toggle()
 
 
 def install() -> None:

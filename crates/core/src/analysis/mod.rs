@@ -4,6 +4,7 @@
 
 pub mod check_leaks;
 pub mod compare;
+pub mod decompose;
 pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;
@@ -45,7 +46,8 @@ pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
                 analyses.push(Box::new(leaks::Leaks::new()));
                 analyses.push(Box::new(fluctuation::Fluctuation::new()));
             }
-            Requested::Decompose | Requested::Oom(_) | Requested::HostLeaks => {}
+            Requested::Decompose => analyses.push(Box::new(decompose::Decompose::new())),
+            Requested::Oom(_) | Requested::HostLeaks => {}
         }
     }
     analyses

@@ -76,10 +76,13 @@ pub enum EventType {
     OomTrigger = 17,
     OomRecentAlloc = 18,
     OomTopAlloc = 19,
+    /// A SYSTEM row that gives a live block a new `owner` (decompose learns some owners after
+    /// the block's MALLOC row is written: a tensor becomes a parameter, a gradient, a state).
+    Owner = 20,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 19] = [
+    pub const ALL: [EventType; 20] = [
         EventType::Hal,
         EventType::Pta,
         EventType::Host,
@@ -99,6 +102,7 @@ impl EventType {
         EventType::OomTrigger,
         EventType::OomRecentAlloc,
         EventType::OomTopAlloc,
+        EventType::Owner,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -122,6 +126,7 @@ impl EventType {
             EventType::OomTrigger => "OOM_TRIGGER",
             EventType::OomRecentAlloc => "OOM_RECENT_ALLOC",
             EventType::OomTopAlloc => "OOM_TOP_ALLOC",
+            EventType::Owner => "OWNER",
         }
     }
 

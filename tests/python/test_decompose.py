@@ -1,0 +1,178 @@
+"""Decompose end to end: owners on MALLOC rows, OWNER rows, the per-step table against PyTorch's
+MemTracker on the same run, and msmemscope.describe in its four forms. Real torch on CPU under
+the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, clean_env
+
+CLI = REPO / "target" / "release" / "msmemscope-cli"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)")
+
+# MemTracker's categories -> our owners.
+CATEGORIES = {
+    "Parameter": "PTA@weight",
+    "Buffer": "PTA@buffer",
+    "Gradient": "PTA@gradient",
+    "Activation": "PTA@activation",
+    "Temp": "PTA@temporary",
+    "Optstate": "PTA@optimizer_state",
+    "Total": "total",
+}
+
+
+def run(tmp: Path, script: str, *args: str, options=("--analysis=decompose",)):
+    out = tmp / "out"
+    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(SCRIPTS / script), *args]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp,
+        env=clean_env(OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "tracker error" not in proc.stderr, proc.stderr
+    (dump,) = out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv")
+    with dump.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return proc, rows, dump.parent
+
+
+def table(dump_dir: Path) -> dict[tuple[int, str], tuple[int, int, int]]:
+    with (dump_dir / "memscope_decompose.csv").open(newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert list(lines[0]) == [
+        "Step",
+        "Device Id",
+        "Pool",
+        "Owner",
+        "Current(byte)",
+        "Peak(byte)",
+        "Max(byte)",
+    ]
+    return {
+        (int(r["Step"]), r["Owner"]): (
+            int(r["Current(byte)"]),
+            int(r["Peak(byte)"]),
+            int(r["Max(byte)"]),
+        )
+        for r in lines
+        if r["Device Id"] == "cpu" and r["Pool"] == "PTA"
+    }
+
+
+def within_one_percent(ours: int, theirs: int) -> bool:
+    return abs(ours - theirs) <= 0.01 * theirs
+
+
+def test_per_step_owners_agree_with_memtracker(tmp_path: Path) -> None:
+    steps = 4
+    proc, rows, dump_dir = run(tmp_path, "decompose_train.py", str(steps))
+    reference = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("MEMTRACKER "):
+            snap = json.loads(line.split(" ", 1)[1])
+            reference[snap["step"]] = snap
+    assert sorted(reference) == list(range(steps + 1))
+    ours = table(dump_dir)
+    compared = 0
+    for step in range(1, steps + 1):
+        for category, owner in CATEGORIES.items():
+            current, peak, _ = ours.get((step, owner), (0, 0, 0))
+            want_current = reference[step]["current"][category]
+            want_peak = reference[step]["peak"][category]
+            assert within_one_percent(current, want_current), (step, owner, current, want_current)
+            assert within_one_percent(peak, want_peak), (step, owner, peak, want_peak)
+            compared += want_current > 0 or want_peak > 0
+    # The comparison covered weights, gradients, optimizer state and activations every step.
+    assert compared >= 4 * steps
+    # Model: 64*256+256 + 256*128+128 + 128*10+10 float32 parameters; Adam keeps two states per
+    # parameter and a float32 step count per parameter tensor (6).
+    params = (64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10) * 4
+    assert ours[(steps, "PTA@weight")][0] == params
+    assert ours[(steps, "PTA@optimizer_state")][0] == 2 * params + 6 * 4
+    assert ours[(steps, "PTA@gradient")][2] == params
+    # The owners are on the rows themselves: MALLOC owners and OWNER rows that move blocks.
+    owners = {json.loads(r["Attr"])["owner"] for r in rows if r["Event"] == "MALLOC"}
+    assert {"PTA@activation", "PTA@temporary", "PTA@optimizer_state"} <= owners
+    relabels = [r for r in rows if r["Event"] == "SYSTEM" and r["Event Type"] == "OWNER"]
+    assert {r["Name"] for r in relabels} >= {"PTA@weight", "PTA@gradient"}
+    assert all(json.loads(r["Attr"])["owner"] == r["Name"] for r in relabels)
+    assert (
+        "====== Memory decomposition on device cpu (PTA pool) ======" in proc.stderr + proc.stdout
+    )
+
+
+def test_describer_forms(tmp_path: Path) -> None:
+    proc, rows, _ = run(tmp_path, "describe_forms.py")
+    known = {}
+    refused = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("KNOWN "):
+            _, label, ptr, nbytes = line.split()
+            known[label] = (f"0x{int(ptr):016x}", int(nbytes))
+        elif line.startswith("REFUSED ") or line.startswith("ACCEPTED "):
+            kind = line.split()[1]
+            refused[kind] = line.split(" ", 2)[2] if line.startswith("REFUSED ") else "ACCEPTED"
+    mallocs = [r for r in rows if r["Event"] == "MALLOC"]
+    owner_of = {
+        (r["Ptr"], json.loads(r["Attr"])["size"]): json.loads(r["Attr"])["owner"] for r in mallocs
+    }
+    expected = {
+        "decorated": "PTA@activation@deco",
+        "ctx": "PTA@activation@ctx",
+        "nested": "PTA@activation@ctx@inner",
+        "explicit": "PTA@activation@expl",
+        "tagged": "PTA@activation",
+        "plain": "PTA@activation",
+        "repeat": "PTA@activation@a@b@c",
+        "after": "PTA@activation",
+    }
+    for label, owner in expected.items():
+        assert owner_of[known[label]] == owner, (label, owner_of)
+    # Exactly the allocations made inside carry a label.
+    labelled = sorted(
+        json.loads(r["Attr"])["size"]
+        for r in mallocs
+        if json.loads(r["Attr"])["owner"] != "PTA@activation"
+    )
+    assert labelled == [40, 80, 120, 160, 280]
+    # The tensor form relabels the existing block.
+    (tag,) = [r for r in rows if r["Event Type"] == "OWNER"]
+    assert (tag["Name"], tag["Ptr"], json.loads(tag["Attr"])["size"]) == (
+        "PTA@activation@tagged",
+        *known["tagged"],
+    )
+    assert refused == {
+        "fourth": "ValueError: describer: at most 3 distinct owner labels can be active at once "
+        "(active: a, b, c); cannot add 'd'",
+        "long": "ValueError: describer: owner must have 1 to 128 characters, got 129",
+        "type": "TypeError: describer: owner must be a str, not int",
+        "at": "ValueError: describer: owner 'a@b' contains '@'; '@' separates labels and quotes, "
+        "backslashes and control characters are not accepted",
+        "not_tensor": "TypeError: describer: the positional argument must be a torch.Tensor to "
+        "label (got list); use describer(owner=...) as a decorator or context manager",
+        "exit_unknown": "ValueError: describer: no active region is labelled 'never'",
+    }
+
+
+def test_user_labels_without_decompose(tmp_path: Path) -> None:
+    """Without the decompose analysis the framework part is absent: owners are the pool and the
+    user's labels, and no framework hook runs."""
+    _, rows, dump_dir = run(tmp_path, "describe_forms.py", options=("--analysis=none",))
+    owners = sorted({json.loads(r["Attr"])["owner"] for r in rows if r["Event"] == "MALLOC"})
+    assert owners == ["PTA", "PTA@a@b@c", "PTA@ctx", "PTA@ctx@inner", "PTA@deco", "PTA@expl"]
+    assert not (dump_dir / "memscope_decompose.csv").exists()
