@@ -398,3 +398,60 @@ def test_misuse_raises_one_clear_error_each(tmp_path):
     assert "the storage (32 bytes at 0x" in lines["length past storage"]
     assert "has 24 bytes from that address" in lines["length past storage"]
     assert lines["duplicate"].startswith('a block named "dup" is watched already')
+
+
+LIFETIMES = """
+import numpy as np
+import torch
+from msmemscope import watcher
+
+t = torch.ones(1024)
+watcher.watch(t, name="freed")
+t.add_(1)
+del t  # the storage dies: its watch ends at the next op, and no memory is read after
+x = torch.zeros(1024)
+x.add_(1)
+
+a = np.zeros(16, dtype=np.float32)  # memory no tensor op made: read through the checked path
+watcher.watch(a.ctypes.data, length=a.nbytes, name="numpy")
+torch.from_numpy(a).add_(3)
+watcher.remove(a.ctypes.data, length=a.nbytes)
+"""
+
+
+@needs_cli
+@needs_torch
+def test_freed_storage_ends_the_watch_and_untracked_memory_is_read_checked(tmp_path):
+    script = tmp_path / "lifetimes.py"
+    script.write_text(LIFETIMES)
+    run = run_cli(tmp_path, "--analysis=none", script=script)
+    rows = run.without_tid()
+    freed = [r for r in rows if r[0].endswith(("-freed_0_before", "-freed_0_after"))]
+    assert freed == expected_rows(
+        [("aten::add_.Tensor_1", floats(*[1.0] * 1024), floats(*[2.0] * 1024))], name="freed"
+    )
+    numpy_rows = [r for r in rows if "-numpy_0_" in r[0]]
+    zeros, threes = floats(*[0.0] * 16), floats(*[3.0] * 16)
+    assert numpy_rows == expected_rows(
+        [("aten::lift_fresh.default_1", zeros, zeros), ("aten::add_.Tensor_2", zeros, threes)],
+        name="numpy",
+    )
+    assert (
+        'msmemscope: watch: block "freed": 1 op(s) dumped; stopped: its storage was freed or '
+        "shrank" in run.summary
+    )
+    assert 'msmemscope: watch: block "numpy": 2 op(s) dumped; stopped: removed' in run.summary
+    assert (
+        'msmemscope: watch: block "numpy" changed in aten::add_.Tensor (call 2); its schema '
+        "writes it (argument self)" in run.summary
+    )
+
+
+@needs_torch
+def test_device_blocks_are_copied_to_the_host_byte_for_byte():
+    # The CUDA path's copy, run on a CPU storage: the same bytes from the same offset.
+    from msmemscope.frameworks.watch import _host_copy
+
+    t = torch.arange(16, dtype=torch.float32)
+    host = _host_copy(t.untyped_storage(), 8, 20)
+    assert bytes(host.numpy()) == struct.pack("<16f", *range(16))[8:28]
