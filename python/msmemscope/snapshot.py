@@ -46,7 +46,12 @@ def _cuda_stats(index: int) -> dict:
     import torch
 
     stats = torch.cuda.memory_stats(index)
-    free, total = torch.cuda.mem_get_info(index)
+    # --- device totals from NVML when present (issue 11): no CUDA context needed ---
+    from .frameworks.cuda_allocator import device_memory
+
+    nvml = device_memory(index)
+    free, total = (nvml[1], nvml[0]) if nvml else torch.cuda.mem_get_info(index)
+    # --- end ---
     return {
         "reserved": int(stats.get("reserved_bytes.all.current", 0)),
         "max_reserved": int(stats.get("reserved_bytes.all.peak", 0)),

@@ -572,6 +572,11 @@ def install() -> None:
         reload_config()
         _tracker.enabled = True
         _enter_on_this_thread(_mode)
+        # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
+        from . import cuda_allocator
+
+        cuda_allocator.attach_oom_observer()
+        # --- end ---
         if threading.getprofile() is not _thread_start_hook:
             _prev_thread_profile = threading.getprofile()
             threading.setprofile(_thread_start_hook)
