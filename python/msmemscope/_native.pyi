@@ -108,3 +108,6 @@ def check_inefficient(
     output_path: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, object]]:
     """The marked blocks, one dict per (block, kind)."""
+
+def check_decompose(input_path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The per-step table of bytes by owner."""

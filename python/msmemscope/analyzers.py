@@ -27,6 +27,7 @@ from . import _native
 __all__ = [
     "INEFFICIENT_TYPES",
     "analyze",
+    "check_decompose",
     "check_inefficient",
     "check_leaks",
     "get_analyzer_config",
@@ -83,7 +84,17 @@ def check_inefficient(
     )
 
 
+def check_decompose(input_path: PathArg) -> list[dict[str, Any]]:
+    """What memory was made of, per step, from a dump written with owners (``--analysis=decompose``
+    or ``describe`` labels): one dict per (step, device, pool, owner) with ``current`` (live bytes
+    at the step's end), ``peak`` (the owner's bytes when the pool's total peaked in the step) and
+    ``max`` (the owner's own highest); the owner ``total`` sums each step. The same table the
+    online analysis writes as ``memscope_decompose.csv``."""
+    return _native.check_decompose(input_path)
+
+
 _ANALYZERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "decompose": check_decompose,
     "inefficient": check_inefficient,
     "leaks": check_leaks,
 }

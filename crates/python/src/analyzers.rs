@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use msmemscope_core::analysis::check_leaks::{self as leak_check, CheckLeaksError};
+use msmemscope_core::analysis::decompose;
 use msmemscope_core::analysis::inefficient::{self, InefficientType, Options};
 use msmemscope_core::events::reader::ReadError;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
@@ -181,6 +182,32 @@ pub fn check_inefficient<'py>(
     Ok(list)
 }
 
+/// `check_decompose(input_path)`: the per-step table of bytes by owner, as dicts (step, device,
+/// pool, owner, current, peak, max) in step order; the `total` owner sums each step.
+#[pyfunction]
+pub fn check_decompose<'py>(
+    py: Python<'py>,
+    input_path: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyList>> {
+    let path = path_arg("input_path", input_path)?;
+    let table = py
+        .allow_threads(|| decompose::check_decompose(&path))
+        .map_err(read_error)?;
+    let list = PyList::empty(py);
+    for line in &table {
+        let d = PyDict::new(py);
+        d.set_item("step", line.step)?;
+        d.set_item("device", line.device.to_string())?;
+        d.set_item("pool", line.pool.as_str())?;
+        d.set_item("owner", &line.owner)?;
+        d.set_item("current", line.current)?;
+        d.set_item("peak", line.peak)?;
+        d.set_item("max", line.max)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
 /// The `inefficient_type` values, for the Python layer's documentation and config.
 pub fn inefficient_types() -> Vec<&'static str> {
     InefficientType::ALL.iter().map(|k| k.as_str()).collect()
@@ -190,6 +217,7 @@ pub fn inefficient_types() -> Vec<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_leaks, m)?)?;
     m.add_function(wrap_pyfunction!(check_inefficient, m)?)?;
+    m.add_function(wrap_pyfunction!(check_decompose, m)?)?;
     m.add("INEFFICIENT_TYPES", inefficient_types())?;
     m.add(
         "DEFAULT_IDLE_THRESHOLD",

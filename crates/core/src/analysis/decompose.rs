@@ -21,9 +21,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::path::Path;
 
 use super::leaks::is_pool;
 use super::{Analysis, AnalysisOutput};
+use crate::events::reader::{self, ReadError};
 use crate::events::{DeviceId, Event, EventRow, EventType};
 
 /// The table's header (the file is written next to each device's dump).
@@ -253,6 +255,16 @@ impl Decompose {
             state.restart();
         }
     }
+}
+
+/// Offline: the table of a CSV or SQLite dump (one device's file).
+pub fn check_decompose(path: &Path) -> Result<Vec<OwnerBytes>, ReadError> {
+    let mut analysis = Decompose::new();
+    for row in reader::open(path)? {
+        analysis.feed(&row?);
+    }
+    analysis.end_step();
+    Ok(std::mem::take(&mut analysis.table))
 }
 
 /// The row's `owner` Attr (parsed when it has escapes).
