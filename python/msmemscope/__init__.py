@@ -23,20 +23,25 @@ from . import analyzers, mstx, watcher
 from ._runtime import native as _native_runtime
 from .analyzers import (
     analyze,
+    check_decompose,
     check_inefficient,
     check_leaks,
     get_analyzer_config,
     list_analyzers,
 )
+from .sanitizer import enable_npu_sanitizer, enable_sanitizer
 from .snapshot import take_snapshot
 
 __all__ = [
     "analyze",
     "analyzers",
+    "check_decompose",
     "check_inefficient",
     "check_leaks",
     "cleanup_framework_hooks",
     "config",
+    "enable_npu_sanitizer",
+    "enable_sanitizer",
     "get_analyzer_config",
     "init_framework_hooks",
     "list_analyzers",

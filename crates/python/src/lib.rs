@@ -10,6 +10,7 @@ mod analyzers;
 mod config;
 mod emit;
 mod runtime;
+mod sanitizer;
 // Memory block watch: checksums and dumps of watched blocks, the run directory.
 mod watch;
 
@@ -241,6 +242,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mstx_range_start, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_range_end, m)?)?;
     analyzers::register(m)?;
+    sanitizer::register(m)?;
     watch::register(m)?;
     m.add("ABI_VERSION", ABI_VERSION)?;
     m.add("HOST_HOOKS_MISSING", HOST_HOOKS_MISSING)?;
