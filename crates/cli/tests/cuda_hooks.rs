@@ -525,3 +525,92 @@ fn compare_at_kernel_level() {
          KERNEL_LAUNCH,ptsz_kernel,0,N/A,0,0\n"
     );
 }
+
+#[test]
+fn caching_allocator_oom_observer_and_nvml() {
+    // PyTorch (a CUDA build, on a machine without a GPU) under the launcher: the observer is
+    // queued for CUDA's initialization, which never comes; called as PyTorch calls it, it
+    // writes the trigger and the allocator's snapshot. NVML is a stand-in built here.
+    let python = common::repo().join(".venv/bin/python");
+    let fixtures = common::repo().join("tests/fixtures");
+    let scratch = Scratch::new("cuda-observer");
+    let nvml_dir = scratch.path().join("nvml");
+    std::fs::create_dir_all(&nvml_dir).unwrap();
+    gcc(&[
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-o",
+        nvml_dir.join("libnvidia-ml.so.1").to_str().unwrap(),
+        fixtures.join("fake_cuda/libnvidia-ml.c").to_str().unwrap(),
+    ]);
+    let script = "\
+import torch
+from msmemscope.frameworks import cuda_allocator as ca
+print(ca.attach_oom_observer(), ca.attach_oom_observer())
+print(ca.device_memory(0), ca.device_memory(1))
+ca._on_oom(0, 1 << 30, 80 << 30, 1 << 20)
+print(torch.cuda.is_initialized())
+";
+    let out_dir = scratch.path().join("out");
+    let out = Command::new(BIN)
+        .arg("-o")
+        .arg(&out_dir)
+        .arg(&python)
+        .arg("-c")
+        .arg(script)
+        .env_remove("LD_PRELOAD")
+        .env("LD_LIBRARY_PATH", &nvml_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "True True\n(85899345920, 84825604096) None\nFalse\n"
+    );
+    let dump = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .flatten()
+        .map(|run| run.path().join("device_0/dump"))
+        .find(|d| d.is_dir())
+        .expect("a device 0 dump");
+    let file = std::fs::read_dir(dump)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let rows: Vec<(String, String, String)> = reader::open(&file)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .filter(|r| r.event.as_str() != "SYSTEM")
+        .map(|r| {
+            (
+                r.event_type.as_str().to_string(),
+                r.name.clone(),
+                r.attrs_text(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "OOM_TRIGGER".to_string(),
+                String::new(),
+                "{\"func\":\"CUDACachingAllocator\",\"req_size\":1073741824,\"error\":\"CUDA out \
+                 of memory: tried to allocate 1073741824 bytes; device total 85899345920, free \
+                 1048576\"}"
+                    .to_string()
+            ),
+            (
+                "SNAPSHOT".to_string(),
+                "oom".to_string(),
+                "{\"reserved\":0,\"max_reserved\":0,\"allocated\":0,\"max_allocated\":0,\
+                 \"total\":85899345920,\"free\":1048576}"
+                    .to_string()
+            ),
+        ]
+    );
+}
