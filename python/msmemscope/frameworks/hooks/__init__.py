@@ -8,8 +8,11 @@ Two ways in:
   patched by either way (the very objects that were there before);
 - :func:`auto_register` (the PyTorch tracker calls it when the configuration has the decompose
   analysis): every framework's decompose hooks, each activated only when its framework module is
-  imported (at once if it already is). A manual decompose ``init_framework_hooks`` for the same
-  framework component takes precedence: the automatic one is removed and stays off.
+  imported (at once if it already is). PyTorch imports FSDP on its own in any training program,
+  so FSDP's hooks wait one step more: importing FSDP patches its constructor only
+  (``FSDPParamGroup.__init__``, ``FullyShardedDataParallel.__init__``), whose first call
+  activates them. A manual decompose ``init_framework_hooks`` for the same framework component
+  takes precedence: the automatic one is removed and stays off.
 
 A hook never raises into the program once applied: an internal error is reported once on stderr
 (``msmemscope: framework hook error: ...``) and the framework's function runs as without it.
@@ -64,6 +67,7 @@ _applied: list[_Applied] = []  # in the order applied (wrappers stack in this or
 _auto_on = False
 _auto_callbacks: dict[tuple[str, str], object] = {}  # key -> its callback in the watcher
 _manual_decompose: set[tuple[str, str]] = set()  # keys the automatic hooks give way to
+_armed: dict[tuple[str, str], Patcher] = {}  # key -> its first-use entry-point patches
 _activations = 0
 
 
@@ -83,6 +87,12 @@ def active_hooks() -> list[tuple[str, str, str, str, str]]:
 
 def auto_registered() -> bool:
     return _auto_on
+
+
+def armed() -> list[str]:
+    """Components whose automatic hooks wait for their framework's first use (tests)."""
+    with _lock:
+        return sorted(component for _, component in _armed)
 
 
 def _install(spec: HookSpec) -> Patcher:
@@ -139,6 +149,9 @@ def init_framework_hooks(framework: str, version: str, component: str, type: str
                 _remove(a)
         if spec.kind == DECOMPOSE:
             _manual_decompose.add(spec.key)
+            armed_patcher = _armed.pop(spec.key, None)
+            if armed_patcher is not None:
+                armed_patcher.restore()
         try:
             patcher = _install(spec)
         except (AttributeError, TypeError) as exc:
@@ -173,9 +186,13 @@ def _auto_spec_for(key: tuple[str, str]) -> HookSpec | None:
     return None
 
 
-def _activate(key: tuple[str, str]) -> None:
-    """Runs when the framework module of ``key`` has been imported."""
+def _activate(key: tuple[str, str], first_use: bool = False) -> None:
+    """Runs when the framework module of ``key`` has been imported (``first_use``: when one of
+    its entry points is first called)."""
     with _lock:
+        armed_patcher = _armed.pop(key, None)
+        if armed_patcher is not None:
+            armed_patcher.restore()
         if not _auto_on or key in _manual_decompose:
             return
         if any(a.spec.key == key and a.spec.kind == DECOMPOSE for a in _applied):
@@ -184,6 +201,9 @@ def _activate(key: tuple[str, str]) -> None:
         if spec is None:
             return  # a framework version no hook is written for: silently off
         try:
+            if spec.first_use and not first_use:
+                _armed[key] = _arm(key, spec)
+                return
             patcher = _install(spec)
         except Exception as exc:
             from . import _label
@@ -191,6 +211,33 @@ def _activate(key: tuple[str, str]) -> None:
             _label.report(exc)
             return
         _applied.append(_Applied(spec, "auto", patcher))
+
+
+def _arm(key: tuple[str, str], spec: HookSpec) -> Patcher:
+    """Patches ``spec``'s entry points so that their first call activates the hook (before the
+    call proceeds, so the object being built is covered)."""
+
+    def on_first_call(original):
+        def wrapper(*args, **kwargs):
+            if key in _armed:
+                _activate(key, first_use=True)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    patcher = Patcher()
+    try:
+        for entry in spec.first_use:
+            module_name, _, path = entry.partition(":")
+            owner_path, _, name = path.rpartition(".")
+            owner = importlib.import_module(module_name)
+            for part in owner_path.split(".") if owner_path else ():
+                owner = getattr(owner, part)
+            patcher.wrap(owner, name, on_first_call)
+    except BaseException:
+        patcher.restore()
+        raise
+    return patcher
 
 
 def auto_register() -> None:
@@ -220,6 +267,9 @@ def _disarm() -> None:
     for callback in _auto_callbacks.values():
         _lazy.watcher.unwatch(callback)
     _auto_callbacks.clear()
+    for patcher in _armed.values():
+        patcher.restore()
+    _armed.clear()
 
 
 def auto_unregister() -> None:

@@ -25,6 +25,10 @@ class HookSpec:
     trigger: str  # the module whose import activates the hook
     module: str  # the hooks module (in this package) and its install function
     function: str
+    # Automatic mode only: "module:Class.method" entry points whose first call activates the
+    # hook, for frameworks that PyTorch itself imports whether or not the program uses them
+    # (FSDP). Empty: the trigger's import activates it.
+    first_use: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -56,6 +60,15 @@ def _plain_release(text: str) -> bool:
 _FSDP2_TRIGGER = "torch.distributed.fsdp._fully_shard"
 _FSDP1_TRIGGER = "torch.distributed.fsdp.fully_sharded_data_parallel"
 _VLLM_TRIGGER = "vllm.v1.worker.gpu_worker"
+# torch imports FSDP on its own (e.g. through torch._dynamo), so its automatic hooks wait for a
+# sharded module to be built: FSDP2 builds a parameter group per fully_shard'ed module, FSDP1
+# builds its wrapper.
+_FSDP2_FIRST_USE = (
+    "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup.__init__",
+)
+_FSDP1_FIRST_USE = (
+    "torch.distributed.fsdp.fully_sharded_data_parallel:FullyShardedDataParallel.__init__",
+)
 
 SPECS: tuple[HookSpec, ...] = (
     HookSpec(
@@ -64,9 +77,39 @@ SPECS: tuple[HookSpec, ...] = (
     HookSpec(
         "vllm", "0.10+", "worker", SNAPSHOT, "vllm", _VLLM_TRIGGER, "vllm", "install_snapshot"
     ),
-    HookSpec("pytorch", "2.6+", "fsdp1", DECOMPOSE, "torch", _FSDP1_TRIGGER, "fsdp1", "install"),
-    HookSpec("pytorch", "2.6-2.9", "fsdp2", DECOMPOSE, "torch", _FSDP2_TRIGGER, "fsdp2", "install"),
-    HookSpec("pytorch", "2.10+", "fsdp2", DECOMPOSE, "torch", _FSDP2_TRIGGER, "fsdp2", "install"),
+    HookSpec(
+        "pytorch",
+        "2.6+",
+        "fsdp1",
+        DECOMPOSE,
+        "torch",
+        _FSDP1_TRIGGER,
+        "fsdp1",
+        "install",
+        _FSDP1_FIRST_USE,
+    ),
+    HookSpec(
+        "pytorch",
+        "2.6-2.9",
+        "fsdp2",
+        DECOMPOSE,
+        "torch",
+        _FSDP2_TRIGGER,
+        "fsdp2",
+        "install",
+        _FSDP2_FIRST_USE,
+    ),
+    HookSpec(
+        "pytorch",
+        "2.10+",
+        "fsdp2",
+        DECOMPOSE,
+        "torch",
+        _FSDP2_TRIGGER,
+        "fsdp2",
+        "install",
+        _FSDP2_FIRST_USE,
+    ),
     HookSpec(
         "megatron",
         "0.12+",
