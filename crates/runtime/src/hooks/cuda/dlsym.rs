@@ -62,6 +62,7 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Whether a lookup of `name` (which starts with `cu`) is answered here rather than by glibc.
+#[cfg_attr(test, allow(dead_code))] // the unit-test build exports no `dlsym`
 extern "C" fn dlsym_wants_us(handle: *mut c_void, name: *const c_char) -> usize {
     if handle == libc::RTLD_NEXT {
         return 0;
@@ -81,6 +82,7 @@ extern "C" fn dlsym_wants_us(handle: *mut c_void, name: *const c_char) -> usize 
 }
 
 /// The lookup of a hooked name (see the module comment).
+#[cfg_attr(test, allow(dead_code))]
 extern "C" fn dlsym_cuda(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let Some(real) = real_dlsym() else {
         return std::ptr::null_mut();
@@ -117,6 +119,7 @@ extern "C" fn dlsym_cuda(handle: *mut c_void, name: *const c_char) -> *mut c_voi
 /// As C's `dlsym`.
 #[cfg(target_arch = "x86_64")]
 #[cfg_attr(not(test), no_mangle)]
+#[cfg_attr(test, allow(dead_code))]
 #[unsafe(naked)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     std::arch::naked_asm!(

@@ -23,6 +23,7 @@ pub struct Hook<F: Copy + 'static> {
 }
 
 /// What the lookup paths need of a hook, whatever its signature.
+#[cfg_attr(test, allow(dead_code))] // `dlsym` is exported only outside unit tests
 pub trait Wrap: Sync {
     /// The wrapper to hand out in place of `real` (`real` itself when none is free).
     fn wrap(&self, real: usize) -> usize;

@@ -94,7 +94,7 @@ fn look_up_name(layer: Layer, func: *const c_void) -> String {
         // SAFETY: dladdr only reads the loader's tables.
         if unsafe { libc::dladdr(func, &mut info) } != 0
             && !info.dli_sname.is_null()
-            && info.dli_saddr as usize == func as usize
+            && std::ptr::eq(info.dli_saddr, func)
         {
             // SAFETY: a NUL-terminated symbol name.
             let name = unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy();

@@ -136,7 +136,7 @@ pub fn by_symbol(name: &[u8]) -> Option<&'static dyn Wrap> {
 fn by_base_name(name: &[u8], version: i32) -> Option<&'static dyn Wrap> {
     TABLE
         .iter()
-        .find(|e| e.base.as_bytes() == name && e.versions.contains(&version))
+        .find(|e| !e.base.is_empty() && e.base.as_bytes() == name && e.versions.contains(&version))
         .map(|e| e.hook)
 }
 
