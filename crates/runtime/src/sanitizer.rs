@@ -227,7 +227,7 @@ fn render_with_stacks(state: &State) -> String {
             crate::unwind::modules::refresh(false);
             Symbolizer::new(crate::unwind::modules::seen_modules())
         });
-        frames
+        let mut lines: Vec<String> = frames
             .iter()
             .flat_map(|&address| {
                 rendered
@@ -236,12 +236,24 @@ fn render_with_stacks(state: &State) -> String {
                         symbolizer
                             .symbolize_return_address(address)
                             .iter()
+                            .filter(|f| !is_interpreter(f.module.as_deref()))
                             .map(|f| f.render())
                             .collect()
                     })
                     .clone()
             })
-            .collect()
+            .collect();
+        lines.truncate(STACK_DEPTH);
+        lines
+    })
+}
+
+/// Frames of the Python interpreter and of msmemscope's extension say nothing about which
+/// Python line marked (CPython's evaluation loop); they are left out of the report.
+fn is_interpreter(module: Option<&str>) -> bool {
+    module.is_some_and(|m| {
+        let name = m.rsplit('/').next().unwrap_or(m);
+        name.starts_with("python") || name.starts_with("libpython") || name.starts_with("_native.")
     })
 }
 
