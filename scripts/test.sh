@@ -14,6 +14,17 @@ if ! command -v zsh >/dev/null; then
         exit 1
     fi
 fi
+# The report tests open pages in headless Chromium (Debian's chromium + chromium-driver) through
+# selenium.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "chromium is needed by the tests: sudo apt-get install chromium chromium-driver" >&2
+        exit 1
+    fi
+fi
+.venv/bin/python -c "import selenium" 2>/dev/null || .venv/bin/pip install -q selenium
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 cargo build --release --workspace

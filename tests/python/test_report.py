@@ -286,7 +286,7 @@ def test_host_leak_sites_are_the_overview(runs, browser):
     )
     assert shown == expected
     # A click shows the site's symbolized stack, as the overview prints it.
-    first_frame = lines[[i for i, e in enumerate(lines) if e.startswith("#1 [")][0] + 2].strip()
+    first_frame = lines[next(i for i, e in enumerate(lines) if e.startswith("#1 [")) + 2].strip()
     browser.execute_script("document.querySelector('tr.site-row').click();")
     stack = browser.execute_script(
         "return document.querySelector('tr.site-row').nextElementSibling.textContent;"
@@ -310,7 +310,9 @@ def test_torch_snapshot_matches_the_dump(runs, tmp_path):
     assert set(snapshot) == {"device_traces", "segments"}
     (trace,) = snapshot["device_traces"]  # the run's only device, cpu
     rows = [r for r in _rows(_dump(run)) if r["Event"] in ("MALLOC", "FREE")]
-    mallocs = [(int(r["Ptr"], 16), json.loads(r["Attr"])["size"]) for r in rows if r["Event"] == "MALLOC"]
+    mallocs = [
+        (int(r["Ptr"], 16), json.loads(r["Attr"])["size"]) for r in rows if r["Event"] == "MALLOC"
+    ]
     frees = [int(r["Ptr"], 16) for r in rows if r["Event"] == "FREE"]
     assert [(e["addr"], e["size"]) for e in trace if e["action"] == "alloc"] == mallocs
     assert [e["addr"] for e in trace if e["action"] == "free_completed"] == frees
@@ -355,4 +357,3 @@ def test_usage_errors_are_one_line(tmp_path):
         assert done.returncode == 2, (args, done.stderr)
         assert done.stderr.startswith(line), (args, done.stderr)
         assert done.stderr.count("\n") == 1, done.stderr
-

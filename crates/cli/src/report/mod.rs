@@ -137,30 +137,54 @@ pub fn dump_files(run: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
 pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let dumps =
         dump_files(run).map_err(|e| Failure::io(format!("cannot list {}: {e}", run.display())))?;
-    let mut timelines = Vec::new();
-    let mut leaks = Vec::new();
+    let mut timelines: Vec<timeline::Timeline> =
+        dumps.iter().map(|_| timeline::Timeline::new()).collect();
+    let mut leaks = sections::LeakSection::new();
     let mut oom = sections::OomSection::default();
-    for (device_dir, path) in &dumps {
-        let mut timeline = timeline::Timeline::new();
-        let mut leak = sections::LeakSection::new();
-        for row in reader::open(path)? {
-            let row = row?;
-            timeline.feed(&row);
-            leak.feed(&row);
-            oom.feed(&row);
-        }
-        leaks.extend(leak.finish());
-        let file = path
-            .strip_prefix(run)
-            .unwrap_or(path)
-            .to_string_lossy()
-            .into_owned();
-        let label = device_dir
-            .strip_prefix("device_")
-            .unwrap_or(device_dir)
-            .to_owned();
-        timelines.push(timeline.to_json(&label, &file));
+    // The files are merged by row ID, the writer's global numbering: each timeline sees its
+    // own file's rows, and the run-wide analyses see every row once, in the order the online
+    // analyses saw them (a row without a device is in every file under the same ID).
+    let mut inputs = Vec::with_capacity(dumps.len());
+    for (_, path) in &dumps {
+        inputs.push(reader::open(path)?.peekable());
     }
+    let mut last_id = None;
+    loop {
+        let mut next: Option<(usize, u64)> = None;
+        for (i, input) in inputs.iter_mut().enumerate() {
+            match input.peek() {
+                Some(Ok(row)) if next.is_none_or(|(_, id)| row.id < id) => next = Some((i, row.id)),
+                Some(Ok(_)) | None => {}
+                // Take the error out and report it.
+                Some(Err(_)) => {
+                    if let Some(Err(e)) = input.next() {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        let Some((i, id)) = next else { break };
+        let row = match inputs[i].next() {
+            Some(Ok(row)) => row,
+            _ => unreachable!("the row was just peeked"),
+        };
+        timelines[i].feed(&row);
+        if last_id != Some(id) {
+            leaks.feed(&row);
+            oom.feed(&row);
+            last_id = Some(id);
+        }
+    }
+    let timelines: Vec<Value> = timelines
+        .iter()
+        .zip(&dumps)
+        .map(|(timeline, (device_dir, path))| {
+            let file = path.strip_prefix(run).unwrap_or(path).to_string_lossy();
+            let label = device_dir.strip_prefix("device_").unwrap_or(device_dir);
+            timeline.to_json(label, &file)
+        })
+        .collect();
+    let leaks = leaks.finish();
     let config: Value = std::fs::read_to_string(run.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())

@@ -151,7 +151,7 @@ function drawTimeline(container, tl, index) {
     const [mallocs, frees] = tl.counts[i];
     lines.push(mallocs + " MALLOC, " + frees + " FREE");
     const h = tl.hover[i];
-    if (h) lines.push("largest: " + fmtBytes(h[0]) + (h[1] ? " in " + h[1] : "") + " (" + h[2] + ")");
+    if (h) lines.push("largest: " + fmtBytes(h[0]) + (h[1] ? (h[4] ? " in " : " after ") + h[1] : "") + " (" + h[2] + ")");
     for (const o of owners) if (o.bytes[i]) lines.push("  " + o.name + ": " + fmtBytes(o.bytes[i]));
     tip.replaceChildren(...lines.map((l) => el("div", {}, l)));
     tip.style.display = "block";
@@ -222,9 +222,10 @@ function leaksView(view) {
       byStep.get(r.step).push(r);
     }
     const body = [];
-    for (const [step, rows] of [...byStep.entries()].sort((a, b) => a[0] - b[0])) {
-      const total = rows.reduce((s, r) => s + r.size, 0);
-      body.push(el("h3", {}, "step " + step + ": " + rows.length + " block(s), " + fmtBytes(total)));
+    for (const s of leaks.steps) {
+      const rows = byStep.get(s.step) || [];
+      const shown = rows.length < s.count ? " (the " + rows.length + " largest shown)" : "";
+      body.push(el("h3", {}, "step " + s.step + ": " + s.count + " block(s), " + fmtBytes(s.bytes) + shown));
       body.push(table(["device", "pool", { label: "size", num: true }, "Mb(s)", "address", "kernel", { label: "row ID", num: true }],
         rows.map((r) => el("tr", { class: "leak-row", "data-ptr": r.ptr, "data-device": r.device, "data-step": String(r.step) },
           el("td", {}, r.device), el("td", {}, r.pool), el("td", { class: "num" }, fmtBytes(r.size)), el("td", {}, r.mb),
@@ -320,19 +321,32 @@ function compareView(view) {
       el("span", {}, "only in base ", el("b", {}, String(c.base_only))),
       el("span", {}, "only in compare ", el("b", {}, String(c.compare_only))),
       el("span", {}, "memory differs ", el("b", {}, String(c.changed))),
-      c.rows.length < c.total ? el("span", {}, "first " + c.rows.length + " rows shown") : null);
-    const rows = c.rows.map((f) => {
+      c.rows.length < c.total ? el("span", {}, c.rows.length + " rows shown: the first ones, then those whose memory differs") : null);
+    const rows = [];
+    let next = 0;
+    for (const [index, f] of c.rows) {
+      if (index > next) rows.push(el("tr", { class: "gap" }, el("td", { colspan: "7", class: "empty" }, "\u2026 " + (index - next) + " op(s) with the same memory \u2026")));
+      next = index + 1;
       const [event, name, device, base, other, diff] = f;
       const kind = base === "N/A" ? "compare-only" : other === "N/A" ? "base-only" : diff !== "0" ? "changed" : "same";
-      return el("tr", { class: "compare-row " + kind, "data-fields": JSON.stringify(f) },
+      rows.push(el("tr", { class: "compare-row " + kind, "data-fields": JSON.stringify(f), "data-index": String(index) },
         el("td", {}, device), el("td", {}, event),
         el("td", {}, base === "N/A" ? "" : name), el("td", { class: "num" }, base),
         el("td", {}, other === "N/A" ? "" : name), el("td", { class: "num" }, other),
-        el("td", { class: "num diff" }, diff));
+        el("td", { class: "num diff" }, diff)));
+    }
+    if (next < c.total) rows.push(el("tr", { class: "gap" }, el("td", { colspan: "7", class: "empty" }, "\u2026 " + (c.total - next) + " more op(s) with the same memory")));
+    const only = el("input", { type: "checkbox" });
+    const grid = table(["device", "event", "base op", { label: "base bytes", num: true }, "compare op",
+      { label: "compare bytes", num: true }, { label: "diff", num: true }], rows, { class: "compare-table" });
+    only.addEventListener("change", () => {
+      for (const r of rows) {
+        const same = r.classList.contains("same") || r.classList.contains("gap");
+        r.style.display = only.checked && same ? "none" : "";
+      }
     });
     view.appendChild(card("Compare: " + c.file, facts,
-      table(["device", "event", "base op", { label: "base bytes", num: true }, "compare op",
-        { label: "compare bytes", num: true }, { label: "diff", num: true }], rows, { class: "compare-table" })));
+      el("label", {}, only, " only the ops whose memory differs or that one side lacks"), grid));
   }
 }
 
@@ -399,7 +413,7 @@ function watchView(view) {
 
 const VIEWS = [
   ["timeline", "Timeline", timelineView, () => DATA.timelines.length],
-  ["leaks", "Leaks", leaksView, () => (DATA.leaks ? DATA.leaks.rows.length : 0) + DATA.host_leak.windows.reduce((s, w) => s + w.sites.length, 0)],
+  ["leaks", "Leaks", leaksView, () => (DATA.leaks ? DATA.leaks.total : 0) + DATA.host_leak.windows.reduce((s, w) => s + w.sites.length, 0)],
   ["compare", "Compare", compareView, () => DATA.compare.reduce((s, c) => s + c.total, 0)],
   ["oom", "OOM", oomView, () => DATA.oom.rows.filter((r) => r.type === "OOM_TRIGGER").length],
   ["watch", "Watch", watchView, () => DATA.watch.reduce((s, w) => s + (w.changes || 0), 0)],

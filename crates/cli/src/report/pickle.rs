@@ -17,16 +17,27 @@ const BINUNICODE: u8 = b'X';
 const BININT: u8 = b'J';
 const LONG1: u8 = 0x8a;
 const TUPLE2: u8 = 0x86;
+const BINPUT: u8 = b'q';
+const LONG_BINPUT: u8 = b'r';
+const BINGET: u8 = b'h';
+const LONG_BINGET: u8 = b'j';
+/// Strings remembered for reuse: dict keys, actions, file and function names repeat in every
+/// entry, and a memo reference costs 2–5 bytes instead of the string.
+const MAX_MEMO: usize = 1 << 20;
 
 pub struct Pickler<W: Write> {
     out: W,
+    memo: std::collections::HashMap<Box<str>, u32>,
 }
 
 impl<W: Write> Pickler<W> {
     /// Starts a pickle; the caller writes exactly one value, then [`Pickler::finish`].
     pub fn new(mut out: W) -> io::Result<Pickler<W>> {
         out.write_all(&[PROTO, 2])?;
-        Ok(Pickler { out })
+        Ok(Pickler {
+            out,
+            memo: Default::default(),
+        })
     }
 
     pub fn finish(mut self) -> io::Result<W> {
@@ -58,10 +69,32 @@ impl<W: Write> Pickler<W> {
         self.out.write_all(&[TUPLE2])
     }
 
+    /// A string; one seen before is a reference to the first (the unpickler shares it).
     pub fn str(&mut self, s: &str) -> io::Result<()> {
+        if let Some(&index) = self.memo.get(s) {
+            return match u8::try_from(index) {
+                Ok(small) => self.out.write_all(&[BINGET, small]),
+                Err(_) => {
+                    self.out.write_all(&[LONG_BINGET])?;
+                    self.out.write_all(&index.to_le_bytes())
+                }
+            };
+        }
         self.out.write_all(&[BINUNICODE])?;
         self.out.write_all(&(s.len() as u32).to_le_bytes())?;
-        self.out.write_all(s.as_bytes())
+        self.out.write_all(s.as_bytes())?;
+        if self.memo.len() >= MAX_MEMO || s.len() < 2 {
+            return Ok(());
+        }
+        let index = self.memo.len() as u32;
+        self.memo.insert(s.into(), index);
+        match u8::try_from(index) {
+            Ok(small) => self.out.write_all(&[BINPUT, small]),
+            Err(_) => {
+                self.out.write_all(&[LONG_BINPUT])?;
+                self.out.write_all(&index.to_le_bytes())
+            }
+        }
     }
 
     pub fn int(&mut self, v: i128) -> io::Result<()> {
@@ -104,7 +137,8 @@ mod tests {
     use super::*;
 
     fn int_bytes(v: i128) -> Vec<u8> {
-        let mut p = Pickler { out: Vec::new() };
+        let mut p = Pickler::new(Vec::new()).unwrap();
+        p.out.clear();
         p.int(v).unwrap();
         p.out
     }
@@ -127,18 +161,27 @@ mod tests {
     }
 
     #[test]
-    fn a_dict_of_a_list() {
+    fn repeated_strings_are_memo_references() {
         let mut p = Pickler::new(Vec::new()).unwrap();
         p.dict().unwrap();
-        p.str("a").unwrap();
+        p.str("ab").unwrap();
+        p.list().unwrap();
+        p.int(1).unwrap();
+        p.append().unwrap();
+        p.set_item().unwrap();
+        p.str("ab").unwrap();
         p.list().unwrap();
         p.int(1).unwrap();
         p.append().unwrap();
         p.set_item().unwrap();
         let bytes = p.finish().unwrap();
+        // The key's second use is a memo reference to its first.
         assert_eq!(
             bytes,
-            [PROTO, 2, b'}', b'X', 1, 0, 0, 0, b'a', b']', b'J', 1, 0, 0, 0, b'a', b's', b'.']
+            [
+                PROTO, 2, b'}', b'X', 2, 0, 0, 0, b'a', b'b', BINPUT, 0, b']', b'J', 1, 0, 0, 0,
+                b'a', b's', BINGET, 0, b']', b'J', 1, 0, 0, 0, b'a', b's', b'.'
+            ]
         );
     }
 }

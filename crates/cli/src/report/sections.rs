@@ -2,7 +2,6 @@
 //! the `leaks` analysis re-run over the dump (core's implementation), OOM_DETAIL rows, the
 //! compare CSVs, the watch checksums and the host-leak sites file.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use msmemscope_core::analysis::leaks::{self, Leak, Leaks};
@@ -13,12 +12,19 @@ use serde_json::{json, Value};
 
 /// OOM_DETAIL rows kept for the page (the first ones; the rest are counted).
 pub const MAX_OOM_ROWS: usize = 10_000;
-/// Compare rows kept per file for the side-by-side view (all rows are counted).
-pub const MAX_COMPARE_ROWS: usize = 20_000;
+/// Compare rows kept per file: the first ones as they are, then only ops whose memory differs
+/// (or that one side lacks), up to the second cap; every row is counted.
+pub const COMPARE_HEAD_ROWS: u64 = 2_000;
+pub const MAX_COMPARE_ROWS: usize = 5_000;
+/// Leak rows kept for the page: the largest per step, up to the total; every leak is counted
+/// in its step's line, and the report text is kept whole up to `MAX_LEAK_TEXT_LINES`.
+pub const MAX_LEAK_ROWS_PER_STEP: usize = 100;
+pub const MAX_LEAK_ROWS: usize = 2_000;
+pub const MAX_LEAK_TEXT_LINES: usize = 2_000;
 /// Watch rows kept per file (changes first are what the view shows).
 pub const MAX_WATCH_ROWS: usize = 20_000;
 
-/// The leaks analysis over one dump file, as the runtime runs it online.
+/// The leaks analysis over a run's rows, as the runtime runs it online.
 pub struct LeakSection {
     analysis: Leaks,
 }
@@ -40,15 +46,25 @@ impl LeakSection {
     }
 }
 
-/// The leaks of every dump file of a run, as one report. A row without a device is written to
-/// every device file, so a leak of such a block is found once per file: keep one.
-pub fn leaks_json(found: Vec<Leak>) -> Value {
-    let mut seen = HashSet::new();
-    let leaks: Vec<Leak> = found
-        .into_iter()
-        .filter(|l| seen.insert((l.device, l.pool, l.ptr, l.row_id)))
-        .collect();
-    let rows: Vec<Value> = leaks
+/// The run's leaks (the analysis fed every row once, as online), for the page.
+pub fn leaks_json(leaks: Vec<Leak>) -> Value {
+    // Per step: every leak counted, the largest kept.
+    let mut steps: std::collections::BTreeMap<u64, (u64, u64, Vec<&Leak>)> = Default::default();
+    for leak in &leaks {
+        let step = steps.entry(leak.step).or_default();
+        step.0 += 1;
+        step.1 += leak.size;
+        step.2.push(leak);
+    }
+    let mut kept: Vec<&Leak> = Vec::new();
+    for (_, _, mut in_step) in steps.values().cloned() {
+        in_step.sort_by(|a, b| b.size.cmp(&a.size).then(a.row_id.cmp(&b.row_id)));
+        kept.extend(in_step.into_iter().take(MAX_LEAK_ROWS_PER_STEP));
+    }
+    kept.sort_by(|a, b| b.size.cmp(&a.size).then(a.row_id.cmp(&b.row_id)));
+    kept.truncate(MAX_LEAK_ROWS);
+    kept.sort_by_key(|l| l.row_id);
+    let rows: Vec<Value> = kept
         .iter()
         .map(|l| {
             json!({
@@ -63,11 +79,29 @@ pub fn leaks_json(found: Vec<Leak>) -> Value {
             })
         })
         .collect();
-    let text = leaks::render(&leaks);
+    let mut text = leaks::render(&leaks);
+    if text.is_empty() {
+        text = "====== No memory leaks detected ======\n".to_string();
+    }
+    let lines = text.lines().count();
+    if lines > MAX_LEAK_TEXT_LINES {
+        let mut cut: String = text
+            .lines()
+            .take(MAX_LEAK_TEXT_LINES)
+            .flat_map(|l| [l, "\n"])
+            .collect();
+        cut.push_str(&format!(
+            "... {} more lines (leaks/leak_report.txt of the run has them all)\n",
+            lines - MAX_LEAK_TEXT_LINES
+        ));
+        text = cut;
+    }
     json!({
         "rows": rows,
+        "total": leaks.len(),
+        "steps": steps.iter().map(|(step, (count, bytes, _))| json!({"step": step, "count": count, "bytes": bytes})).collect::<Vec<_>>(),
         // Core's own report text: what `leaks/leak_report.txt` holds for the same rows.
-        "text": if text.is_empty() { "====== No memory leaks detected ======\n".to_string() } else { text },
+        "text": text,
     })
 }
 
@@ -181,11 +215,14 @@ pub fn compare_json(run: &Path) -> Result<Value, String> {
                 (_, "N/A") => base_only += 1,
                 _ => matched += 1,
             }
-            if f[5] != "0" {
+            let differs = f[5] != "0";
+            if differs {
                 changed += 1;
             }
-            if rows.len() < MAX_COMPARE_ROWS {
-                rows.push(json!(f));
+            let one_sided = f[3] == "N/A" || f[4] == "N/A";
+            if rows.len() < MAX_COMPARE_ROWS && (total <= COMPARE_HEAD_ROWS || differs || one_sided)
+            {
+                rows.push(json!([total - 1, f]));
             }
         }
         out.push(json!({

@@ -30,8 +30,17 @@ const OTHER_OWNER: &str = "other";
 struct Largest {
     size: u64,
     op: u32,
+    /// Made inside `op` (else after it: the thread's last op had ended).
+    inside: bool,
     owner: u16,
     ts_ns: u64,
+}
+
+/// A thread's ops: those open (innermost last) and the last one that ended.
+#[derive(Default)]
+struct ThreadOps {
+    open: Vec<u32>,
+    last: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -98,8 +107,8 @@ pub struct Timeline {
     owner_bytes: Vec<u64>,
     peak: u64,
     peak_ts_ns: u64,
-    /// The innermost open op per thread, for the hover text of allocations.
-    open_ops: HashMap<u64, Vec<u32>>,
+    /// Each thread's ops, for the hover text of allocations.
+    ops: HashMap<u64, ThreadOps>,
     op_names: Vec<String>,
     op_index: HashMap<String, u32>,
     steps: Vec<(u64, String)>,
@@ -131,7 +140,7 @@ impl Timeline {
             owner_bytes: Vec::new(),
             peak: 0,
             peak_ts_ns: 0,
-            open_ops: HashMap::new(),
+            ops: HashMap::new(),
             op_names: vec![String::new()],
             op_index: HashMap::new(),
             steps: Vec::new(),
@@ -238,8 +247,7 @@ impl Timeline {
             (Event::Malloc, pool) if is_pool(pool) => {
                 let Some(ptr) = row.ptr else { return };
                 let size = row.attr_u64("size").unwrap_or(0);
-                let owner_text = row.attr_str("owner").unwrap_or(pool.as_str()).to_owned();
-                let owner = self.owner_id(&owner_text);
+                let owner = self.owner_id(row.attr_str("owner").unwrap_or(pool.as_str()));
                 if let Some(old) = self.live.insert((pool, ptr), LiveBlock { size, owner }) {
                     // A MALLOC over a live block: the dump missed its FREE; replace it.
                     self.allocated -= old.size;
@@ -248,12 +256,10 @@ impl Timeline {
                 self.allocated += size;
                 self.owner_bytes[owner as usize] += size;
                 self.mallocs += 1;
-                let op = self
-                    .open_ops
-                    .get(&row.tid)
-                    .and_then(|ops| ops.last())
-                    .copied()
-                    .unwrap_or(0);
+                let (op, inside) = match self.ops.get(&row.tid) {
+                    Some(t) => t.open.last().map_or((t.last, false), |&op| (op, true)),
+                    None => (0, false),
+                };
                 let reserved = row.attr_u64("total");
                 let index = self.level_changed(row.ts_ns);
                 let bucket = &mut self.buckets[index];
@@ -265,6 +271,7 @@ impl Timeline {
                     bucket.largest = Some(Largest {
                         size,
                         op,
+                        inside,
                         owner,
                         ts_ns: row.ts_ns,
                     });
@@ -290,12 +297,13 @@ impl Timeline {
             }
             (Event::OpLaunch, EventType::AtenStart) => {
                 let op = self.op_id(&row.name);
-                self.open_ops.entry(row.tid).or_default().push(op);
+                self.ops.entry(row.tid).or_default().open.push(op);
             }
             (Event::OpLaunch, EventType::AtenEnd) => {
-                if let Some(ops) = self.open_ops.get_mut(&row.tid) {
-                    ops.pop();
-                }
+                let op = self.op_id(&row.name);
+                let thread = self.ops.entry(row.tid).or_default();
+                thread.open.pop();
+                thread.last = op;
             }
             (Event::System, EventType::Step) => {
                 self.bucket(row.ts_ns);
@@ -365,7 +373,8 @@ impl Timeline {
                     l.size,
                     self.op_names[l.op as usize],
                     self.owners[l.owner as usize],
-                    ms(l.ts_ns)
+                    ms(l.ts_ns),
+                    l.inside
                 ]),
                 None => Value::Null,
             })

@@ -197,7 +197,7 @@ pub fn export(run: &Path) -> Result<PathBuf, Failure> {
 
     let mut live: Vec<BTreeMap<(u64, bool), Live>> = (0..slots).map(|_| BTreeMap::new()).collect();
     let mut first_file = true;
-    for slot in 0..slots {
+    for (slot, blocks) in live.iter_mut().enumerate() {
         p.list().map_err(io_error)?;
         for (dir, dump) in &dumps {
             let device = device_of(dir);
@@ -215,7 +215,7 @@ pub fn export(run: &Path) -> Result<PathBuf, Failure> {
                 if !mine {
                     continue;
                 }
-                write_row(&mut p, &row, &mut sizes, &mut live[slot]).map_err(io_error)?;
+                write_row(&mut p, &row, &mut sizes, blocks).map_err(io_error)?;
             }
         }
         p.append().map_err(io_error)?;
