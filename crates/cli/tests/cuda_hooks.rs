@@ -277,6 +277,8 @@ fn driver_device0(kernels: bool) -> Vec<Expected> {
     rows.extend([
         malloc(6, DEV0 + 0x103800, 8192, 18432, "cuMemAlloc_v2"),
         free(6, DEV0 + 0x103800, 8192, 10240),
+        malloc(7, DEV0 + 0x105800, 16384, 26624, "cuMemAllocManaged"),
+        free(7, DEV0 + 0x105800, 16384, 10240),
         oom("cuMemAlloc_v2", 64 << 30, "CUDA_ERROR_OUT_OF_MEMORY"),
     ]);
     rows
@@ -355,6 +357,17 @@ fn runtime_api_records_each_call_once() {
             // Named by cudaFuncGetName, and by the host stub's symbol when cudart has no name.
             kernel("vector_add(float*, float*, int)", 0x61),
             kernel("relu_forward(float*)", 0),
+            malloc(
+                4,
+                DEV0 + 0x302000,
+                65536,
+                3 * MIB + 65536,
+                "cudaMallocManaged"
+            ),
+            // 1000-byte rows padded to a 1024-byte pitch, 4 rows.
+            malloc(5, DEV0 + 0x312000, 4096, 3 * MIB + 69632, "cudaMallocPitch"),
+            free(4, DEV0 + 0x302000, 65536, 3 * MIB + 4096),
+            free(5, DEV0 + 0x312000, 4096, 3 * MIB),
             oom("cudaMalloc", 64 << 30, "cudaErrorMemoryAllocation"),
         ])
     );
@@ -514,14 +527,14 @@ fn compare_at_kernel_level() {
     );
     let path = String::from_utf8(out.stdout).unwrap();
     let text = std::fs::read_to_string(path.trim_end()).unwrap();
-    // softmax_kernel is the latest kernel when the 8 KiB block is allocated; the compare run
+    // softmax_kernel is the latest kernel when the 8 KiB and 16 KiB blocks are allocated; the compare run
     // launches one more kernel through the per-thread-stream variant.
     assert_eq!(
         text,
         ",,,Base,Compare\n\
          Event,Name,Device Id,Allocated Memory(byte),Allocated Memory(byte),Diff Memory(byte)\n\
          KERNEL_LAUNCH,\"matmul(float*, float*, float*, int)\",0,0,0,0\n\
-         KERNEL_LAUNCH,softmax_kernel,0,8192,8192,0\n\
+         KERNEL_LAUNCH,softmax_kernel,0,24576,24576,0\n\
          KERNEL_LAUNCH,ptsz_kernel,0,N/A,0,0\n"
     );
 }

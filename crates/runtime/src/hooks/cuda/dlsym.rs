@@ -62,7 +62,8 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Whether a lookup of `name` (which starts with `cu`) is answered here rather than by glibc.
-#[cfg_attr(test, allow(dead_code))] // the unit-test build exports no `dlsym`
+// The unit-test build, and targets without the jump stub, export no `dlsym`.
+#[cfg_attr(any(test, not(target_arch = "x86_64")), allow(dead_code))]
 extern "C" fn dlsym_wants_us(handle: *mut c_void, name: *const c_char) -> usize {
     if handle == libc::RTLD_NEXT {
         return 0;
@@ -82,7 +83,7 @@ extern "C" fn dlsym_wants_us(handle: *mut c_void, name: *const c_char) -> usize 
 }
 
 /// The lookup of a hooked name (see the module comment).
-#[cfg_attr(test, allow(dead_code))]
+#[cfg_attr(any(test, not(target_arch = "x86_64")), allow(dead_code))]
 extern "C" fn dlsym_cuda(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let Some(real) = real_dlsym() else {
         return std::ptr::null_mut();

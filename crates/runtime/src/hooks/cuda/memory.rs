@@ -1,7 +1,8 @@
 //! Device memory: the driver's `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocAsync`,
-//! `cuMemFree_v2`, `cuMemFreeAsync`, the virtual memory API (`cuMemCreate`, `cuMemRelease`,
-//! `cuMemMap`, `cuMemUnmap`) and the runtime's `cudaMalloc`, `cudaMallocAsync`, `cudaFree`,
-//! `cudaFreeAsync`.
+//! `cuMemAllocManaged`, `cuMemFree_v2`, `cuMemFreeAsync`, the virtual memory API
+//! (`cuMemCreate`, `cuMemRelease`, `cuMemMap`, `cuMemUnmap`) and the runtime's `cudaMalloc`,
+//! `cudaMallocAsync`, `cudaMallocManaged`, `cudaMallocPitch`, `cudaFree`, `cudaFreeAsync`.
+//! Managed memory is recorded on the device current at the call.
 //!
 //! The virtual memory API is recorded by its physical allocations: a MALLOC when `cuMemCreate`
 //! makes one (Ptr = the allocation handle), a FREE once it is both released and unmapped
@@ -72,6 +73,20 @@ cuda_hook! {
         }
         let rc = real(dptr, size, stream);
         record::allocated(Layer::Driver, "cuMemAllocAsync", rc, out(rc, dptr), size as u64);
+        rc
+    }
+}
+
+cuda_hook! {
+    /// `CUresult cuMemAllocManaged(CUdeviceptr*, size_t, unsigned flags)`.
+    MEM_ALLOC_MANAGED: MemAllocManagedFn = cuMemAllocManaged / mem_alloc_managed, Layer::Driver,
+    (dptr: *mut u64, size: usize, flags: u32) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
+    |real| {
+        if !records(Layer::Driver) {
+            return real(dptr, size, flags);
+        }
+        let rc = real(dptr, size, flags);
+        record::allocated(Layer::Driver, "cuMemAllocManaged", rc, out(rc, dptr), size as u64);
         rc
     }
 }
@@ -235,6 +250,51 @@ cuda_hook! {
         };
         let addr = out(rc, dev_ptr as *const usize as *const u64);
         record::allocated(Layer::Runtime, "cudaMallocAsync", rc, addr, size as u64);
+        rc
+    }
+}
+
+cuda_hook! {
+    /// `cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned flags)`.
+    CUDA_MALLOC_MANAGED: CudaMallocManagedFn = cudaMallocManaged / cuda_malloc_managed,
+    Layer::Runtime,
+    (dev_ptr: *mut *mut c_void, size: usize, flags: u32) -> CuResult,
+    missing = CUDA_ERROR_NOT_INITIALIZED,
+    |real| {
+        if !records(Layer::Runtime) {
+            return real(dev_ptr, size, flags);
+        }
+        let rc = {
+            let _nested = RuntimeCall::enter();
+            real(dev_ptr, size, flags)
+        };
+        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        record::allocated(Layer::Runtime, "cudaMallocManaged", rc, addr, size as u64);
+        rc
+    }
+}
+
+cuda_hook! {
+    /// `cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height)`:
+    /// `pitch * height` bytes.
+    CUDA_MALLOC_PITCH: CudaMallocPitchFn = cudaMallocPitch / cuda_malloc_pitch, Layer::Runtime,
+    (dev_ptr: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) -> CuResult,
+    missing = CUDA_ERROR_NOT_INITIALIZED,
+    |real| {
+        if !records(Layer::Runtime) {
+            return real(dev_ptr, pitch, width, height);
+        }
+        let rc = {
+            let _nested = RuntimeCall::enter();
+            real(dev_ptr, pitch, width, height)
+        };
+        let row_bytes = match out(rc, pitch as *const u64) {
+            0 => width as u64,
+            p => p,
+        };
+        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        let size = row_bytes.saturating_mul(height as u64);
+        record::allocated(Layer::Runtime, "cudaMallocPitch", rc, addr, size);
         rc
     }
 }
