@@ -80,6 +80,7 @@ class Block:
         "addr",
         "at",
         "device",
+        "device_id",
         "dumps",
         "dumps_left",
         "last",
@@ -90,6 +91,7 @@ class Block:
         "outid",
         "ref",
         "stopped",
+        "tag_tail",
         "user",
     )
 
@@ -100,6 +102,10 @@ class Block:
         self.name = name
         self.outid = outid
         self.device = device  # "cpu" or "cuda:N"
+        # ``cpu`` or the CUDA index, as the dump directories name devices.
+        self.device_id = "cpu" if device == "cpu" else device.partition(":")[2]
+        # The end of the dumps' names: ``{watchedName}_{outid}``.
+        self.tag_tail = f"{_safe_name(name)}_{outid}"
         self.length = length
         self.ref = weakref.ref(storage) if storage is not None else None
         self.offset = offset
@@ -111,11 +117,6 @@ class Block:
         self.last = None  # checksum after the last op (None: not read yet)
         self.last_op = None  # (op, call) of that read
         self.stopped = None  # why the watch ended (None: still watched)
-
-    @property
-    def device_id(self) -> str:
-        """``cpu`` or the CUDA index, as the dump directories name devices."""
-        return "cpu" if self.device == "cpu" else self.device.partition(":")[2]
 
     def locate(self):
         """``(address, storage or None)`` now, or None when the storage is gone or shrank."""
@@ -280,6 +281,7 @@ class Watch:
         self.opened_by = None  # (op, call) that opened the range
         self.ranges = 0
         self.calls: dict[str, int] = {}
+        self.safe_ops: dict[str, str] = {}  # op name -> its file-name form
         self.changes: list[_Change] = []
         self.dropped_changes = 0
         self.notes: list[str] = []
@@ -433,17 +435,20 @@ class Watch:
                     self.open = True
                     self.opened_by = (op, call)
                     self.ranges += 1
-                tid = threading.get_native_id()
+                # ``{tid}_{opName}_{call}``: the middle of the dumps' names.
+                op_part = f"{threading.get_native_id()}_{self._safe_op(op)}_{call}"
                 records = []
                 for b in (*self.user_blocks, *self.op_blocks):
-                    tag = f"{b.device_id}_{tid}_{_safe_name(op)}_{call}-{_safe_name(b.name)}"
-                    read = self._read(b, f"{tag}_{b.outid}_before")
+                    read = self._read(b, f"{b.device_id}_{op_part}-{b.tag_tail}_before")
                     if read is None:
                         continue
                     if b.last is not None and read[0] != b.last:
                         self._note_change(_Change(b.name, op, call, prev=b.last_op))
                     records.append((b, read[0]))
-                self.local.pending = (op, call, tid, records)
+                if records:
+                    # Written now: if the op brings the process down, its "before" is on disk.
+                    self.out.flush()
+                self.local.pending = (op, call, op_part, records)
         except Exception as exc:
             self.tracker.report(exc)
 
@@ -454,12 +459,11 @@ class Watch:
                 return
             self.local.pending = None
             with self.lock:
-                op, call, tid, records = pending
+                op, call, op_part, records = pending
                 for b, before in records:
                     if b.stopped is not None:
                         continue  # removed meanwhile
-                    tag = f"{b.device_id}_{tid}_{_safe_name(op)}_{call}-{_safe_name(b.name)}"
-                    read = self._read(b, f"{tag}_{b.outid}_after")
+                    read = self._read(b, f"{b.device_id}_{op_part}-{b.tag_tail}_after")
                     if read is None:
                         continue
                     crc, addr = read
@@ -470,7 +474,7 @@ class Watch:
                 spec = self.spec
                 if spec is not None and self.open:
                     if self.opened_by == (op, call) and not self.user_blocks:
-                        self._watch_outputs(op, call, tid, out)
+                        self._watch_outputs(op, call, op_part, out)
                     if op == spec.end:
                         self.open = False
                         for b in self.op_blocks:
@@ -482,6 +486,12 @@ class Watch:
         except Exception as exc:
             self.tracker.report(exc)
 
+    def _safe_op(self, op: str) -> str:
+        safe = self.safe_ops.get(op)
+        if safe is None:
+            safe = self.safe_ops[op] = _safe_name(op)
+        return safe
+
     def _counted(self, block: Block, crc: int, op: str, call: int) -> None:
         block.last, block.last_op = crc, (op, call)
         block.dumps += 1
@@ -490,7 +500,7 @@ class Watch:
             if block.dumps_left <= 0:
                 self._drop(block, f"dump_nums={block.dumps} reached")
 
-    def _watch_outputs(self, op: str, call: int, tid: int, out) -> None:
+    def _watch_outputs(self, op: str, call: int, op_part: str, out) -> None:
         """With no registered block, the range watches what its start op returned."""
         outputs = list(_tensors(out))
         outid = self.spec.outid
@@ -509,8 +519,7 @@ class Watch:
             if block is None:
                 continue
             self.op_blocks.append(block)
-            tag = f"{block.device_id}_{tid}_{_safe_name(op)}_{call}-{_safe_name(op)}"
-            read = self._read(block, f"{tag}_{index}_after")
+            read = self._read(block, f"{block.device_id}_{op_part}-{block.tag_tail}_after")
             if read is not None:
                 self._counted(block, read[0], op, call)
 
