@@ -27,6 +27,7 @@ stream runtime, or a program that models its streams); they take the same handle
 
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 import warnings
@@ -179,6 +180,9 @@ def enable_npu_sanitizer() -> None:
             csan.enable_cuda_sanitizer()
         _csan_handler = csan.cuda_sanitizer.dispatch.event_handler
         nat.sanitizer_enable(_forward_to_csan)
+        # Marks made while the interpreter shuts down (C threads, exit handlers) no longer
+        # reach Python; the native checker still counts them.
+        atexit.register(nat.sanitizer_enable, None)
 
 
 enable_sanitizer = enable_npu_sanitizer

@@ -167,25 +167,29 @@ fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
 
 /// Called by the runtime on the marking thread for each well-formed mark.
 unsafe extern "C" fn forward_trampoline(message: *const c_char, stream: u64) {
-    if message.is_null() {
+    // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
+    if message.is_null() || unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
         return;
     }
     // SAFETY: the runtime passes a NUL-terminated string valid for the call.
     let text = unsafe { CStr::from_ptr(message) }
         .to_string_lossy()
         .into_owned();
-    Python::with_gil(|py| {
-        let callback = FORWARD_TO
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|c| c.clone_ref(py));
-        if let Some(callback) = callback {
-            // An exception cannot cross the C caller: it is printed, as an unraisable one.
-            if let Err(e) = callback.call1(py, (text, stream)) {
-                e.write_unraisable(py, Some(callback.bind(py)));
+    // A panic must not unwind into the runtime's C caller.
+    let _ = std::panic::catch_unwind(move || {
+        Python::with_gil(|py| {
+            let callback = FORWARD_TO
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|c| c.clone_ref(py));
+            if let Some(callback) = callback {
+                // An exception cannot cross the C caller: it is printed, as an unraisable one.
+                if let Err(e) = callback.call1(py, (text, stream)) {
+                    e.write_unraisable(py, Some(callback.bind(py)));
+                }
             }
-        }
+        })
     });
 }
 

@@ -345,3 +345,49 @@ pub extern "C" fn msmemscope_sanitizer_sync(kind: u32, a: u64, b: u64) -> i32 {
         None => -1,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn c_sync_kinds_map_to_sync_ops() {
+        assert_eq!(
+            sync_op(SYNC_EVENT_RECORD, 7, 3),
+            Some(SyncOp::EventRecord {
+                event: 7,
+                stream: 3
+            })
+        );
+        assert_eq!(
+            sync_op(SYNC_STREAM_WAIT_EVENT, 3, 7),
+            Some(SyncOp::StreamWaitEvent {
+                stream: 3,
+                event: 7
+            })
+        );
+        assert_eq!(
+            sync_op(SYNC_EVENT_SYNCHRONIZE, 7, 0),
+            Some(SyncOp::EventSynchronize { event: 7 })
+        );
+        assert_eq!(
+            sync_op(SYNC_STREAM_SYNCHRONIZE, 3, 0),
+            Some(SyncOp::StreamSynchronize { stream: 3 })
+        );
+        assert_eq!(
+            sync_op(SYNC_DEVICE_SYNCHRONIZE, 0, 0),
+            Some(SyncOp::DeviceSynchronize)
+        );
+        assert_eq!(sync_op(0, 1, 2), None);
+        assert_eq!(msmemscope_sanitizer_sync(6, 1, 2), -1);
+    }
+
+    #[test]
+    fn interpreter_frames_are_recognised_by_module_name() {
+        assert!(is_interpreter(Some("/usr/lib/libpython3.11.so.1.0")));
+        assert!(is_interpreter(Some("python3.11")));
+        assert!(is_interpreter(Some("_native.abi3.so")));
+        assert!(!is_interpreter(Some("libmy_ext.so")));
+        assert!(!is_interpreter(None));
+    }
+}
