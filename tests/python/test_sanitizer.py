@@ -221,7 +221,7 @@ def test_enable_without_cuda_warns_and_the_native_checker_reports(tmp_path: Path
 
 
 @needs_runtime_abi
-def test_python_misuse_raises_clear_errors() -> None:
+def test_python_misuse_raises_clear_errors(tmp_path: Path) -> None:
     out = ok(
         run_python(
             """
@@ -238,7 +238,9 @@ def test_python_misuse_raises_clear_errors() -> None:
                     call()
                 except (TypeError, ValueError) as e:
                     print(type(e).__name__, e)
-            """
+            """,
+            # The checker, once on, writes its report into ./memscopeDumpResults at exit.
+            cwd=tmp_path,
         )
     )
     assert out.splitlines() == [
@@ -278,9 +280,9 @@ print("done")
 
 @needs_runtime_abi
 @pytest.mark.parametrize("sync", [False, True])
-def test_marks_from_python_and_c_reach_the_cuda_sanitizer(sync: bool) -> None:
+def test_marks_from_python_and_c_reach_the_cuda_sanitizer(sync: bool, tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    result = run_python(f"SYNC = {sync}\n" + BRIDGE)
+    result = run_python(f"SYNC = {sync}\n" + BRIDGE, cwd=tmp_path)
     assert ok(result) == "done\n"
     csan_lines = [line for line in result.stderr.splitlines() if "CSAN" in line]
     if sync:
