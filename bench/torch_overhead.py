@@ -5,6 +5,8 @@ One run measures, in interleaved rounds, the steps/s of the same CPU MLP + Adam 
 - ``none``: plain Python;
 - ``msmemscope``: under the CLI with default options (``--events=alloc,free,launch``,
   ``--level=op``, leaks analysis), the PyTorch tracker turned on by the autostart hook;
+- ``decompose``: the same under ``--analysis=decompose`` (owners on every block, module,
+  gradient and optimizer hooks, the per-step owner table);
 - ``memtracker``: in-process ``torch.distributed._tools.mem_tracker.MemTracker`` (a
   TorchDispatchMode with weakref storage tracking, as documented in its class docstring).
 
@@ -82,6 +84,8 @@ def command(mode: str, steps: int, warmup: int, out_dir: str) -> list[str]:
     me += ["--steps", str(steps), "--warmup", str(warmup)]
     if mode == "msmemscope":
         return [str(CLI), "-o", out_dir, *me]
+    if mode == "decompose":
+        return [str(CLI), "--analysis=decompose", "-o", out_dir, *me]
     return me
 
 
@@ -99,11 +103,11 @@ def run(cmd: list[str]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=("none", "msmemscope", "memtracker"))
+    ap.add_argument("--worker", choices=("none", "msmemscope", "decompose", "memtracker"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--modes", default="none,msmemscope,memtracker")
+    ap.add_argument("--modes", default="none,msmemscope,decompose,memtracker")
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.steps, args.warmup)
