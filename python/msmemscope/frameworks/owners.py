@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["decompose_enabled", "relabel", "scope"]
+__all__ = ["decompose_enabled", "relabel", "scope", "storage_resized"]
 
 # --- framework categories ---------------------------------------------------------------------
 WEIGHT = "weight"
@@ -128,6 +128,16 @@ def relabel(tensor, category: str) -> None:
     tracker = _tracker()
     if tracker is not None and isinstance(tensor, torch.Tensor):
         tracker.set_owner(tensor, category=category)
+
+
+def storage_resized(tensor) -> None:
+    """``tensor``'s storage was resized outside the dispatcher (``UntypedStorage.resize_``, which
+    FSDP uses to free and re-allocate unsharded parameters and no dispatch mode sees): the
+    tracker writes the FREE of the old block and the MALLOC of the new one, keeping the owner."""
+    tracker = _tracker()
+    if tracker is not None and tracker.enabled and tracker.nat.tracing():
+        if isinstance(tensor, torch.Tensor):
+            tracker.written_storage(tensor)
 
 
 def add_user_label(tensor, label: str) -> None:
