@@ -95,7 +95,7 @@ def runs(tmp_path_factory):
         out = tmp / name
         done = _cli(
             "--report",
-            "--analysis=leaks,oom:3",
+            "--analysis=leaks,oom:3,decompose",
             "-o",
             str(out),
             sys.executable,
@@ -201,6 +201,30 @@ def test_timeline_peak_is_the_dumps_peak(runs, browser):
         ".timelines[0].steps.map(s => s[1]);"
     )
     assert steps == ["1", "2", "3", "4"]
+
+
+def test_owners_are_the_decompose_analysis(runs, browser):
+    run = runs["base"]
+    _assert_quiet(_open(browser, run / "msmemscope_report.html", "timeline", "timeline-owners"))
+    with open(run / "device_cpu" / "dump" / "memscope_decompose.csv", newline="") as f:
+        table = list(csv.reader(f))[1:]
+    expected = [[int(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6])] for r in table]
+    assert any(line[3] == "PTA@weight" for line in expected)
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('tr.decompose-row')]"
+        ".map(r => JSON.parse(r.dataset.line));"
+    )
+    assert shown == expected
+    # The stacked areas: the owners' bytes at the moment of the peak add up to the peak.
+    at_peak = browser.execute_script(
+        """const t = JSON.parse(document.getElementById('report-data').textContent).timelines[0];
+        const i = t.max.indexOf(Math.max(...t.max));
+        return [t.max[i], t.owners.map(o => [o.name, o.bytes[i]])];"""
+    )
+    peak, owners = at_peak
+    assert peak == _peak(_rows(_dump(run)))
+    assert sum(b for _, b in owners) == peak
+    assert {"PTA@weight", "PTA@gradient", "PTA@activation"} <= {n for n, _ in owners}
 
 
 def test_leak_rows_are_the_leaks_analysis(runs, browser):

@@ -141,6 +141,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         dumps.iter().map(|_| timeline::Timeline::new()).collect();
     let mut leaks = sections::LeakSection::new();
     let mut oom = sections::OomSection::default();
+    let mut decompose = sections::DecomposeSection::new();
     // The files are merged by row ID, the writer's global numbering: each timeline sees its
     // own file's rows, and the run-wide analyses see every row once, in the order the online
     // analyses saw them (a row without a device is in every file under the same ID).
@@ -172,6 +173,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         if last_id != Some(id) {
             leaks.feed(&row);
             oom.feed(&row);
+            decompose.feed(&row);
             last_id = Some(id);
         }
     }
@@ -196,6 +198,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         "timelines": timelines,
         "leaks": if dumps.is_empty() { Value::Null } else { sections::leaks_json(leaks) },
         "oom": oom.to_json(),
+        "decompose": decompose.finish(),
         "compare": sections::compare_json(run).map_err(Failure::input)?,
         "watch": sections::watch_json(run).map_err(Failure::input)?,
         "host_leak": sections::host_leak_json(run).map_err(Failure::input)?,

@@ -46,6 +46,14 @@ function fmtTick(ms, incr) {
   return v.toFixed(decimals) + (inSeconds ? " s" : " ms");
 }
 
+// An opaque, lighter shade: lower areas are drawn over higher ones, so no fill may show
+// through another.
+function tint(hex) {
+  const n = parseInt(hex.slice(1), 16);
+  const mix = (c) => Math.round(c + (255 - c) * 0.35);
+  return "rgb(" + mix(n >> 16) + "," + mix((n >> 8) & 255) + "," + mix(n & 255) + ")";
+}
+
 function card(title, ...children) {
   return el("div", { class: "card" }, el("h2", {}, title), ...children);
 }
@@ -100,7 +108,7 @@ function drawTimeline(container, tl, index) {
   const data = [tl.t];
   for (let k = owners.length - 1; k >= 0; k--) {
     const color = COLORS[k % COLORS.length];
-    series.push({ label: owners[k].name, stroke: color, fill: color + "99", width: 0, points: { show: false } });
+    series.push({ label: owners[k].name, stroke: color, fill: tint(color), width: 0, points: { show: false } });
     data.push(cumulative[k]);
   }
   series.push({ label: "allocated (max)", stroke: "#20303f", width: 1.5, points: { show: false } });
@@ -111,7 +119,7 @@ function drawTimeline(container, tl, index) {
     series.push({ label: "reserved", stroke: "#e15759", width: 1.5, spanGaps: true, points: { show: false } });
     data.push(tl.reserved);
   }
-  owners.forEach((o, k) => legend.appendChild(el("span", {}, el("i", { style: "background:" + COLORS[k % COLORS.length] }), o.name)));
+  owners.forEach((o, k) => legend.appendChild(el("span", {}, el("i", { style: "background:" + tint(COLORS[k % COLORS.length]) }), o.name)));
   legend.appendChild(el("span", {}, el("i", { style: "background:#20303f" }), "allocated max / min (dashed)"));
   if (tl.reserved) legend.appendChild(el("span", {}, el("i", { style: "background:#e15759" }), "reserved"));
   legend.appendChild(el("span", {}, el("i", { style: "background:#8a5a00" }), "step"));
@@ -207,6 +215,21 @@ function timelineView(view) {
     return;
   }
   DATA.timelines.forEach((tl, i) => drawTimeline(view, tl, i));
+  if (DATA.decompose) decomposeCard(view, DATA.decompose);
+}
+
+// Bytes by owner per step: the decompose analysis's table.
+function decomposeCard(view, d) {
+  const rows = d.lines.map((l) => {
+    const [step, device, pool, owner, current, peak, max] = l;
+    return el("tr", { class: owner === "total" ? "decompose-row total" : "decompose-row", "data-line": JSON.stringify(l) },
+      el("td", { class: "num" }, String(step)), el("td", {}, device), el("td", {}, pool), el("td", {}, owner),
+      el("td", { class: "num" }, fmtBytes(current)), el("td", { class: "num" }, fmtBytes(peak)), el("td", { class: "num" }, fmtBytes(max)));
+  });
+  const note = d.lines.length < d.total ? el("p", { class: "empty" }, "the last " + d.lines.length + " of " + d.total + " lines") : null;
+  view.appendChild(card("Bytes by owner per step (decompose)", note,
+    table([{ label: "step", num: true }, "device", "pool", "owner", { label: "current", num: true },
+      { label: "at the pool's peak", num: true }, { label: "own max", num: true }], rows, { class: "decompose-table" })));
 }
 
 // ---------------------------------------------------------------------------------- leaks

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use msmemscope_core::analysis::decompose::{Decompose, OwnerBytes};
 use msmemscope_core::analysis::leaks::{self, Leak, Leaks};
 use msmemscope_core::analysis::Analysis;
 use msmemscope_core::events::row::format_ptr;
@@ -43,6 +44,52 @@ impl LeakSection {
     pub fn finish(mut self) -> Vec<Leak> {
         self.analysis.finish();
         self.analysis.leaks().to_vec()
+    }
+}
+
+/// Decompose table lines kept for the page (the last steps' when there are more).
+pub const MAX_DECOMPOSE_LINES: usize = 5_000;
+
+/// The decompose analysis over a run's rows: bytes by owner per step (current, peak, max).
+pub struct DecomposeSection {
+    analysis: Decompose,
+}
+
+impl DecomposeSection {
+    pub fn new() -> DecomposeSection {
+        DecomposeSection {
+            analysis: Decompose::new(),
+        }
+    }
+
+    pub fn feed(&mut self, row: &EventRow) {
+        self.analysis.feed(row);
+    }
+
+    /// The table as `[step, device, pool, owner, current, peak, max]` lines; `null` when no
+    /// block has a labelled owner (the table would only repeat the pool's total).
+    pub fn finish(mut self) -> Value {
+        self.analysis.finish();
+        let table: &[OwnerBytes] = self.analysis.table();
+        if !table.iter().any(|l| l.owner.contains('@')) {
+            return Value::Null;
+        }
+        let skip = table.len().saturating_sub(MAX_DECOMPOSE_LINES);
+        let lines: Vec<Value> = table[skip..]
+            .iter()
+            .map(|l| {
+                json!([
+                    l.step,
+                    l.device.to_string(),
+                    l.pool.as_str(),
+                    l.owner,
+                    l.current,
+                    l.peak,
+                    l.max
+                ])
+            })
+            .collect();
+        json!({"lines": lines, "total": table.len()})
     }
 }
 

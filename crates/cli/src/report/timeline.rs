@@ -322,7 +322,7 @@ impl Timeline {
                     self.dropped_marks += 1;
                 }
             }
-            (Event::System, kind) if kind.as_str() == "OWNER" => self.relabel(row),
+            (Event::System, EventType::Owner) => self.relabel(row),
             _ => {}
         }
     }
@@ -333,14 +333,14 @@ impl Timeline {
             return;
         };
         let owner = owner.to_owned();
-        // The row names the block by address only; pools never share an address.
-        let Some(key) = [EventType::Pta, EventType::Hal, EventType::Host]
-            .into_iter()
-            .map(|pool| (pool, ptr))
-            .find(|key| self.live.contains_key(key))
-        else {
+        // The block's pool is the owner's first label (`PTA@weight`), as decompose reads it.
+        let pool = EventType::parse(owner.split('@').next().unwrap_or_default());
+        let Some(key) = pool.map(|pool| (pool, ptr)) else {
             return;
         };
+        if !self.live.contains_key(&key) {
+            return;
+        }
         let new_owner = self.owner_id(&owner);
         let block = self.live.get_mut(&key).expect("the key was just found");
         let old_owner = std::mem::replace(&mut block.owner, new_owner);
