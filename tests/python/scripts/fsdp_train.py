@@ -3,7 +3,8 @@
 Usage: fsdp_train.py fsdp1|fsdp2 [manual]. The rendezvous comes from the environment as
 torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With ``manual`` the script calls
 ``msmemscope.init_framework_hooks`` itself. Prints ``KNOWN param_bytes N`` (the unsharded model's
-parameter bytes) and ``ACTIVE ...`` (the applied hooks), and marks ``fsdp-check`` (an MSTX mark)
+parameter bytes), ``ACTIVE ...`` (the applied hooks) and ``ARMED ...`` (automatic hooks
+waiting for a first use), and marks ``fsdp-check`` (an MSTX mark)
 after the second step while everything is still alive.
 """
 
@@ -56,7 +57,7 @@ from msmemscope.frameworks import hooks  # noqa: E402
 
 print(f"KNOWN param_bytes {param_bytes}")
 print("ACTIVE " + ";".join(",".join(h) for h in hooks.active_hooks()))
-print(f"ACTIVATIONS {hooks.activation_count()}")
+print("ARMED " + ",".join(hooks.armed()))
 msmemscope.mstx.mark("fsdp-check")
 sys.stdout.flush()
 dist.barrier()
