@@ -535,6 +535,10 @@ def main() -> int:
     )
     for name, verdict, _ in results:
         print(f"   {verdict:4} {name}")
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "gpu_check.txt"), "w") as f:
+            for name, verdict, figures in results:
+                f.write(f"{verdict} {name}: {figures}\n")
     shutil.rmtree(WORK, ignore_errors=True)
     return failures
 

@@ -12,14 +12,15 @@
 #   6. the sanitizer's race example on two CUDA streams, with and without the event between them.
 #
 # Usage:
-#   bench/gpu_check.sh            on the GPU machine, from the repository root. Builds with cargo
-#                                 and maturin when they are there, else takes the binaries packed
-#                                 into .gpu_carry/ by --pack.
+#   bench/gpu_check.sh            on the GPU machine: takes the binaries packed into .gpu_carry/ by
+#                                 --pack, else builds with cargo (the Python extension must then
+#                                 be there already: scripts/setup.sh).
 #   bench/gpu_check.sh --pack     here (no GPU needed): builds, strips and packs the CLI, the
 #                                 runtime library and the Python extension into .gpu_carry/
 #                                 (git-ignored through .git/info/exclude) to carry along.
-# Environment: PYTHON (default: python3), GPU_CHECK_OUT (default: bench/out/gpu_check; $OUT when
-# set, so the device tool brings the dumps back).
+# Environment: PYTHON (default: python3), GPU_CHECK_OUT (where the runs' dumps go; default
+# bench/out/gpu_check). When $OUT is set, the printed results are also written to
+# $OUT/gpu_check.txt.
 set -eu
 
 cd "$(dirname "$0")/.."
@@ -44,16 +45,16 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 
 start=$(date +%s)
-if command -v cargo >/dev/null 2>&1; then
-    echo "== build: cargo build --release"
-    cargo build --release -p msmemscope-cli -p msmemscope-runtime
-elif [ -d "$carry" ]; then
-    echo "== build: no cargo here; using the binaries packed in .gpu_carry"
+if [ -d "$carry" ]; then
+    echo "== build: the binaries packed in .gpu_carry (bench/gpu_check.sh --pack)"
     mkdir -p target/release
     cp "$carry/msmemscope-cli" "$carry/libmsmemscope_runtime.so" target/release/
     chmod +x target/release/msmemscope-cli
+elif command -v cargo >/dev/null 2>&1; then
+    echo "== build: cargo build --release"
+    cargo build --release -p msmemscope-cli -p msmemscope-runtime
 else
-    echo "FAIL build: no cargo and no .gpu_carry (run bench/gpu_check.sh --pack where cargo is)"
+    echo "FAIL build: no .gpu_carry and no cargo (run bench/gpu_check.sh --pack where cargo is)"
     exit 1
 fi
 # The Python extension: the packed one when there is one (maturin is rarely on a GPU machine).
