@@ -111,3 +111,16 @@ def check_inefficient(
 
 def check_decompose(input_path: str | os.PathLike[str]) -> list[dict[str, object]]:
     """The per-step table of bytes by owner."""
+
+# Memory block watch (crates/python/src/watch.rs)
+def watch_crc64(addr: int, length: int) -> int:
+    """CRC-64 of memory read in place (the caller keeps it allocated)."""
+
+def watch_crc64_checked(addr: int, length: int) -> int | None:
+    """CRC-64 read through /proc/self/mem; None when not readable memory."""
+
+def watch_dump_bytes(path: str, addr: int, length: int, checked: bool = False) -> bool:
+    """Writes the bytes to a new file; False when a checked range is not readable."""
+
+def run_dir() -> str:
+    """The run directory, created if the run has none yet."""
