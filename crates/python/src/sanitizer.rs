@@ -121,6 +121,7 @@ impl PyRaceChecker {
             list.append(race_dict(py, &race)?)?;
             self.log.add(race);
         }
+        self.log.saturated = self.checker.saturated();
         Ok(list)
     }
 

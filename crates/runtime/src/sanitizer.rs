@@ -131,6 +131,7 @@ fn check(op: &OpMark, stream: u64) {
         }) {
             s.log.add(race);
         }
+        s.log.saturated = s.checker.saturated();
     });
 }
 

@@ -20,7 +20,7 @@
 //! at its ranges' ends and merges what became equal again, so the map stays as small as the
 //! memory's distinct histories.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::message::{Arg, OpMark};
@@ -40,6 +40,8 @@ type Clock = HashMap<StreamId, u64>;
 const MAX_READS_PER_SEGMENT: usize = 64;
 /// Segments kept at most; beyond this new memory is no longer tracked (and the checker says so).
 pub const MAX_SEGMENTS: usize = 1 << 20;
+/// Distinct operator names and aliases shared between accesses.
+const MAX_NAMES: usize = 1 << 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AccessKind {
@@ -193,6 +195,10 @@ pub struct RaceChecker {
     seq: u64,
     segments: BTreeMap<u64, Segment>,
     saturated: bool,
+    segment_limit: usize,
+    /// Operator names and aliases, shared by every access that names them (a training loop
+    /// repeats a few names millions of times).
+    names: HashSet<Arc<str>>,
 }
 
 impl Default for RaceChecker {
@@ -203,11 +209,18 @@ impl Default for RaceChecker {
 
 impl RaceChecker {
     pub fn new() -> Self {
+        Self::with_segment_limit(MAX_SEGMENTS)
+    }
+
+    /// A checker that tracks at most `limit` segments (distinct memory histories).
+    pub fn with_segment_limit(limit: usize) -> Self {
         RaceChecker {
             syncs: Syncs::new(),
             seq: 0,
             segments: BTreeMap::new(),
             saturated: false,
+            segment_limit: limit,
+            names: HashSet::new(),
         }
     }
 
@@ -233,27 +246,43 @@ impl RaceChecker {
         let seq = self.seq;
         let stream = launch.stream;
         self.syncs.stream(stream).insert(stream, seq);
-        let operator: Arc<str> = Arc::from(launch.op.name.as_str());
-        let access = |kind, arg: &Arg| {
+        let operator = self.name(&launch.op.name);
+        let mut access = |kind, arg: &Arg| {
             Arc::new(Access {
                 kind,
                 seq,
                 stream,
                 operator: operator.clone(),
-                alias: Arc::from(arg.alias.as_str()),
+                alias: self.name(&arg.alias),
                 addr: arg.addr,
                 size: arg.size,
                 context: launch.context,
             })
         };
-        let mut races = Vec::new();
+        let mut accesses = Vec::with_capacity(launch.op.read_only.len() + 2);
         for arg in &launch.op.read_only {
-            self.touch(access(AccessKind::Read, arg), &mut races);
+            accesses.push(access(AccessKind::Read, arg));
         }
         for arg in launch.op.writes() {
-            self.touch(access(AccessKind::Write, arg), &mut races);
+            accesses.push(access(AccessKind::Write, arg));
+        }
+        let mut races = Vec::new();
+        for access in accesses {
+            self.touch(access, &mut races);
         }
         races
+    }
+
+    /// The shared copy of `name`; past [`MAX_NAMES`] distinct names, a fresh one.
+    fn name(&mut self, name: &str) -> Arc<str> {
+        if let Some(shared) = self.names.get(name) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = Arc::from(name);
+        if self.names.len() < MAX_NAMES {
+            self.names.insert(shared.clone());
+        }
+        shared
     }
 
     /// Applies one access to every byte of its range.
@@ -306,7 +335,7 @@ impl RaceChecker {
         if at < hi {
             gaps.push((at, hi));
         }
-        if self.segments.len() + gaps.len() > MAX_SEGMENTS {
+        if self.segments.len() + gaps.len() > self.segment_limit {
             self.saturated = true;
             return false;
         }
@@ -551,6 +580,20 @@ mod tests {
         run(&mut c, 1, "sanitizer-op: name=all;write=p:0x1000:1600");
         assert_eq!(c.segments.len(), 1);
         assert_eq!(c.segments[&0x1000].end, 0x1000 + 1600);
+    }
+
+    #[test]
+    fn memory_beyond_the_segment_limit_is_not_tracked_and_says_so() {
+        let mut c = RaceChecker::with_segment_limit(2);
+        run(&mut c, 1, "sanitizer-op: name=a;write=x:0x0:8,y:0x100:8");
+        assert!(!c.saturated());
+        run(&mut c, 1, "sanitizer-op: name=b;write=z:0x200:8");
+        assert!(c.saturated());
+        // Tracked memory is still checked.
+        assert_eq!(
+            run(&mut c, 2, "sanitizer-op: name=c;read=x:0x0:8,z:0x200:8"),
+            vec!["c:x@2 vs a:x@1 [0x0,0x8)"]
+        );
     }
 
     #[test]
