@@ -455,3 +455,38 @@ def test_device_blocks_are_copied_to_the_host_byte_for_byte():
     t = torch.arange(16, dtype=torch.float32)
     host = _host_copy(t.untyped_storage(), 8, 20)
     assert bytes(host.numpy()) == struct.pack("<16f", *range(16))[8:28]
+
+
+BETWEEN = """
+import torch
+from msmemscope import watcher
+
+x = torch.zeros(4)
+w = torch.zeros(4)
+watcher.watch(w, name="w")
+x.add_(1)
+w.numpy()[0] = 9.0  # a write no ATen op makes: seen as a change between two ops
+x.mul_(2)
+"""
+
+
+@needs_cli
+@needs_torch
+def test_a_change_between_two_ops_is_the_first_unexpected_one(tmp_path):
+    script = tmp_path / "between.py"
+    script.write_text(BETWEEN)
+    run = run_cli(tmp_path, "--analysis=none", script=script)
+    zeros, nine = floats(0, 0, 0, 0), floats(9, 0, 0, 0)
+    assert run.without_tid() == expected_rows(
+        [
+            ("aten::add_.Tensor_1", zeros, zeros),
+            ("aten::detach.default_1", zeros, zeros),  # w.numpy() detaches first
+            ("aten::mul_.Tensor_1", nine, nine),
+        ]
+    )
+    between = (
+        'block "w" changed between aten::detach.default (call 1) and aten::mul_.Tensor (call 1), '
+        "outside every op msmemscope saw"
+    )
+    assert run.summary[0] == f"msmemscope: watch: {between}"
+    assert f"msmemscope: watch: first unexpected change: {between}" in run.summary

@@ -480,6 +480,10 @@ class Watch:
                         for b in self.op_blocks:
                             self._stop(b, "the watch range closed")
                         self.op_blocks = []
+                        for b in self.user_blocks:
+                            # Ops outside the range may write it: no "between ops" change
+                            # across the gap to the next range.
+                            b.last = None
                 if self.out is not None:
                     self.out.flush()
                 self.refresh()
