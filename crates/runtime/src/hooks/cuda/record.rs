@@ -74,24 +74,32 @@ fn device_of(layer: Layer) -> DeviceId {
 }
 
 /// A MALLOC or FREE row of the HAL pool. `used` and `total` are the live HAL bytes on the
-/// device after the call (driver memory is reserved and in use at once).
+/// device after the call (driver memory is reserved and in use at once). The Attr text is
+/// rendered here at once (the values need no escaping): a serde map per row costs more than
+/// the hooked call.
 fn hal_row(event: Event, device: DeviceId, addr: u64, size: u64, id: u64, used: u64) -> EventRow {
     let mut row = EventRow::new(event, EventType::Hal, "N/A");
     row.device = device;
     row.ptr = Some(addr);
-    row.attrs.insert("allocation_id".into(), id.into());
-    row.attrs.insert("addr".into(), format_ptr(addr).into());
-    row.attrs.insert("size".into(), size.into());
-    row.attrs.insert("used".into(), used.into());
-    row.attrs.insert("total".into(), used.into());
+    row.attrs_json = Some(format!(
+        "{{\"allocation_id\":{id},\"addr\":\"{}\",\"size\":{size},\"used\":{used},\"total\":{used}}}",
+        format_ptr(addr)
+    ));
     row
 }
 
 fn malloc_row(api: &str, device: DeviceId, addr: u64, size: u64, id: u64, used: u64) -> EventRow {
     let mut row = hal_row(Event::Malloc, device, addr, size, id, used);
-    row.attrs.insert("owner".into(), "HAL".into());
-    row.attrs.insert("api".into(), api.into());
+    if let Some(text) = row.attrs_json.as_mut() {
+        text.pop();
+        text.push_str(&format!(",\"owner\":\"HAL\",\"api\":\"{api}\"}}"));
+    }
     row
+}
+
+/// Whether HAL rows of `event` are recorded now: the book is kept either way.
+fn wanted(event: Event) -> bool {
+    pipeline::admits(event, EventType::Hal)
 }
 
 /// An allocation call returned `rc`; on success the block is `addr` of `size` bytes.
@@ -110,7 +118,9 @@ pub fn allocated(layer: Layer, api: &'static str, rc: i32, addr: u64, size: u64)
             }) else {
                 return;
             };
-            pipeline::emit(malloc_row(api, device, addr, size, id, used), true);
+            if wanted(Event::Malloc) {
+                pipeline::emit(malloc_row(api, device, addr, size, id, used), true);
+            }
         } else if rc == CUDA_ERROR_OUT_OF_MEMORY {
             pipeline::emit(oom_trigger(layer, api, size, device_of(layer)), true);
         }
@@ -144,6 +154,9 @@ pub fn freed(layer: Layer, addr: u64) {
             })
         })
         .flatten();
+        if !wanted(Event::Free) {
+            return;
+        }
         let row = match known {
             Some((b, used)) => hal_row(Event::Free, b.device, addr, b.size, b.id, used),
             // Allocated before tracing began: size unknown.
@@ -263,7 +276,7 @@ pub fn launched(layer: Layer, name: impl FnOnce() -> String, stream: u64) {
     inside(|| {
         let mut row = EventRow::new(Event::KernelLaunch, EventType::KernelLaunch, name());
         row.device = device_of(layer);
-        row.attrs.insert("streamId".into(), stream.into());
+        row.attrs_json = Some(format!("{{\"streamId\":{stream}}}"));
         pipeline::emit(row, true);
     });
 }
