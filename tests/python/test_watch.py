@@ -298,6 +298,17 @@ def test_a_start_op_that_never_ran_is_reported(tmp_path):
     )
     assert not run.watch_dir.exists() or not list(run.watch_dir.glob("*.csv"))
 
+    open_to_the_end = run_cli(
+        tmp_path / "end", "--analysis=none", "--watch=aten::mul.Tensor,aten::nosuch", args=("none",)
+    )
+    assert open_to_the_end.summary[0] == (
+        'msmemscope: watch: end op "aten::nosuch" never ran: the range stayed open to the end'
+    )
+    # Every op from the start op's after to the end of the program was dumped.
+    assert open_to_the_end.without_tid()[-1][0] == (
+        "cpu_aten::add.Tensor_2-aten::mul.Tensor_0_after"
+    )
+
 
 # --- the Python API without the CLI -------------------------------------------------------------
 API_SCRIPT = """
