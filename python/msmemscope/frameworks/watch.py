@@ -24,8 +24,8 @@ Output, in ``{run dir}/watch_dump/``:
   ``full-content``,
 - ``{deviceid}_{tid}_{opName}_{call}-{watchedName}_{outid}_{before|after}.bin``: the block's
   bytes. The CSV's Tensor info is that same name without ``.bin``. ``{call}`` numbers the
-  op's calls since the watch began (since tracking started when ``--watch`` is given, since
-  the first ``watch()`` otherwise); ``{tid}`` is the native thread id.
+  op's calls that ran while something was watched (with ``--watch``: since tracking started,
+  ranges closed or not); ``{tid}`` is the native thread id.
 
 A block whose checksum changes inside an op is checked against the op's schema: an argument
 the schema marks as written (``Tensor(a!)``) whose memory overlaps the block explains the
