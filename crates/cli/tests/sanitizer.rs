@@ -47,6 +47,9 @@ fn run(scratch: &Scratch, mode: &str) -> Run {
 /// `buf=0x... a=0x... b=0x...` from the program's stdout.
 fn handles(stdout: &str) -> (u64, u64, u64) {
     let values: Vec<u64> = stdout
+        .lines()
+        .next()
+        .expect("a first line")
         .split_whitespace()
         .map(|kv| {
             let hex = kv.split_once("=0x").expect("key=0x...").1;
@@ -119,6 +122,9 @@ fn unsynchronized_writes_on_two_streams_are_reported_with_both_operators() {
         run.stderr
     );
     assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+    // The report the program read before exiting is the same, without the stacks.
+    let (_, so_far) = run.stdout.split_once('\n').unwrap();
+    assert_eq!(so_far.lines().collect::<Vec<_>>(), without_stacks(&text));
     // The marks stay MSTX rows of the dump.
     let dump = std::fs::read_dir(run.dir.join("device_cpu/dump"))
         .unwrap()
@@ -143,6 +149,7 @@ fn an_event_record_and_wait_between_them_is_no_race() {
         text,
         "====== msmemscope sanitizer: no data race between streams in 2 sanitizer-op marks ======\n"
     );
+    assert!(run.stdout.ends_with(&format!("\n{text}")), "{}", run.stdout);
     assert!(run.stderr.contains(&text), "stderr: {}", run.stderr);
     assert!(!run.stderr.contains("possible data race"));
 }

@@ -20,12 +20,19 @@
  *   msmemscope_sanitizer_sync(MSMEMSCOPE_SYNC_STREAM_SYNCHRONIZE, stream, 0);
  *   msmemscope_sanitizer_sync(MSMEMSCOPE_SYNC_DEVICE_SYNCHRONIZE, 0, 0);
  *
- * It returns 0, or -1 for an unknown kind. With -DMSMEMSCOPE_MSTX_WEAK the declaration is weak
+ * It returns 0, or -1 for an unknown kind. With -DMSMEMSCOPE_MSTX_WEAK the declarations are weak
  * and MSMEMSCOPE_SANITIZER_SYNC(...) calls it only when the runtime is present.
+ *
+ * The checker starts with the first sanitizer-op mark, or with msmemscope_sanitizer_enable
+ * (which also counts the synchronizations made before the first mark). Its report is written
+ * at exit to sanitizer/race_report_{timestamp}.txt in the run directory and printed;
+ * msmemscope_sanitizer_report copies the report so far (without stacks) into buf and returns
+ * its full length (call again with a larger buffer when that exceeds cap).
  */
 #ifndef MSMEMSCOPE_SANITIZER_H
 #define MSMEMSCOPE_SANITIZER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -42,12 +49,20 @@ enum {
 
 int msmemscope_sanitizer_sync(uint32_t kind, uint64_t a, uint64_t b);
 
+/* Turns the checker on; `forward`, when not NULL, also receives every well-formed mark (the
+ * message and its stream) on the marking thread. Returns 0. */
+int msmemscope_sanitizer_enable(void (*forward)(const char *message, uint64_t stream));
+
+int64_t msmemscope_sanitizer_report(char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
 
 #ifdef MSMEMSCOPE_MSTX_WEAK
 #pragma weak msmemscope_sanitizer_sync
+#pragma weak msmemscope_sanitizer_enable
+#pragma weak msmemscope_sanitizer_report
 #define MSMEMSCOPE_SANITIZER_SYNC(kind, a, b) \
     (msmemscope_sanitizer_sync ? msmemscope_sanitizer_sync((kind), (a), (b)) : 0)
 #else
