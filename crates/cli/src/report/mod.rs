@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use msmemscope_core::events::reader::{self, ReadError};
+use msmemscope_core::events::EventRow;
 use serde_json::{json, Value};
 
 pub use torch_snapshot::export as export_torch_snapshot;
@@ -145,10 +146,10 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     // The files are merged by row ID, the writer's global numbering: each timeline sees its
     // own file's rows, and the run-wide analyses see every row once, in the order the online
     // analyses saw them (a row without a device is in every file under the same ID).
-    let mut inputs = Vec::with_capacity(dumps.len());
-    for (_, path) in &dumps {
-        inputs.push(reader::open(path)?.peekable());
-    }
+    let mut inputs: Vec<_> = dumps
+        .iter()
+        .map(|(_, path)| read_ahead(path.clone()).peekable())
+        .collect();
     let mut last_id = None;
     loop {
         let mut next: Option<(usize, u64)> = None;
@@ -207,6 +208,39 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let path = run.join(REPORT_FILE);
     write_file(&path, html.as_bytes())?;
     Ok(path)
+}
+
+/// Rows handed from the reading thread at a time.
+const BATCH: usize = 4096;
+
+/// A dump's rows, parsed on a thread of their own and handed over in batches, so parsing runs
+/// beside the aggregation. An error is the last item; dropping the iterator stops the thread.
+pub fn read_ahead(path: PathBuf) -> impl Iterator<Item = Result<EventRow, ReadError>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<EventRow, ReadError>>>(8);
+    std::thread::spawn(move || {
+        let rows = match reader::open(&path) {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = tx.send(vec![Err(e)]);
+                return;
+            }
+        };
+        let mut batch = Vec::with_capacity(BATCH);
+        for row in rows {
+            let failed = row.is_err();
+            batch.push(row);
+            if batch.len() == BATCH || failed {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                if tx.send(full).is_err() || failed {
+                    return;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let _ = tx.send(batch);
+        }
+    });
+    rx.into_iter().flatten()
 }
 
 /// Writes `path` (replacing an earlier report), never through a symlink.

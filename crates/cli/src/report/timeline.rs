@@ -11,6 +11,7 @@
 //! width doubles (min/max/owners-at-max merge exactly), so one pass needs no end time.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use msmemscope_core::analysis::leaks::is_pool;
 use msmemscope_core::events::{Event, EventRow, EventType};
@@ -24,6 +25,49 @@ pub const MAX_OWNERS: usize = 24;
 pub const MAX_MARKS: usize = 5000;
 const FIRST_WIDTH_NS: u64 = 1000;
 const OTHER_OWNER: &str = "other";
+
+/// A multiply-rotate hasher for the maps every row touches (pointers, thread ids, owner
+/// names): the keys come from the dump, not from an adversary, and SipHash's cost shows at
+/// ten million rows.
+#[derive(Default, Clone, Copy)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // The product's low bits depend only on the input's low bits, and pointers share
+        // theirs (aligned blocks): fold the high bits down (MurmurHash3's finalizer).
+        let mut x = self.0;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^ (x >> 33)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// The largest allocation of a bucket, shown on hover.
 #[derive(Clone, Debug, Default)]
@@ -100,17 +144,17 @@ pub struct Timeline {
     t0: Option<u64>,
     width_ns: u64,
     buckets: Vec<Bucket>,
-    live: HashMap<(EventType, u64), LiveBlock>,
+    live: FastMap<(EventType, u64), LiveBlock>,
     allocated: u64,
     owners: Vec<String>,
-    owner_index: HashMap<String, u16>,
+    owner_index: FastMap<String, u16>,
     owner_bytes: Vec<u64>,
     peak: u64,
     peak_ts_ns: u64,
     /// Each thread's ops, for the hover text of allocations.
-    ops: HashMap<u64, ThreadOps>,
+    ops: FastMap<u64, ThreadOps>,
     op_names: Vec<String>,
-    op_index: HashMap<String, u32>,
+    op_index: FastMap<String, u32>,
     steps: Vec<(u64, String)>,
     marks: Vec<(u64, String, String)>,
     dropped_marks: u64,
@@ -133,16 +177,16 @@ impl Timeline {
             t0: None,
             width_ns: FIRST_WIDTH_NS,
             buckets: Vec::new(),
-            live: HashMap::new(),
+            live: FastMap::default(),
             allocated: 0,
             owners: Vec::new(),
-            owner_index: HashMap::new(),
+            owner_index: FastMap::default(),
             owner_bytes: Vec::new(),
             peak: 0,
             peak_ts_ns: 0,
-            ops: HashMap::new(),
+            ops: FastMap::default(),
             op_names: vec![String::new()],
-            op_index: HashMap::new(),
+            op_index: FastMap::default(),
             steps: Vec::new(),
             marks: Vec::new(),
             dropped_marks: 0,
@@ -405,5 +449,97 @@ impl Timeline {
             "marks": self.marks.iter().map(|(ts, kind, msg)| json!([ms(*ts), kind, msg])).collect::<Vec<_>>(),
             "dropped_marks": self.dropped_marks,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msmemscope_core::events::DeviceId;
+
+    fn block(event: Event, ptr: u64, size: u64, ts_ns: u64, owner: &str, total: u64) -> EventRow {
+        let mut row = EventRow::new(event, EventType::Pta, "");
+        row.ts_ns = ts_ns;
+        row.device = DeviceId::Cuda(0);
+        row.ptr = Some(ptr);
+        // `total` (the caching allocator's reserved bytes) only where a pool reports it.
+        let total = if total == 0 {
+            String::new()
+        } else {
+            format!(r#","total":{total}"#)
+        };
+        row.attrs_json = Some(format!(r#"{{"size":{size},"owner":"{owner}"{total}}}"#));
+        row
+    }
+
+    fn relabel(ptr: u64, owner: &str, ts_ns: u64) -> EventRow {
+        let mut row = EventRow::new(Event::System, EventType::Owner, owner);
+        row.ts_ns = ts_ns;
+        row.ptr = Some(ptr);
+        row.attrs_json = Some(format!(r#"{{"allocation_id":1,"owner":"{owner}"}}"#));
+        row
+    }
+
+    #[test]
+    fn merged_buckets_keep_the_exact_peak_and_floor() {
+        let mut timeline = Timeline::new();
+        // 100,000 µs of sawtooth: one block at a time, sizes 1..=1000, a 1 GiB spike once.
+        let mut expected_peak = 0;
+        for i in 0..100_000u64 {
+            let size = if i == 77_777 { 1 << 30 } else { 1 + i % 1000 };
+            expected_peak = expected_peak.max(size);
+            let ts = 1_000_000 + i * 1000;
+            timeline.feed(&block(Event::Malloc, 0x1000, size, ts, "PTA", 2 << 30));
+            timeline.feed(&block(Event::Free, 0x1000, size, ts + 500, "PTA", 2 << 30));
+        }
+        let json = timeline.to_json("0", "f.csv");
+        let max: Vec<u64> = serde_json::from_value(json["max"].clone()).unwrap();
+        let min: Vec<u64> = serde_json::from_value(json["min"].clone()).unwrap();
+        assert!(
+            max.len() <= MAX_BUCKETS && max.len() > MAX_BUCKETS / 4,
+            "{}",
+            max.len()
+        );
+        assert_eq!(max.iter().max(), Some(&expected_peak));
+        assert_eq!(json["peak"]["bytes"], expected_peak);
+        // The spike's time: 77,777 µs after the first row.
+        assert_eq!(json["peak"]["ms"], 77.777);
+        assert!(
+            min.iter().all(|&m| m == 0),
+            "every bucket saw the block freed"
+        );
+        let reserved: Vec<Option<u64>> = serde_json::from_value(json["reserved"].clone()).unwrap();
+        assert!(reserved.iter().all(|r| *r == Some(2 << 30)));
+        let counts: Vec<[u64; 2]> = serde_json::from_value(json["counts"].clone()).unwrap();
+        assert_eq!(counts.iter().map(|c| c[0]).sum::<u64>(), 100_000);
+        assert_eq!(counts.iter().map(|c| c[1]).sum::<u64>(), 100_000);
+    }
+
+    #[test]
+    fn owners_stack_to_the_maximum_and_follow_relabels() {
+        let mut timeline = Timeline::new();
+        timeline.feed(&block(Event::Malloc, 0x10, 100, 1_000, "PTA@activation", 0));
+        timeline.feed(&block(Event::Malloc, 0x20, 50, 1_100, "PTA", 0));
+        // The tracker learns that 0x20 is a weight: its bytes move, the total does not.
+        timeline.feed(&relabel(0x20, "PTA@weight", 1_200));
+        timeline.feed(&block(Event::Malloc, 0x30, 25, 1_300, "PTA@activation", 0));
+        // An unknown block or pool is ignored.
+        timeline.feed(&relabel(0x99, "PTA@weight", 1_400));
+        timeline.feed(&relabel(0x10, "HAL@x", 1_400));
+        timeline.feed(&block(Event::Free, 0x10, 100, 5_000, "PTA", 0));
+        let json = timeline.to_json("0", "f.csv");
+        let names: Vec<String> = json["owners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["name"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["PTA@activation", "PTA", "PTA@weight"]);
+        // The peak (175 B) is in the first bucket, at 0x30's MALLOC: 125 activation + 50 weight.
+        let at = |o: usize| json["owners"][o]["bytes"][0].as_u64().unwrap();
+        assert_eq!(json["max"][0], 175);
+        assert_eq!((at(0), at(1), at(2)), (125, 0, 50));
+        assert_eq!(json["live_at_end"]["bytes"], 75);
+        assert_eq!(json["reserved"], serde_json::Value::Null);
     }
 }

@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use msmemscope_core::events::reader;
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 use super::pickle::Pickler;
@@ -208,7 +207,7 @@ pub fn export(run: &Path) -> Result<PathBuf, Failure> {
             first_file = false;
             // The sizes of live tensor blocks, for FREE rows that lack one.
             let mut sizes: HashMap<(EventType, u64), u64> = HashMap::new();
-            for row in reader::open(dump)? {
+            for row in super::read_ahead(dump.clone()) {
                 let row = row?;
                 let mine =
                     row.device == device || (row.device == DeviceId::None && take_deviceless);
