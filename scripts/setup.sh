@@ -33,6 +33,7 @@ if ! $VPY -c "import torch" 2>/dev/null; then
     say "installing torch (about a minute)"
     $VPY -m pip install --quiet --disable-pip-version-check torch
 fi
+scripts/setup_frameworks.sh  # vLLM, verl, Megatron-Core for the framework-hook tests (torch kept)
 
 say "cargo build --release"
 cargo build --release --quiet
