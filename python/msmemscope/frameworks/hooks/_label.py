@@ -120,20 +120,13 @@ def resized(tensor) -> None:
     """``tensor``'s storage was resized outside PyTorch's dispatcher (FSDP frees and re-allocates
     unsharded parameters with ``storage.resize_``, which no dispatch mode sees): the tracker
     writes the FREE of the old block and the MALLOC of the new one, keeping the owner."""
-    if "msmemscope.frameworks.torch_tracker" not in sys.modules:
-        return
-    # TODO(lead): a public owners.storage_resized(t) would spare this reach into the tracker.
-    from .. import torch_tracker
-
-    tracker = torch_tracker._tracker
-    if tracker is None or not tracker.enabled:
+    owners = _owners()
+    if owners is None:
         return
     try:
-        if not tracker.nat.tracing():
-            return
         t = plain(tensor)
         if t is not None:
-            tracker.written_storage(t)
+            owners.storage_resized(t)
     except Exception as exc:
         report(exc)
 
