@@ -547,7 +547,10 @@ class Watch:
                         "range stayed open to the end"
                     )
             if not self.calls and self.used:
-                lines.append("no op ran while tracking was on (start msmemscope, or run under it)")
+                lines.append(
+                    "no op ran while tracking was on: call msmemscope.start(), or run under "
+                    "msmemscope"
+                )
             lines.extend(self.notes)
             unexpected = next((c for c in self.changes if c.unexpected), None)
             for c in self.changes[:_MAX_PRINTED]:
