@@ -265,14 +265,14 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         p.oom
             .lock()
             .ok()
-            .and_then(|mut w| w.as_mut().map(|w| w.observe(&row)))
+            .and_then(|mut w| w.as_mut().map(|w| w.observe(&row, &frames)))
     } else {
         None
     };
     buffers::push(row, frames);
-    for mut extra in follow_up.into_iter().flatten() {
+    for (mut extra, extra_frames) in follow_up.into_iter().flatten() {
         (extra.pid, extra.tid) = (pid, tid);
-        buffers::push(extra, Vec::new());
+        buffers::push(extra, extra_frames);
     }
     if !system {
         ensure_writer();

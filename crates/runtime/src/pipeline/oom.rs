@@ -23,6 +23,8 @@ struct Live {
     pool: &'static str,
     python_stack: String,
     c_stack: String,
+    /// The MALLOC's C return addresses (they travel beside the row, symbolized by the writer).
+    c_frames: Vec<u64>,
 }
 
 pub struct OomWatch {
@@ -43,8 +45,9 @@ impl OomWatch {
         }
     }
 
-    /// Follows MALLOC/FREE rows; returns the rows to write after an OOM_TRIGGER.
-    pub fn observe(&mut self, row: &EventRow) -> Vec<EventRow> {
+    /// Follows MALLOC/FREE rows (with the C frames captured for them); returns the rows to
+    /// write after an OOM_TRIGGER, each with its block's frames.
+    pub fn observe(&mut self, row: &EventRow, c_frames: &[u64]) -> Vec<(EventRow, Vec<u64>)> {
         match (row.event, row.ptr) {
             (Event::Malloc, Some(ptr)) => {
                 let size = row
@@ -59,6 +62,7 @@ impl OomWatch {
                         pool: row.event_type.as_str(),
                         python_stack: row.python_stack.clone(),
                         c_stack: row.c_stack.clone(),
+                        c_frames: c_frames.to_vec(),
                     },
                 );
                 Vec::new()
@@ -80,7 +84,7 @@ impl OomWatch {
         }
     }
 
-    fn dump(&self, trigger: &EventRow) -> Vec<EventRow> {
+    fn dump(&self, trigger: &EventRow) -> Vec<(EventRow, Vec<u64>)> {
         let device = trigger.device;
         let mut blocks: Vec<(&(DeviceId, u64), &Live)> = self
             .live
@@ -90,11 +94,17 @@ impl OomWatch {
         let mut rows = Vec::new();
         blocks.sort_by(|a, b| b.1.ts_ns.cmp(&a.1.ts_ns).then(a.0 .1.cmp(&b.0 .1)));
         for (key, live) in blocks.iter().take(self.k) {
-            rows.push(detail(EventType::OomRecentAlloc, key, live, trigger));
+            rows.push((
+                detail(EventType::OomRecentAlloc, key, live, trigger),
+                live.c_frames.clone(),
+            ));
         }
         blocks.sort_by(|a, b| b.1.size.cmp(&a.1.size).then(a.0 .1.cmp(&b.0 .1)));
         for (key, live) in blocks.iter().take(self.k) {
-            rows.push(detail(EventType::OomTopAlloc, key, live, trigger));
+            rows.push((
+                detail(EventType::OomTopAlloc, key, live, trigger),
+                live.c_frames.clone(),
+            ));
         }
         let allocated: u64 = blocks.iter().map(|(_, l)| l.size).sum();
         let mut snapshot = EventRow::new(Event::Snapshot, EventType::Snapshot, "oom");
@@ -107,7 +117,7 @@ impl OomWatch {
         let (total, free) = host_memory();
         snapshot.attrs.insert("total".into(), total.into());
         snapshot.attrs.insert("free".into(), free.into());
-        rows.push(snapshot);
+        rows.push((snapshot, Vec::new()));
         rows
     }
 }
@@ -180,18 +190,21 @@ mod tests {
         let mut watch = OomWatch::new(2);
         for (i, size) in [100u64, 5000, 300, 4000].iter().enumerate() {
             assert!(watch
-                .observe(&malloc(0x1000 * (i as u64 + 1), *size, 10 + i as u64))
+                .observe(
+                    &malloc(0x1000 * (i as u64 + 1), *size, 10 + i as u64),
+                    &[0xa000 + i as u64]
+                )
                 .is_empty());
         }
         let mut free = EventRow::new(Event::Free, EventType::Pta, "");
         free.device = DeviceId::Cpu;
         free.ptr = Some(0x4000);
-        watch.observe(&free);
+        watch.observe(&free, &[]);
         let mut trigger = malloc_failure_row("aten::empty.memory_format", 1 << 40);
         trigger.ts_ns = 100;
-        let rows = watch.observe(&trigger);
+        let rows = watch.observe(&trigger, &[]);
         let kinds: Vec<(EventType, Option<u64>)> =
-            rows.iter().map(|r| (r.event_type, r.ptr)).collect();
+            rows.iter().map(|(r, _)| (r.event_type, r.ptr)).collect();
         assert_eq!(
             kinds,
             vec![
@@ -202,12 +215,16 @@ mod tests {
                 (EventType::Snapshot, None),
             ]
         );
-        assert_eq!(rows[4].attr_u64("allocated"), Some(5400));
-        assert_eq!(rows[2].attr_u64("size"), Some(5000));
+        // Each block's detail rows carry the C frames captured at its MALLOC.
+        assert_eq!(rows[0].1, vec![0xa002]);
+        assert_eq!(rows[2].1, vec![0xa001]);
+        assert!(rows[4].1.is_empty());
+        assert_eq!(rows[4].0.attr_u64("allocated"), Some(5400));
+        assert_eq!(rows[2].0.attr_u64("size"), Some(5000));
         // Within 2 s: the trigger alone.
         trigger.ts_ns = 100 + DUMP_INTERVAL_NS - 1;
-        assert!(watch.observe(&trigger).is_empty());
+        assert!(watch.observe(&trigger, &[]).is_empty());
         trigger.ts_ns = 100 + DUMP_INTERVAL_NS;
-        assert_eq!(watch.observe(&trigger).len(), 5);
+        assert_eq!(watch.observe(&trigger, &[]).len(), 5);
     }
 }
