@@ -675,7 +675,7 @@ fn every_leak_site_is_reported_exactly() {
     );
     assert_eq!(
         run.host_leak_files(),
-        ["leak_overview_1.txt"],
+        ["leak_overview_1.txt", "leak_sites_1.json"],
         "summary mode writes no CSV"
     );
 
@@ -1162,7 +1162,11 @@ const CSV_HEADER: [&str; 5] = [
 fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
     assert_eq!(
         run.host_leak_files(),
-        ["block_detail_1.csv", "leak_overview_1.txt"]
+        [
+            "block_detail_1.csv",
+            "leak_overview_1.txt",
+            "leak_sites_1.json"
+        ]
     );
     let text = std::fs::read_to_string(run.run_dir().join("host_leak/block_detail_1.csv")).unwrap();
     let first_line = text.lines().next().unwrap_or("");
@@ -1314,7 +1318,10 @@ fn stress_threads_cross_thread_frees_and_system() {
         .stdout()
         .ends_with("stress done: 8 threads x 150000 rounds\n"));
     // The shell started by system() is not the launcher's child: one report only.
-    assert_eq!(run.host_leak_files(), ["leak_overview_1.txt"]);
+    assert_eq!(
+        run.host_leak_files(),
+        ["leak_overview_1.txt", "leak_sites_1.json"]
+    );
     let ov = run.overview();
     assert_eq!(ov.truncation_bits(), 0, "\n{}", ov.text);
     assert_eq!(ov.verdict(), "complete window data");
@@ -1359,7 +1366,10 @@ fn fork_without_exec(how: &str, child_status: i32) {
     assert_eq!(run.out.stdout, plain.stdout);
     assert_eq!(run.stdout(), format!("child status {child_status}\n"));
     // Only the target writes a report; the forked child writes none.
-    assert_eq!(run.host_leak_files(), ["leak_overview_1.txt"]);
+    assert_eq!(
+        run.host_leak_files(),
+        ["leak_overview_1.txt", "leak_sites_1.json"]
+    );
     let reports = run
         .stderr()
         .matches("msmemscope: host leak report: ")
