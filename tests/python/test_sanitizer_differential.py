@@ -83,6 +83,10 @@ class Both:
                 )
             )
 
+    def free(self, ptr: int) -> None:
+        self.csan._handle_memory_deallocation(ptr)
+        self.ours.forget(ptr, TENSOR_BYTES)
+
     def record(self, event: int, stream: int) -> None:
         self.csan._handle_event_record(event, stream)
         self.ours.event_record(event, stream)
@@ -122,8 +126,10 @@ def random_program(rng: random.Random, both: Both, steps: int) -> None:
             both.wait(rng.choice(STREAMS), rng.choice(EVENTS))
         elif roll < 0.95:
             both.event_sync(rng.choice(EVENTS))
-        elif roll < 0.98:
+        elif roll < 0.97:
             both.stream_sync(rng.choice(STREAMS))
+        elif roll < 0.98:
+            both.free(rng.choice(POINTERS))
         else:
             both.device_sync()
 
@@ -136,7 +142,10 @@ def test_random_programs_report_the_same_races(seed: int) -> None:
 
 
 class WithoutSyncs(Both):
-    """The same programs with every synchronization left out."""
+    """The same programs with every synchronization (and free) left out."""
+
+    def free(self, ptr: int) -> None:
+        pass
 
     def record(self, event: int, stream: int) -> None:
         pass
@@ -244,6 +253,10 @@ HAND_WRITTEN: dict[str, tuple[list[tuple[str, Any]], int]] = {
         ],
         1,
     ),
+    "a_freed_tensor_starts_without_history": (
+        [("launch", (A, [], [X])), ("free", (X,)), ("launch", (B, [], [X]))],
+        0,
+    ),
     "write_after_two_reads_races_with_each_unordered_read": (
         [
             ("launch", (A, [], [X])),
@@ -269,6 +282,7 @@ def test_hand_written_programs(name: str) -> None:
             "event_sync": both.event_sync,
             "stream_sync": both.stream_sync,
             "device_sync": both.device_sync,
+            "free": both.free,
         }[op](*args)
     both.assert_same()
     assert len(both.our_races) == expected

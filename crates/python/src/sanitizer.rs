@@ -125,6 +125,11 @@ impl PyRaceChecker {
         Ok(list)
     }
 
+    /// The memory `[addr, addr + size)` was freed: it starts without history.
+    fn forget(&mut self, addr: u64, size: u64) {
+        self.checker.forget(addr, size);
+    }
+
     fn event_record(&mut self, event: u64, stream: u64) {
         self.checker.sync(SyncOp::EventRecord { event, stream });
     }

@@ -92,6 +92,17 @@ pub fn on_sync(op: SyncOp) {
     let _ = catch_unwind(|| with_state(|s| s.checker.sync(op)));
 }
 
+/// Memory `[addr, addr + size)` was freed (back to the caching allocator, or to the driver):
+/// what is allocated there next starts without access history, so reuse that the allocator
+/// orders by polling its events is not taken for a race. Same calling rules as [`on_sync`].
+pub fn on_free(addr: u64, size: u64) {
+    if !ACTIVE.load(Ordering::Relaxed) || crate::pipeline::is_detached() {
+        return;
+    }
+    let _entered = Entered::try_enter();
+    let _ = catch_unwind(|| with_state(|s| s.checker.forget(addr, size)));
+}
+
 /// A mark whose message starts with `sanitizer-op:`. Called by the marks module with the
 /// reentrancy guard held; `stream` is the mark's stream (None: the default stream, 0).
 pub fn on_mark(text: &str, stream: Option<u64>) {

@@ -273,6 +273,20 @@ impl RaceChecker {
         races
     }
 
+    /// Forgets the accesses to `[addr, addr + size)`: the memory was freed, and whatever is
+    /// allocated there next starts without history (CSAN's memory-deallocation event).
+    pub fn forget(&mut self, addr: u64, size: u64) {
+        let Some(end) = addr.checked_add(size).filter(|_| size > 0) else {
+            return;
+        };
+        self.split_at(addr);
+        self.split_at(end);
+        let keys: Vec<u64> = self.segments.range(addr..end).map(|(&k, _)| k).collect();
+        for key in keys {
+            self.segments.remove(&key);
+        }
+    }
+
     /// The shared copy of `name`; past [`MAX_NAMES`] distinct names, a fresh one.
     fn name(&mut self, name: &str) -> Arc<str> {
         if let Some(shared) = self.names.get(name) {
@@ -594,6 +608,22 @@ mod tests {
             run(&mut c, 2, "sanitizer-op: name=c;read=x:0x0:8,z:0x200:8"),
             vec!["c:x@2 vs a:x@1 [0x0,0x8)"]
         );
+    }
+
+    #[test]
+    fn freed_memory_starts_without_history() {
+        let mut c = RaceChecker::new();
+        run(&mut c, 1, "sanitizer-op: name=a;write=x:0x1000:64");
+        c.forget(0x1010, 16);
+        assert_eq!(c.segments.len(), 2);
+        // Only the bytes still allocated keep their history.
+        assert_eq!(
+            run(&mut c, 2, "sanitizer-op: name=b;write=y:0x1000:64"),
+            vec!["b:y@2 vs a:x@1 [0x1000,0x1040)"]
+        );
+        c.forget(0x1000, 64);
+        assert!(c.segments.is_empty());
+        assert!(run(&mut c, 3, "sanitizer-op: name=c;write=z:0x1000:64").is_empty());
     }
 
     #[test]
