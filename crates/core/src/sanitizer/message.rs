@@ -443,6 +443,94 @@ mod tests {
         }
     }
 
+    /// Random messages built from the format's own characters: parsing never panics, every
+    /// rejection points inside the message (or just past it), and every acceptance keeps
+    /// the rules.
+    #[test]
+    fn random_messages_never_panic_and_results_keep_the_rules() {
+        const PIECES: &[&str] = &[
+            "name=",
+            "read=",
+            "write=",
+            ";",
+            ",",
+            ":",
+            "=",
+            " ",
+            "0x",
+            "0X",
+            "ff",
+            "12",
+            "0",
+            "a",
+            "op.x",
+            "::",
+            "\u{e9}",
+            "18446744073709551615",
+            "99999999999999999999",
+            "(nil)",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let (mut accepted, mut rejected) = (0, 0);
+        let pick = |n: u64, r: u64| (r % n) as usize;
+        for _ in 0..20_000 {
+            // A well-formed skeleton with random parts...
+            let mut m = format!("{PREFIX} name=op{}", next() % 10);
+            for key in ["read", "write"] {
+                if next() % 3 == 0 {
+                    continue;
+                }
+                let items: Vec<String> = (0..1 + next() % 3)
+                    .map(|i| {
+                        let addr = PIECES[pick(PIECES.len() as u64, next())];
+                        let size = if next() % 2 == 0 { "64" } else { "0x10" };
+                        let addr = if next() % 2 == 0 { "0x7f00" } else { addr };
+                        format!("{key}{i}:{addr}:{size}")
+                    })
+                    .collect();
+                m.push_str(&format!(";{key}={}", items.join(",")));
+            }
+            // ...then, for half of them, pieces spliced in at random byte boundaries.
+            if next() % 2 == 0 {
+                for _ in 0..1 + next() % 3 {
+                    let mut at = pick(m.len() as u64 + 1, next());
+                    while !m.is_char_boundary(at) {
+                        at -= 1;
+                    }
+                    m.insert_str(at, PIECES[pick(PIECES.len() as u64, next())]);
+                }
+            }
+            match parse(&m) {
+                Ok(op) => {
+                    accepted += 1;
+                    assert!(!op.name.is_empty());
+                    for a in op.read_only.iter().chain(&op.write_only) {
+                        assert!(!a.alias.is_empty() && a.alias.len() < ALIAS_LIMIT, "{m:?}");
+                    }
+                    // In place: both sides' aliases, each within the limit.
+                    for a in &op.read_write {
+                        let longest = a.alias.split('/').map(str::len).max().unwrap_or(0);
+                        assert!(longest > 0 && longest < ALIAS_LIMIT, "{m:?}");
+                    }
+                    for a in op.read_only.iter().chain(op.writes()) {
+                        assert!(a.addr.checked_add(a.size).is_some(), "{m:?}");
+                    }
+                }
+                Err(e) => {
+                    rejected += 1;
+                    assert!(e.column >= 1 && e.column <= m.len() + 1, "{m:?}: {e}");
+                }
+            }
+        }
+        assert!(accepted > 100 && rejected > 100, "{accepted} / {rejected}");
+    }
+
     #[test]
     fn only_the_prefix_routes() {
         assert!(is_sanitizer_mark("sanitizer-op: name=x"));
