@@ -79,8 +79,9 @@ def _handle(value: Any, what: str, attrs: tuple[str, ...]) -> int:
                 value = getattr(value, attr)
                 break
     if isinstance(value, bool) or not isinstance(value, int):
+        article = "an" if what[0] in "aeiou" else "a"
         raise TypeError(
-            f"{what} must be an int handle or a {what} object, got {type(value).__name__}"
+            f"{what} must be an int handle or {article} {what} object, got {type(value).__name__}"
         )
     if not 0 <= value < 2**64:
         raise ValueError(f"{what} handle {value} is not a 64-bit pointer value")

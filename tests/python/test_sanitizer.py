@@ -244,7 +244,7 @@ def test_python_misuse_raises_clear_errors(tmp_path: Path) -> None:
         )
     )
     assert out.splitlines() == [
-        "TypeError event must be an int handle or a event object, got str",
+        "TypeError event must be an int handle or an event object, got str",
         "TypeError stream must be an int handle or a stream object, got float",
         "ValueError stream handle -1 is not a 64-bit pointer value",
         "TypeError stream must be an int handle or a stream object, got bool",
