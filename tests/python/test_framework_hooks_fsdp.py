@@ -152,7 +152,19 @@ def _sum(live: dict[int, tuple[int, str]], owner: str) -> int:
     return sum(size for size, o in live.values() if o == owner)
 
 
-@pytest.mark.parametrize(("kind", "owners"), [("fsdp2", FSDP2_OWNERS), ("fsdp1", FSDP1_OWNERS)])
+# FSDP1's FlatParameter is a plain Parameter to the tracker, and the automatic labelling
+# (owners.py) still relabels it `weight` after the hook named it: see the TODO in
+# python/msmemscope/frameworks/hooks/fsdp1.py. Strict: passing means the marker must go.
+FSDP1_PRECEDENCE = pytest.mark.xfail(
+    strict=True,
+    reason="automatic relabels replace the FSDP1 hook's categories (owners.py precedence)",
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "owners"),
+    [("fsdp2", FSDP2_OWNERS), pytest.param("fsdp1", FSDP1_OWNERS, marks=FSDP1_PRECEDENCE)],
+)
 def test_each_rank_dump_has_fsdp_owners_and_half_the_weights(tmp_path, kind, owners):
     ranks = run_ranks(tmp_path, kind)
     for r in ranks:
