@@ -152,6 +152,34 @@ def _sum(live: dict[int, tuple[int, str]], owner: str) -> int:
     return sum(size for size, o in live.values() if o == owner)
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One two-rank run per FSDP flavour, shared by the tests below."""
+    done: dict[str, list[Rank]] = {}
+
+    def get(kind: str) -> list[Rank]:
+        if kind not in done:
+            done[kind] = run_ranks(tmp_path_factory.mktemp(kind), kind)
+        return done[kind]
+
+    return get
+
+
+@pytest.mark.parametrize(("kind", "owners"), [("fsdp2", FSDP2_OWNERS), ("fsdp1", FSDP1_OWNERS)])
+def test_each_rank_dump_carries_the_fsdp_owners(runs, kind, owners):
+    for r in runs(kind):
+        assert int(r.printed("KNOWN param_bytes")) == (16 * 32 + 32 + 32 * 8 + 8) * 4
+        assert owners <= r.malloc_owners(), f"rank {r.rank}: {sorted(r.malloc_owners())}"
+        live = r.live_at_mark("fsdp-check")
+        # Between steps nothing of the unsharded parameters or the collectives is left.
+        for transient in ("unsharded_weight", "all_gather", "reduce_scatter"):
+            assert _sum(live, f"PTA@{kind}@{transient}") == 0, transient
+        # Only the FSDP flavour in use activated; the other one still waits for a first use.
+        version = "2.6+" if kind == "fsdp1" else "2.10+"
+        assert r.printed("ACTIVE") == f"pytorch,{version},{kind},decompose,auto"
+        assert r.printed("ARMED") == ("fsdp2" if kind == "fsdp1" else "fsdp1")
+
+
 # FSDP1's FlatParameter is a plain Parameter to the tracker, and the automatic labelling
 # (owners.py) still relabels it `weight` after the hook named it: see the TODO in
 # python/msmemscope/frameworks/hooks/fsdp1.py. Strict: passing means the marker must go.
@@ -161,27 +189,13 @@ FSDP1_PRECEDENCE = pytest.mark.xfail(
 )
 
 
-@pytest.mark.parametrize(
-    ("kind", "owners"),
-    [("fsdp2", FSDP2_OWNERS), pytest.param("fsdp1", FSDP1_OWNERS, marks=FSDP1_PRECEDENCE)],
-)
-def test_each_rank_dump_has_fsdp_owners_and_half_the_weights(tmp_path, kind, owners):
-    ranks = run_ranks(tmp_path, kind)
-    for r in ranks:
+@pytest.mark.parametrize("kind", ["fsdp2", pytest.param("fsdp1", marks=FSDP1_PRECEDENCE)])
+def test_each_rank_keeps_half_the_weights_and_gradients(runs, kind):
+    for r in runs(kind):
         param_bytes = int(r.printed("KNOWN param_bytes"))
-        assert param_bytes == (16 * 32 + 32 + 32 * 8 + 8) * 4
-        assert owners <= r.malloc_owners(), f"rank {r.rank}: {sorted(r.malloc_owners())}"
         live = r.live_at_mark("fsdp-check")
-        # Each rank keeps exactly its half of every parameter, and the same bytes of gradient.
         assert _sum(live, f"PTA@{kind}@sharded_weight") == param_bytes // WORLD
         assert _sum(live, f"PTA@{kind}@gradient") == param_bytes // WORLD
-        # Between steps nothing of the unsharded parameters or the collectives is left.
-        for transient in ("unsharded_weight", "all_gather", "reduce_scatter"):
-            assert _sum(live, f"PTA@{kind}@{transient}") == 0, transient
-        # Only the FSDP flavour in use activated; the other one still waits for a first use.
-        version = "2.6+" if kind == "fsdp1" else "2.10+"
-        assert r.printed("ACTIVE") == f"pytorch,{version},{kind},decompose,auto"
-        assert r.printed("ARMED") == ("fsdp2" if kind == "fsdp1" else "fsdp1")
 
 
 def test_manual_decompose_hooks_take_precedence_over_automatic_ones(tmp_path):
