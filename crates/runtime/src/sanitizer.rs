@@ -103,6 +103,16 @@ pub fn on_free(addr: u64, size: u64) {
     let _ = catch_unwind(|| with_state(|s| s.checker.forget(addr, size)));
 }
 
+/// A FREE row on its way into the pipeline (recorded or not): its block's access history ends.
+pub fn on_free_row(row: &msmemscope_core::events::EventRow) {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Some(ptr) = row.ptr {
+        on_free(ptr, row.attr_u64("size").unwrap_or(0));
+    }
+}
+
 /// A mark whose message starts with `sanitizer-op:`. Called by the marks module with the
 /// reentrancy guard held; `stream` is the mark's stream (None: the default stream, 0).
 pub fn on_mark(text: &str, stream: Option<u64>) {

@@ -231,6 +231,10 @@ pub fn on_range_start(message: &str) {
 
 /// Stamps, filters and queues a row.
 pub fn emit(mut row: EventRow, want_c_stack: bool) {
+    if row.event == Event::Free {
+        // Reused memory must not inherit the freed block's stream accesses.
+        crate::sanitizer::on_free_row(&row);
+    }
     if !is_tracing() {
         return;
     }
