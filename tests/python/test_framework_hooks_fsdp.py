@@ -40,13 +40,17 @@ def _free_port() -> int:
 
 
 class Rank:
-    def __init__(self, rank: int, proc: subprocess.CompletedProcess[str], out: Path):
+    def __init__(self, rank: int, proc: subprocess.CompletedProcess[str], out: Path | None):
         self.rank = rank
         self.stdout = proc.stdout
         self.stderr = proc.stderr
-        files = sorted(out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv"))
-        assert len(files) == 1, f"rank {rank}: expected one dump, got {files}\n{proc.stderr}"
-        with files[0].open(newline="") as f:
+        if out is not None:
+            files = sorted(out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv"))
+            assert len(files) == 1, f"rank {rank}: expected one dump, got {files}\n{proc.stderr}"
+            self.read(files[0])
+
+    def read(self, dump: Path) -> None:
+        with dump.open(newline="") as f:
             self.rows = list(csv.DictReader(f))
 
     def printed(self, tag: str) -> str:
@@ -208,3 +212,34 @@ def test_manual_decompose_hooks_take_precedence_over_automatic_ones(tmp_path):
         live = r.live_at_mark("fsdp-check")
         param_bytes = int(r.printed("KNOWN param_bytes"))
         assert _sum(live, "PTA@fsdp2@sharded_weight") == param_bytes // WORLD
+
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+@pytest.mark.skipif(not TORCHRUN.is_file(), reason=f"{TORCHRUN} is not installed")
+def test_fsdp2_under_torchrun_traced_from_python(tmp_path):
+    """The seed's way for distributed jobs: each torchrun worker configures decompose and starts
+    tracing itself (the launcher traces only its direct child)."""
+    out = tmp_path / "out"
+    cmd = [str(TORCHRUN), "--nproc-per-node", str(WORLD), "--master-port", str(_free_port())]
+    cmd += [str(SCRIPT), "fsdp2", f"api={out}"]
+    proc = subprocess.run(
+        cmd,
+        env=clean_env(OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    dumps = sorted(out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv"))
+    assert len(dumps) == WORLD, dumps
+    for i, dump in enumerate(dumps):
+        r = Rank(i, proc, None)
+        r.read(dump)
+        assert FSDP2_OWNERS <= r.malloc_owners(), f"{dump}: {sorted(r.malloc_owners())}"
+        live = r.live_at_mark("fsdp-check")
+        param_bytes = int(r.printed("KNOWN param_bytes"))
+        assert _sum(live, "PTA@fsdp2@sharded_weight") == param_bytes // WORLD
+        assert _sum(live, "PTA@fsdp2@gradient") == param_bytes // WORLD

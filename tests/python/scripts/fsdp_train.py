@@ -1,10 +1,11 @@
 """Two training steps of a small MLP under FSDP on CPU (gloo), one rank per process.
 
-Usage: fsdp_train.py fsdp1|fsdp2 [manual]. The rendezvous comes from the environment as
-torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With ``manual`` the script calls
-``msmemscope.init_framework_hooks`` itself. Prints ``KNOWN param_bytes N`` (the unsharded model's
-parameter bytes), ``ACTIVE ...`` (the applied hooks) and ``ARMED ...`` (automatic hooks
-waiting for a first use), and marks ``fsdp-check`` (an MSTX mark)
+Usage: fsdp_train.py fsdp1|fsdp2 [manual] [api=DIR]. The rendezvous comes from the environment
+as torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With ``manual`` the script
+calls ``msmemscope.init_framework_hooks`` itself; with ``api=DIR`` it configures
+(``analysis="decompose"``) and starts tracing itself, writing under DIR. Prints ``KNOWN
+param_bytes N`` (the unsharded model's parameter bytes), ``ACTIVE ...`` (the applied hooks) and
+``ARMED ...`` (automatic hooks waiting for a first use), and marks ``fsdp-check`` (an MSTX mark)
 after the second step while everything is still alive.
 """
 
@@ -18,6 +19,11 @@ import msmemscope
 
 kind = sys.argv[1]
 manual = "manual" in sys.argv[2:]
+# api=DIR: traced from Python (as under torchrun, whose workers the launcher does not trace).
+api_output = next((a[4:] for a in sys.argv[2:] if a.startswith("api=")), None)
+if api_output is not None:
+    msmemscope.config(events="alloc,free", analysis="decompose", output_path=api_output)
+    msmemscope.start()
 
 torch.manual_seed(0)
 dist.init_process_group("gloo")
@@ -62,3 +68,5 @@ msmemscope.mstx.mark("fsdp-check")
 sys.stdout.flush()
 dist.barrier()
 dist.destroy_process_group()
+if api_output is not None:
+    msmemscope.stop()
