@@ -21,6 +21,7 @@ A hook never raises into the program once applied: an internal error is reported
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 
 from . import _lazy
@@ -165,13 +166,16 @@ def init_framework_hooks(framework: str, version: str, component: str, type: str
 def cleanup_framework_hooks() -> None:
     """Restores every function patched by framework hooks, manual and automatic, and turns the
     automatic registration off (the next ``msmemscope.config()`` with the decompose analysis,
-    or :func:`auto_register`, turns it on again)."""
+    or :func:`auto_register`, turns it on again). Stops the CUDA allocation history that
+    snapshot hooks started."""
     with _lock:
         _disarm()
         for a in reversed(_applied):
             a.patcher.restore()
         _applied.clear()
         _manual_decompose.clear()
+        if "msmemscope.frameworks.hooks._snapshot" in sys.modules:
+            sys.modules["msmemscope.frameworks.hooks._snapshot"].stop_history()
 
 
 # --- automatic (lazy) decompose hooks -------------------------------------------------------------
