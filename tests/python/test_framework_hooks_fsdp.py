@@ -184,22 +184,17 @@ def test_each_rank_dump_carries_the_fsdp_owners(runs, kind, owners):
         assert r.printed("ARMED") == ("fsdp2" if kind == "fsdp1" else "fsdp1")
 
 
-# FSDP1's FlatParameter is a plain Parameter to the tracker, and the automatic labelling
-# (owners.py) still relabels it `weight` after the hook named it: see the TODO in
-# python/msmemscope/frameworks/hooks/fsdp1.py. Strict: passing means the marker must go.
-FSDP1_PRECEDENCE = pytest.mark.xfail(
-    strict=True,
-    reason="automatic relabels replace the FSDP1 hook's categories (owners.py precedence)",
-)
-
-
-@pytest.mark.parametrize("kind", ["fsdp2", pytest.param("fsdp1", marks=FSDP1_PRECEDENCE)])
+@pytest.mark.parametrize("kind", ["fsdp2", "fsdp1"])
 def test_each_rank_keeps_half_the_weights_and_gradients(runs, kind):
     for r in runs(kind):
         param_bytes = int(r.printed("KNOWN param_bytes"))
         live = r.live_at_mark("fsdp-check")
         assert _sum(live, f"PTA@{kind}@sharded_weight") == param_bytes // WORLD
         assert _sum(live, f"PTA@{kind}@gradient") == param_bytes // WORLD
+        # Adam's two moments of the local shard (DTensor states included) and a step count
+        # (4 bytes) per parameter tensor.
+        moments = _sum(live, "PTA@optimizer_state")
+        assert 2 * param_bytes // WORLD <= moments <= 2 * param_bytes // WORLD + 4 * 16, moments
 
 
 def test_manual_decompose_hooks_take_precedence_over_automatic_ones(tmp_path):

@@ -197,10 +197,16 @@ def _tracker():
 
 # --- learned later: the MemTracker points ---------------------------------------------------------
 def _relabel_quietly(tensor, category: str) -> None:
+    """An automatic relabel: it never replaces a framework hook's category (those contain an
+    ``@``, as ``fsdp1@sharded_weight``), which knows better than a module or optimizer hook."""
     tracker = _tracker()
     if tracker is not None and tracker.enabled:
         try:
-            tracker.set_owner(tensor, category=category)
+            # A DTensor's memory is its local shard.
+            local = getattr(tensor, "_local_tensor", None)
+            if isinstance(local, torch.Tensor):
+                tensor = local
+            tracker.set_owner(tensor, category=category, unless_framework=True)
         except Exception as exc:
             tracker.report(exc)
 

@@ -275,10 +275,17 @@ class _Tracker:
         return ref
 
     # --- owners ---------------------------------------------------------------------------------
-    def set_owner(self, t, category: str | None = None, label: str | None = None) -> None:
+    def set_owner(
+        self,
+        t,
+        category: str | None = None,
+        label: str | None = None,
+        unless_framework: bool = False,
+    ) -> None:
         """Gives ``t``'s storage a framework ``category`` and/or appends a user ``label``; a
         changed owner of a live block is written as a SYSTEM/OWNER row. A storage not tracked
-        yet (made before tracking) is adopted with that owner: its MALLOC row is written now."""
+        yet (made before tracking) is adopted with that owner: its MALLOC row is written now.
+        With ``unless_framework``, a category a framework hook gave (``fsdp1@...``) stays."""
         if type(t) not in _PLAIN_TENSOR_TYPES or t.device.type not in _TRACKED_DEVICE_TYPES:
             return
         st = t.untyped_storage()
@@ -293,6 +300,8 @@ class _Tracker:
         old = (ref.category, ref.labels)
         if ref.category is None and ref.labels is None:  # zero-byte so far: no MALLOC yet
             ref.labels = ()
+        if unless_framework and ref.category and "@" in ref.category:
+            category = None
         if category is not None:
             ref.category = category
         if label is not None and label not in ref.labels:
@@ -441,6 +450,21 @@ def _fresh_outputs(info: _OpInfo, out):
     return found
 
 
+_dtensor_type = None
+
+
+def _dtensor_in(types) -> bool:
+    """Whether a DTensor takes part in the op (DTensor is looked up once PyTorch loaded it)."""
+    global _dtensor_type
+    dt = _dtensor_type
+    if dt is None:
+        api = sys.modules.get("torch.distributed.tensor._api")
+        if api is None:
+            return False
+        dt = _dtensor_type = api.DTensor
+    return dt in types
+
+
 def _cuda_reserved(dev: str) -> int:
     try:
         return int(torch.cuda.memory_reserved(torch.device(dev)))
@@ -464,6 +488,11 @@ class MemscopeDispatchMode(TorchDispatchMode):
         tr = self.tracker
         if not tr.enabled or not self.tracing():
             return func(*args, **kwargs)
+        if _dtensor_in(types):
+            # As MemTracker does: DTensor runs its local ops, which come back here as plain
+            # tensors (its shards, FSDP2's optimizer states); run under the mode, DTensor's
+            # own dispatch would allocate them unseen.
+            return NotImplemented
         info = tr.ops.get(func)
         if info is None and type(func) is not _OpOverload:
             return func(*args, **kwargs)  # a higher-order operator: runs untracked inside

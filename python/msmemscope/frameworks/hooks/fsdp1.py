@@ -42,12 +42,9 @@ def _modules():
     return _flat_param, _runtime_utils, fully_sharded_data_parallel
 
 
-# TODO(lead, owners.py): FSDP1's FlatParameter is a plain nn.Parameter to the tracker, so the
-# automatic labelling (module pre-forward, Optimizer.step post hook, gradient hooks) relabels
-# the sharded flat parameter `weight` and its sharded gradient `gradient` after these hooks named
-# them fsdp1@sharded_weight / fsdp1@gradient. Wanted: an automatic relabel never replaces a
-# framework hook's category (one containing "@"); tests/python/test_framework_hooks_fsdp.py's
-# FSDP1 case checks exactly that.
+# FSDP1's FlatParameter is a plain nn.Parameter to the tracker: the automatic labelling (module
+# pre-forward, Optimizer.step, gradient hooks) would call it `weight`, but an automatic relabel
+# never replaces a framework category (owners._relabel_quietly), so these names stay.
 
 
 def _label_padded(flat_param) -> None:
