@@ -72,6 +72,30 @@ def run_python(
     )
 
 
+CLI = REPO / "target" / "release" / "msmemscope-cli"
+
+
+def run_under_cli(
+    tmp: Path, *options: str, script: Path, args: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Runs ``script`` with this interpreter under the CLI (output in ``tmp/out``, one OpenMP
+    thread); asserts it succeeded and the tracker reported no error. Returns (process, output)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "out"
+    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(script), *args]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(OMP_NUM_THREADS="1"),
+        cwd=tmp,
+    )
+    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "tracker error" not in proc.stderr, proc.stderr
+    return proc, out
+
+
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     """The stdout of a run that must have succeeded; its stderr in the failure message."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, run_under_cli
 
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -33,18 +31,7 @@ CATEGORIES = {
 
 
 def run(tmp: Path, script: str, *args: str, options=("--analysis=decompose",)):
-    out = tmp / "out"
-    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(SCRIPTS / script), *args]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp,
-        env=clean_env(OMP_NUM_THREADS="1"),
-    )
-    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert "tracker error" not in proc.stderr, proc.stderr
+    proc, out = run_under_cli(tmp, *options, script=SCRIPTS / script, args=args)
     (dump,) = out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv")
     with dump.open(newline="") as f:
         rows = list(csv.DictReader(f))

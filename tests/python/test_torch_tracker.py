@@ -10,12 +10,11 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env, ok, run_python
+from conftest import REPO, clean_env, ok, run_python, run_under_cli
 
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -62,20 +61,7 @@ class Run:
 
 
 def run_cli(tmp: Path, *options: str, script: Path = TRAIN, args: tuple[str, ...] = ()) -> Run:
-    tmp.mkdir(parents=True, exist_ok=True)
-    out = tmp / "out"
-    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(script), *args]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(OMP_NUM_THREADS="1"),
-        cwd=tmp,
-    )
-    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert "tracker error" not in proc.stderr, proc.stderr
-    return Run(proc, out)
+    return Run(*run_under_cli(tmp, *options, script=script, args=args))
 
 
 def attrs(row: dict[str, str]) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import REPO, clean_env, run_under_cli
 
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -111,20 +111,7 @@ class Run:
 
 
 def run_cli(tmp: Path, *options: str, script: Path = STOMP, args: tuple[str, ...] = ()) -> Run:
-    tmp.mkdir(parents=True, exist_ok=True)
-    out = tmp / "out"
-    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(script), *args]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(OMP_NUM_THREADS="1"),
-        cwd=tmp,
-    )
-    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert "tracker error" not in proc.stderr, proc.stderr
-    return Run(proc, out)
+    return Run(*run_under_cli(tmp, *options, script=script, args=args))
 
 
 def expected_rows(ops, name: str = "w", outid: int = 0) -> list[tuple[str, str]]:
