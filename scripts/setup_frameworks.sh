@@ -34,6 +34,7 @@ PINS=(
     pyvers==0.2.3 orjson==3.13.0 msgpack==1.2.4 jsonschema==4.26.0 referencing==0.37.0
     rpds-py==2026.9.1 jsonschema-specifications==2025.9.1 datasets==5.2.0 multiprocess==0.70.19
     pyarrow==26.0.1 dill==0.4.1 xxhash==4.1.0 peft==0.21.2 accelerate==1.15.0 uvicorn==0.54.0
+    pandas==3.1.1 python-dateutil==4.0.0 tzdata==2026.6
 )
 
 if [ ! -x "$VPY" ]; then
