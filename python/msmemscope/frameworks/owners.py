@@ -92,7 +92,9 @@ def category_for_new() -> str | None:
 def current_user_labels() -> tuple[str, ...]:
     """The active labels, outermost first, each once (a region nested in one with the same
     label adds nothing)."""
-    return tuple(dict.fromkeys(_state.user_labels))
+    labels = _state.user_labels
+    # The common case, on every allocation: no describer active, nothing to build.
+    return tuple(dict.fromkeys(labels)) if labels else ()
 
 
 def owner_text(pool: str, category: str | None, labels: tuple[str, ...] | None) -> str:
