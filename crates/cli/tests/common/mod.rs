@@ -3,6 +3,8 @@
 //! own crate and uses a part of this.
 #![allow(dead_code)]
 
+pub mod host_leak;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
