@@ -1,7 +1,6 @@
 //! The C ABI the Python extension (and any other producer) calls. Layouts and codes are in
 //! `msmemscope_core::events::abi`; every function here is safe to call from any thread, never
 //! panics across the boundary and reports failure by return code.
-#![allow(clippy::missing_safety_doc)]
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -10,9 +9,7 @@ use msmemscope_core::events::abi::{EventRecord, StrRef, ABI_VERSION, DEVICE_CPU,
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 use crate::guard::Entered;
-use crate::host_leak::settings::{CapOverrides, WindowSettings};
-use crate::host_leak::window;
-use crate::pipeline;
+use crate::{pipeline, session};
 
 /// Return codes.
 pub const OK: i32 = 0;
@@ -33,6 +30,10 @@ pub extern "C" fn msmemscope_abi_version() -> u32 {
     ABI_VERSION
 }
 
+/// Records one event row.
+///
+/// # Safety
+/// `record` is null or points at a valid record whose strings live for the call.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
     if record.is_null() {
@@ -87,6 +88,9 @@ pub extern "C" fn msmemscope_tracing() -> i32 {
 
 /// Replaces the configuration with a full `RunConfig` (JSON). Refused while a host-leak window
 /// is open: its settings are fixed until it closes.
+///
+/// # Safety
+/// `config_json` points at valid UTF-8 that lives for the call.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn msmemscope_configure(config_json: StrRef) -> i32 {
     // SAFETY: the caller's string lives for the call.
@@ -94,24 +98,26 @@ pub unsafe extern "C" fn msmemscope_configure(config_json: StrRef) -> i32 {
     guarded(|| {
         // API mode: the first start()/config() opens the control channel.
         crate::control::start();
-        if window::active().is_some() {
-            return WINDOW_OPEN;
-        }
-        match RunConfig::from_json(text) {
-            Ok(config) => {
-                pipeline::set_config(config);
-                OK
-            }
-            Err(_) => INVALID,
+        let Ok(config) = RunConfig::from_json(text) else {
+            return INVALID;
+        };
+        match session::configure(config) {
+            Ok(()) => OK,
+            Err(session::ConfigureError::WindowOpen) => WINDOW_OPEN,
         }
     })
 }
 
 /// Writes the active configuration as JSON into `buf` (up to `cap` bytes); returns its length.
+///
+/// # Safety
+/// `buf` is null or holds `cap` writable bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn msmemscope_current_config(buf: *mut u8, cap: usize) -> i64 {
     let _entered = Entered::try_enter();
-    let json = pipeline::config().to_json();
+    let Ok(json) = catch_unwind(|| session::config().to_json()) else {
+        return FAILED as i64;
+    };
     if !buf.is_null() && cap >= json.len() {
         // SAFETY: the caller's buffer holds `cap` bytes.
         unsafe { std::ptr::copy_nonoverlapping(json.as_ptr(), buf, json.len()) };
@@ -119,57 +125,41 @@ pub unsafe extern "C" fn msmemscope_current_config(buf: *mut u8, cap: usize) -> 
     json.len() as i64
 }
 
-/// Starts recording: a host-leak window when the configuration asks for host-leaks, else the
-/// event trace.
+/// Starts recording: a host-leak window when the configuration asks for host-leaks (in a
+/// launched run, with the launcher's settings), else the event trace.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_start() -> i32 {
     guarded(|| {
-        crate::lifecycle::register_exit_handler();
         crate::control::start();
-        let config = pipeline::config();
-        if config.host_leaks() {
-            if msmemscope_host_hooks_active() == 0 {
-                return NO_HOST_HOOKS;
-            }
-            if pipeline::run_dir().is_err() {
-                return FAILED;
-            }
-            crate::lifecycle::mark_own_code();
-            let settings = WindowSettings::new(&config, &CapOverrides::from_env());
-            return match window::open(settings) {
-                Some(_) => OK,
-                None => WINDOW_OPEN,
-            };
+        match session::start() {
+            Ok(_) => OK,
+            Err(session::StartError::WindowOpen(_)) => WINDOW_OPEN,
+            Err(session::StartError::NoHostHooks) => NO_HOST_HOOKS,
+            Err(session::StartError::NoRunDir(_) | session::StartError::ForkedChild) => FAILED,
         }
-        pipeline::start_tracing();
-        OK
     })
 }
 
+/// Stops recording: closes the open window into the run directory (its report is written
+/// now), or stops the event trace.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_stop() -> i32 {
-    guarded(|| {
-        if window::active().is_some() {
-            return match pipeline::run_dir() {
-                Ok(dir) => {
-                    window::close(&dir);
-                    OK
-                }
-                Err(_) => FAILED,
-            };
-        }
-        pipeline::stop_tracing();
-        OK
+    guarded(|| match session::stop() {
+        Ok(session::Stopped::Window(_, None)) | Err(_) => FAILED,
+        Ok(_) => OK,
     })
 }
 
 /// Writes the run directory's path into `buf` (up to `cap` bytes) and returns its length,
 /// creating the directory if this run has none yet; `FAILED` when it cannot be created. For
 /// producers that write files of their own there (the Python watch dumps).
+///
+/// # Safety
+/// `buf` is null or holds `cap` writable bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn msmemscope_run_dir(buf: *mut u8, cap: usize) -> i64 {
     let _entered = Entered::try_enter();
-    let Ok(Ok(dir)) = catch_unwind(pipeline::run_dir) else {
+    let Ok(Ok(dir)) = catch_unwind(session::run_dir) else {
         return FAILED as i64;
     };
     let path = dir.as_os_str().as_encoded_bytes();
@@ -183,9 +173,41 @@ pub unsafe extern "C" fn msmemscope_run_dir(buf: *mut u8, cap: usize) -> i64 {
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_step() -> i32 {
     guarded(|| {
-        pipeline::step();
+        session::step();
         OK
     })
+}
+
+/// Turns the stream-race checker on and sets (or, with None, clears) the callback that also
+/// receives every well-formed mark. Returns 0.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_sanitizer_enable(forward: Option<crate::sanitizer::Forward>) -> i32 {
+    guarded(|| {
+        crate::sanitizer::enable(forward);
+        // The report is written at exit.
+        session::ensure_exit_handler();
+        OK
+    })
+}
+
+/// The sanitizer's report so far, as at exit (without stacks), into `buf` (`cap` bytes).
+/// Returns the report's length (call again with a larger buffer when it exceeds `cap`); -1 for
+/// a NULL buffer with a nonzero `cap`.
+///
+/// # Safety
+/// `buf` is null or holds `cap` writable bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_sanitizer_report(buf: *mut u8, cap: usize) -> i64 {
+    if buf.is_null() && cap != 0 {
+        return -1;
+    }
+    let text = crate::sanitizer::report_so_far();
+    let n = text.len().min(cap);
+    if n > 0 {
+        // SAFETY: the caller's buffer holds `cap` >= `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len() as i64
 }
 
 /// 1 when this library's `malloc` is the process's `malloc` (it was preloaded). Compares the
@@ -193,6 +215,11 @@ pub extern "C" fn msmemscope_step() -> i32 {
 /// GOT and find whatever `malloc` the process uses, ours or not.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
+    catch_unwind(host_hooks_active).map_or(0, i32::from)
+}
+
+/// Whether this library's `malloc` is the process's `malloc`.
+pub fn host_hooks_active() -> bool {
     fn object_of(address: *const libc::c_void) -> Option<usize> {
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
@@ -203,7 +230,7 @@ pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
     // SAFETY: dlsym of a libc symbol name.
     let resolved = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
     let ours = object_of(here as *const libc::c_void);
-    (ours.is_some() && object_of(resolved) == ours) as i32
+    ours.is_some() && object_of(resolved) == ours
 }
 
 /// For producers that only need a string view (tests).

@@ -20,6 +20,10 @@ pub mod pipeline;
 // `InitializeInjectionNvtx2` (the NVTX injection entry point).
 pub mod marks;
 mod private_alloc;
+// The one owner of the run state and of configure/start/stop/step/finish.
+pub mod session;
+// Terminating signals end the run (window report, dump analyses) before they take effect.
+pub mod signals;
 // Stream-race sanitizer: sanitizer-op marks and intercepted synchronization calls.
 pub mod sanitizer;
 pub mod unwind;

@@ -1,29 +1,31 @@
-//! Start and end of the runtime inside the target: the ELF constructor reads the launcher's
-//! configuration and opens the window; an `atexit` handler registered from the constructor
-//! closes it. Registered this early, it runs after every handler the program registers later,
-//! and after the loader has run the libraries' destructors, so their frees still count.
+//! Start and end of the runtime inside the target. A launched run begins at the first hooked
+//! allocation or at this library's ELF constructor, whichever comes first: the libraries the
+//! program links are initialised before a preloaded one, so their constructors allocate before
+//! ours runs, and those blocks are the program's too. The constructor then registers the exit
+//! handler and starts the attach channel, which need a clean context (not the inside of some
+//! library's `malloc` call). Every entry point catches panics: a fault of ours never aborts the
+//! program or changes its exit status.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::launch_env;
 
 use crate::guard::Entered;
-use crate::host_leak::settings::{CapOverrides, WindowSettings};
-use crate::host_leak::window;
+use crate::host_leak::settings::CapOverrides;
 use crate::log;
-use crate::pipeline;
+use crate::session;
 use crate::unwind::{capture, modules};
 
-/// The run this process belongs to, when it was started by the launcher.
-pub struct Run {
-    pub dir: PathBuf,
-    pub config: RunConfig,
-    pub caps: CapOverrides,
-}
+const NOT_BEGUN: u8 = 0;
+const BEGINNING: u8 = 1;
+const BEGUN: u8 = 2;
 
-static RUN: OnceLock<Run> = OnceLock::new();
+/// Whether the launch environment was read (and the run begun): one load on the hooks' path
+/// until then.
+static BEGIN: AtomicU8 = AtomicU8::new(NOT_BEGUN);
 
 #[used]
 #[link_section = ".init_array"]
@@ -34,64 +36,61 @@ extern "C" fn on_load() {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
-    quiet_panics();
-    let Some(run) = take_launch_environment() else {
+    let _ = catch_unwind(|| {
+        begin_run();
+        if session::origin() == session::Origin::Launched {
+            session::ensure_exit_handler();
+            // `msmemscope --pid` can attach to every launched run; the same thread reads the
+            // signal pipe.
+            crate::signals::prepare();
+            crate::control::start();
+            crate::signals::install();
+        }
+    });
+}
+
+/// Called by the allocation hooks while no window is open: begins a launched run at the
+/// program's first allocation, before this library's constructor. Cheap once begun.
+#[inline(always)]
+pub fn begin_on_first_allocation() {
+    if BEGIN.load(Ordering::Relaxed) == NOT_BEGUN {
+        begin_from_hook();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn begin_from_hook() {
+    let Some(_entered) = Entered::try_enter() else {
         return;
     };
-    log::init(&run.dir, run.config.log_level);
-    mark_own_code();
-    register_exit_handler();
-    let run = RUN.get_or_init(|| run);
-    if run.config.host_leaks() {
-        window::open(WindowSettings::new(&run.config, &run.caps));
-    } else {
-        pipeline::init_launched(run.dir.clone(), run.config.clone());
-    }
-    // `msmemscope --pid` can attach to every launched run.
-    crate::control::start();
+    let _ = catch_unwind(begin_run);
 }
 
-/// The launched run, if this process is one.
-pub fn launched_run() -> Option<&'static Run> {
-    RUN.get()
-}
-
-/// The configuration in force: the launcher's for launched runs, else the Python API's.
-pub fn active_config() -> RunConfig {
-    match RUN.get() {
-        Some(run) if run.config.host_leaks() => run.config.clone(),
-        _ => pipeline::config(),
+/// Reads the launcher's configuration and begins the run, once. Registers nothing with libc
+/// (it may be running inside an allocation libc makes under one of its own locks).
+fn begin_run() {
+    if BEGIN
+        .compare_exchange(NOT_BEGUN, BEGINNING, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
     }
-}
-
-/// Where a closing window writes its report: the launched run's directory, or the API run's
-/// (created on first need).
-pub fn report_dir() -> Result<PathBuf, String> {
-    match RUN.get() {
-        Some(run) => Ok(run.dir.clone()),
-        None => pipeline::run_dir(),
+    quiet_panics();
+    if let Some((dir, config, caps)) = take_launch_environment() {
+        session::begin_launched(dir, config, caps);
     }
+    BEGIN.store(BEGUN, Ordering::Release);
 }
 
 /// A panic inside the runtime is caught at the boundary it crossed; its message goes to our log,
 /// never to the program's stderr.
 fn quiet_panics() {
-    std::panic::set_hook(Box::new(|info| {
-        log::error(&format!("internal error: {info}"))
-    }));
-}
-
-/// Registers the exit and fork handlers once (at start for launched runs, at the first
-/// `start()` of the Python API otherwise). Registered this early, the exit handler runs after
-/// the handlers the program registers later and after the libraries' destructors.
-pub fn register_exit_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registering plain extern "C" functions with libc.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(after_fork_in_child));
-            libc::atexit(at_exit);
-        }
+        std::panic::set_hook(Box::new(|info| {
+            log::error(&format!("internal error: {info}"))
+        }));
     });
 }
 
@@ -99,7 +98,7 @@ pub fn register_exit_handler() {
 /// a program the target starts inherits `LD_PRELOAD` but is not tracked. The variables stay in
 /// the environment, so that a target which execs the real program (a shell script, a version
 /// shim, `env`) is followed into it: the new image is still the launcher's child.
-fn take_launch_environment() -> Option<Run> {
+fn take_launch_environment() -> Option<(PathBuf, RunConfig, CapOverrides)> {
     let dir = std::env::var_os(launch_env::RUN_DIR)?;
     let launcher: i32 = std::env::var(launch_env::LAUNCHER_PID).ok()?.parse().ok()?;
     // SAFETY: getppid has no preconditions.
@@ -110,7 +109,7 @@ fn take_launch_environment() -> Option<Run> {
     let dir = PathBuf::from(dir);
     let text = std::fs::read_to_string(dir.join(launch_env::CONFIG_FILE)).ok()?;
     let config = RunConfig::from_json(&text).ok()?;
-    Some(Run { dir, config, caps })
+    Some((dir, config, caps))
 }
 
 /// Records this library's code range, so stack capture can skip the hook's own frames.
@@ -126,27 +125,18 @@ pub fn mark_own_code() {
     }
 }
 
-extern "C" fn at_exit() {
+/// The exit handler (registered by `session::ensure_exit_handler`).
+pub extern "C" fn at_exit(_: *mut libc::c_void) {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
-    // No control command runs from here on (one in progress is waited for).
-    crate::control::shutdown();
-    if window::active().is_some() {
-        // An unclosed window closes at exit.
-        match report_dir() {
-            Ok(dir) => {
-                window::close(&dir);
-            }
-            Err(e) => log::error(&format!("host-leak window left open at exit: {e}")),
+    let _ = catch_unwind(AssertUnwindSafe(session::finish));
+    if crate::signals::is_terminating() {
+        // A terminating signal is being taken through the end of the run on the service
+        // thread, which then raises it again: the process ends by that signal, as it would
+        // have without the tool, not by this exit.
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
         }
     }
-    pipeline::shutdown();
-    // After the pipeline: the sanitizer's console text follows the analyses' report.
-    crate::sanitizer::write_report_at_exit();
-}
-
-extern "C" fn after_fork_in_child() {
-    window::detach_after_fork();
-    pipeline::detach_after_fork();
 }

@@ -12,7 +12,6 @@
 //! console: appended to `analysis_report.txt`, which the launcher prints, in launched runs; on
 //! stderr otherwise. A malformed mark gets one warning line (reason and column) on stderr and in
 //! the log, for the first [`MAX_WARNINGS`]; all are counted in the report.
-#![allow(clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
@@ -31,6 +30,8 @@ use crate::guard::Entered;
 
 /// Set once the checker runs.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Set in a forked child.
+static FORGOTTEN: AtomicBool = AtomicBool::new(false);
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// Where well-formed marks are also sent (the Python side's bridge to PyTorch's CUDA sanitizer).
 static FORWARD: Mutex<Option<Forward>> = Mutex::new(None);
@@ -84,7 +85,7 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 /// A stream/event synchronization call the hooks saw. Callable from inside a hook, with or
 /// without the hook's reentrancy guard held: cheap while the sanitizer is off, never panics.
 pub fn on_sync(op: SyncOp) {
-    if !ACTIVE.load(Ordering::Relaxed) || crate::pipeline::is_detached() {
+    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
         return;
     }
     // Held by the hook already, or taken here: either way nothing below is recorded.
@@ -96,7 +97,7 @@ pub fn on_sync(op: SyncOp) {
 /// what is allocated there next starts without access history, so reuse that the allocator
 /// orders by polling its events is not taken for a race. Same calling rules as [`on_sync`].
 pub fn on_free(addr: u64, size: u64) {
-    if !ACTIVE.load(Ordering::Relaxed) || crate::pipeline::is_detached() {
+    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
         return;
     }
     let _entered = Entered::try_enter();
@@ -116,7 +117,7 @@ pub fn on_free_row(row: &msmemscope_core::events::EventRow) {
 /// A mark whose message starts with `sanitizer-op:`. Called by the marks module with the
 /// reentrancy guard held; `stream` is the mark's stream (None: the default stream, 0).
 pub fn on_mark(text: &str, stream: Option<u64>) {
-    if crate::pipeline::is_detached() {
+    if FORGOTTEN.load(Ordering::Relaxed) {
         return;
     }
     match message::parse(text) {
@@ -129,12 +130,20 @@ pub fn on_mark(text: &str, stream: Option<u64>) {
     }
 }
 
-/// Turns the checker on; its report needs the exit handler, which a process that marks
-/// without ever starting a trace has not registered yet.
+/// Turns the checker on. Its report is written by the exit handler, which the entry points
+/// that activate it (the marks, `msmemscope_sanitizer_enable`) make sure is registered.
 fn activate() {
-    if !ACTIVE.swap(true, Ordering::Relaxed) {
-        crate::lifecycle::register_exit_handler();
-    }
+    ACTIVE.store(true, Ordering::Relaxed);
+}
+
+/// Whether the checker is on (its report is due at exit).
+pub fn is_active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// In a forked child: check and report nothing (the report is the parent's).
+pub fn forget_after_fork() {
+    FORGOTTEN.store(true, Ordering::Relaxed);
 }
 
 fn check(op: &OpMark, stream: u64) {
@@ -194,36 +203,28 @@ fn write_stderr(text: &str) {
 
 /// Turns the checker on and sets (or, with None, clears) the callback that also receives every
 /// well-formed mark. Returns 0.
-#[cfg_attr(not(test), no_mangle)]
-pub extern "C" fn msmemscope_sanitizer_enable(forward: Option<Forward>) -> i32 {
+pub fn enable(forward: Option<Forward>) {
     let _entered = Entered::try_enter();
     *lock(&FORWARD) = forward;
     activate();
-    0
 }
 
 /// The report so far, as at exit (without stacks), into `buf` (`cap` bytes). Returns the
 /// report's length (call again with a larger buffer when it exceeds `cap`); -1 for a NULL
 /// buffer with a nonzero `cap`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn msmemscope_sanitizer_report(buf: *mut u8, cap: usize) -> i64 {
-    if buf.is_null() && cap != 0 {
-        return -1;
-    }
+pub fn report_so_far() -> String {
     let _entered = Entered::try_enter();
-    let text =
-        catch_unwind(|| with_state(|s| s.log.render(&mut |_| Vec::new()))).unwrap_or_default();
-    let n = text.len().min(cap);
-    if n > 0 {
-        // SAFETY: the caller's buffer holds `cap` >= `n` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
-    }
-    text.len() as i64
+    catch_unwind(|| with_state(|s| s.log.render(&mut |_| Vec::new()))).unwrap_or_default()
 }
 
 /// At exit (after the pipeline's last rows): writes the report when the checker ran.
-pub fn write_report_at_exit() {
-    if !ACTIVE.load(Ordering::Relaxed) || crate::pipeline::is_detached() {
+/// `run_dir` gives the run directory (made on need); `console_file`, when set, receives the
+/// console text instead of stderr (the launcher prints it once the program has ended).
+pub fn write_report_at_exit(
+    run_dir: fn() -> Result<PathBuf, String>,
+    console_file: Option<PathBuf>,
+) {
+    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
         return;
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -231,7 +232,7 @@ pub fn write_report_at_exit() {
             return;
         };
         let text = render_with_stacks(&state);
-        publish(&text);
+        publish(&text, run_dir, console_file);
     }));
 }
 
@@ -280,9 +281,8 @@ fn is_interpreter(module: Option<&str>) -> bool {
 }
 
 /// The report file, and the console.
-fn publish(text: &str) {
-    let written = crate::lifecycle::report_dir().and_then(|dir| write_report_file(&dir, text));
-    let launched = crate::lifecycle::launched_run();
+fn publish(text: &str, run_dir: fn() -> Result<PathBuf, String>, console_file: Option<PathBuf>) {
+    let written = run_dir().and_then(|dir| write_report_file(&dir, text));
     let note = match &written {
         Ok(path) => format!("msmemscope: sanitizer report: {}\n", path.display()),
         Err(e) => {
@@ -291,16 +291,14 @@ fn publish(text: &str) {
         }
     };
     let console = format!("{text}{note}");
-    match launched {
-        // The launcher prints analysis_report.txt once the program has ended.
-        Some(run) if !run.config.host_leaks() => {
-            let path = run.dir.join(msmemscope_core::launch_env::ANALYSIS_REPORT);
+    match console_file {
+        Some(path) => {
             if let Err(e) = append(&path, console.as_bytes()) {
                 crate::log::error(&format!("sanitizer report: {e}"));
                 write_stderr(&console);
             }
         }
-        _ => write_stderr(&console),
+        None => write_stderr(&console),
     }
 }
 

@@ -28,9 +28,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::guard::Entered;
-use crate::host_leak::settings::WindowSettings;
 use crate::host_leak::window;
-use crate::{ffi, lifecycle, log, pipeline};
+use crate::session::{self, StartError, Started, Stopped};
+use crate::{log, pipeline};
 use frame::{HeaderCheck, HEADER_LEN};
 
 /// The listener thread's name, as the client looks for it in `/proc/PID/task/*/comm`.
@@ -41,6 +41,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+static SERVICE_RUNNING: AtomicBool = AtomicBool::new(false);
 static CLOSING: AtomicBool = AtomicBool::new(false);
 /// The bound socket's path, removed at exit.
 static SOCKET_PATH: Mutex<Option<PathBuf>> = Mutex::new(None);
@@ -62,14 +63,42 @@ exit                       end the session";
 pub const ENV_NO_CONTROL: &str = "MSMEMSCOPE_NO_CONTROL";
 
 /// Starts the listener once per process. Failures are logged; the program runs on without it.
+/// The same thread serves the signal pipe (`signals`). Without a listener (switched off for
+/// programs that count their threads, or its socket refused) no thread is added at all, and
+/// terminating signals keep their plain default.
 pub fn start() {
     // Unit tests exercise the C ABI in the test harness: no listener there.
-    if cfg!(test) || pipeline::is_detached() || STARTED.swap(true, Ordering::AcqRel) {
+    if cfg!(test) || crate::session::is_forked_child() || STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
+    let Some(listener) = bind_listener() else {
+        return;
+    };
+    // The new thread inherits the blocked mask: no signal of the program is delivered to it.
+    match with_signals_blocked(|| spawn_service(listener)) {
+        Ok(()) => {
+            SERVICE_RUNNING.store(true, Ordering::Release);
+            if let Some(path) = SOCKET_PATH.lock().ok().and_then(|p| p.clone()) {
+                log::info(&format!("control channel listening on {}", path.display()));
+            }
+        }
+        Err(e) => {
+            log::error(&format!("control channel not started: no thread: {e}"));
+            remove_socket();
+        }
+    }
+}
+
+/// Whether the service thread runs (so the signal pipe is read).
+pub fn signal_service_running() -> bool {
+    SERVICE_RUNNING.load(Ordering::Acquire)
+}
+
+/// Binds this process's socket, or says why not (logged) and returns `None`.
+fn bind_listener() -> Option<UnixListener> {
     if std::env::var_os(ENV_NO_CONTROL).is_some_and(|v| v == "1") {
         log::info("control channel off (MSMEMSCOPE_NO_CONTROL=1)");
-        return;
+        return None;
     }
     // SAFETY: getpid/geteuid have no preconditions.
     let (pid, uid) = unsafe { (libc::getpid() as u32, libc::geteuid()) };
@@ -79,36 +108,30 @@ pub fn start() {
         let path = dir.join(socket::socket_name(pid));
         socket::bind_private(&path, uid).map(|l| (l, path))
     });
-    let (listener, path) = match bound {
-        Ok(bound) => bound,
+    match bound {
+        Ok((listener, path)) => {
+            if let Ok(mut slot) = SOCKET_PATH.lock() {
+                *slot = Some(path);
+            }
+            // SAFETY: registering a plain extern "C" function with libc.
+            unsafe { libc::atexit(at_exit) };
+            Some(listener)
+        }
         Err(e) => {
             log::error(&format!("control channel not started: {e}"));
-            return;
-        }
-    };
-    if let Ok(mut slot) = SOCKET_PATH.lock() {
-        *slot = Some(path.clone());
-    }
-    // SAFETY: registering a plain extern "C" function with libc.
-    unsafe { libc::atexit(at_exit) };
-    // The new thread inherits the blocked mask: no signal of the program is delivered to it.
-    match with_signals_blocked(|| spawn_listener(listener)) {
-        Ok(()) => log::info(&format!("control channel listening on {}", path.display())),
-        Err(e) => {
-            log::error(&format!("control channel not started: no thread: {e}"));
-            remove_socket();
+            None
         }
     }
 }
 
-/// Starts the listener thread with `pthread_create` rather than `std::thread`: std runs code
+/// Starts the service thread with `pthread_create` rather than `std::thread`: std runs code
 /// that allocates (its spawn-hook thread-local registers a destructor) before the thread's own
 /// function, where the reentrancy guard could not be held yet, so that allocation would be
 /// counted as the program's. Here the guard is the first thing the thread takes.
-fn spawn_listener(listener: UnixListener) -> std::io::Result<()> {
-    extern "C" fn listener_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+fn spawn_service(listener: UnixListener) -> std::io::Result<()> {
+    extern "C" fn service_main(arg: *mut libc::c_void) -> *mut libc::c_void {
         let entered = Entered::try_enter();
-        // SAFETY: `arg` is the Box leaked by spawn_listener for this thread alone.
+        // SAFETY: `arg` is the Box leaked by spawn_service for this thread alone.
         let listener = unsafe { Box::from_raw(arg as *mut UnixListener) };
         let _ = catch_unwind(AssertUnwindSafe(|| serve(*listener)));
         drop(entered);
@@ -118,7 +141,7 @@ fn spawn_listener(listener: UnixListener) -> std::io::Result<()> {
     let mut thread: libc::pthread_t = 0;
     // SAFETY: a valid out-pointer, default attributes, an entry function with the C ABI and
     // an argument it takes ownership of.
-    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), listener_main, arg) };
+    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), service_main, arg) };
     if rc != 0 {
         // SAFETY: the thread was not created, so the Box is still ours.
         drop(unsafe { Box::from_raw(arg as *mut UnixListener) });
@@ -136,7 +159,7 @@ fn spawn_listener(listener: UnixListener) -> std::io::Result<()> {
 /// At exit: wait for a command in progress, stop serving, remove the socket. Never in a
 /// forked child: the socket is the parent's.
 pub fn shutdown() {
-    if pipeline::is_detached() || !STARTED.load(Ordering::Acquire) {
+    if crate::session::is_forked_child() || !STARTED.load(Ordering::Acquire) {
         return;
     }
     CLOSING.store(true, Ordering::Release);
@@ -181,13 +204,46 @@ fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Waits for a client on the socket and for the signal pipe, and serves whichever is ready.
 fn serve(listener: UnixListener) {
-    for conn in listener.incoming() {
-        if CLOSING.load(Ordering::Acquire) {
-            return;
+    let signal_fd = crate::signals::service_fd();
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: signal_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            continue;
         }
-        match conn {
-            Ok(stream) => {
+        if fds[1].revents != 0 {
+            crate::signals::on_service_ready();
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        if CLOSING.load(Ordering::Acquire) {
+            // Exiting: the socket is gone; only a signal can still need this thread.
+            if signal_fd < 0 {
+                return;
+            }
+            let _ = listener.accept();
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
                 // A panic is logged by the hook and ends this connection only.
                 let _ = catch_unwind(AssertUnwindSafe(|| serve_connection(stream)));
             }
@@ -316,11 +372,11 @@ fn run_command(command: &str) -> Result<(i32, String), String> {
         "exit" => (0, "bye".to_string()),
         "start" => start_recording(),
         "stop" => stop_recording(),
-        "step" => match ffi::msmemscope_step() {
-            ffi::OK => (0, "next step started".to_string()),
-            _ => (1, "step failed (see the runtime log)".to_string()),
-        },
-        "display config" => (0, lifecycle::active_config().to_json()),
+        "step" => {
+            session::step();
+            (0, "next step started".to_string())
+        }
+        "display config" => (0, session::config().to_json()),
         "display memory summary" => (0, memory_summary()),
         "display host_leak summary" => match window::snapshot() {
             Some(text) => (0, text),
@@ -337,62 +393,40 @@ fn run_command(command: &str) -> Result<(i32, String), String> {
 /// `start`: what the Python API's `start()` does; in a launched host-leak run, a new window
 /// with the run's settings.
 fn start_recording() -> (i32, String) {
-    if let Some(ledger) = window::active() {
-        return (
-            1,
-            format!("host-leak window {} is already open", ledger.stage),
-        );
-    }
-    if let Some(run) = lifecycle::launched_run().filter(|r| r.config.host_leaks()) {
-        crate::unwind::modules::refresh(false);
-        return match window::open(WindowSettings::new(&run.config, &run.caps)) {
-            Some(stage) => (0, format!("host-leak window {stage} opened")),
-            None => (1, "a host-leak window is already open".to_string()),
-        };
-    }
-    match ffi::msmemscope_start() {
-        ffi::OK => match window::active() {
-            Some(ledger) => (0, format!("host-leak window {} opened", ledger.stage)),
-            None => (0, "event trace started".to_string()),
-        },
-        ffi::NO_HOST_HOOKS => (
+    match session::start() {
+        Ok(Started::Window(stage)) => (0, format!("host-leak window {stage} opened")),
+        Ok(Started::Trace) => (0, "event trace started".to_string()),
+        Err(StartError::WindowOpen(stage)) => {
+            (1, format!("host-leak window {stage} is already open"))
+        }
+        Err(StartError::NoHostHooks) => (
             1,
             "host-leak analysis needs the runtime library preloaded (source msmemscope --load-api-env=host)"
                 .to_string(),
         ),
-        ffi::WINDOW_OPEN => (1, "a host-leak window is already open".to_string()),
-        _ => (1, "start failed (see the runtime log)".to_string()),
+        Err(StartError::NoRunDir(e)) => (1, format!("start failed: {e}")),
+        Err(StartError::ForkedChild) => (1, "a forked child records nothing".to_string()),
     }
 }
 
 /// `stop`: closes the open window (its report is written) or stops the event trace.
 fn stop_recording() -> (i32, String) {
-    if let Some(ledger) = window::active() {
-        let stage = ledger.stage;
-        return match lifecycle::report_dir() {
-            Ok(dir) => match window::close(&dir) {
-                Some(path) => (
-                    0,
-                    format!("host-leak window {stage} closed: {}", path.display()),
-                ),
-                None => (
-                    1,
-                    format!("host-leak window {stage}: no report written (see the runtime log)"),
-                ),
-            },
-            Err(e) => (1, format!("cannot close host-leak window {stage}: {e}")),
-        };
+    match session::stop() {
+        Ok(Stopped::Window(stage, Some(path))) => (
+            0,
+            format!("host-leak window {stage} closed: {}", path.display()),
+        ),
+        Ok(Stopped::Window(stage, None)) => (
+            1,
+            format!("host-leak window {stage}: no report written (see the runtime log)"),
+        ),
+        Ok(Stopped::Trace) => (0, "event trace stopped".to_string()),
+        Ok(Stopped::Nothing) => (
+            1,
+            "nothing to stop: no active window and no event trace".to_string(),
+        ),
+        Err(e) => (1, format!("cannot close the host-leak window: {e}")),
     }
-    if pipeline::is_tracing() {
-        return match ffi::msmemscope_stop() {
-            ffi::OK => (0, "event trace stopped".to_string()),
-            _ => (1, "stop failed (see the runtime log)".to_string()),
-        };
-    }
-    (
-        1,
-        "nothing to stop: no active window and no event trace".to_string(),
-    )
 }
 
 fn memory_summary() -> String {

@@ -60,7 +60,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     // A forked child records nothing, and must not touch locks another thread of the parent
     // may have held at the fork.
-    if crate::pipeline::is_detached() {
+    if crate::session::is_forked_child() {
         return fallback;
     }
     let Some(_entered) = Entered::try_enter() else {
@@ -99,6 +99,10 @@ pub fn mark(message: &str, stream: Option<u64>, domain: Option<&str>) {
     #[cfg(not(test))]
     if msmemscope_core::sanitizer::message::is_sanitizer_mark(message) {
         crate::sanitizer::on_mark(message, stream);
+        if crate::sanitizer::is_active() {
+            // The checker's report is written at exit.
+            crate::session::ensure_exit_handler();
+        }
     }
     // --- end sanitizer
     sink::emit(row(EventType::Mark, message, None, stream, domain));

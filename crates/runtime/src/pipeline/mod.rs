@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use msmemscope_core::config::{CollectMode, Device, EventKind, Level, RunConfig};
+use msmemscope_core::config::{Device, EventKind, Level, RunConfig};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 use crate::clock::precise_realtime_ns;
@@ -74,13 +74,19 @@ impl Filter {
     }
 }
 
+/// Where the writer's files go: the run directory, made on first need by its owner
+/// (`session`), which hands this function in with the configuration.
+pub type RunDirSource = fn() -> Result<PathBuf, String>;
+
 struct Pipeline {
+    /// The configuration in force, as its owner (`session`) last applied it: the writer's
+    /// format and online analyses come from it.
     config: RwLock<RunConfig>,
+    run_dir: RwLock<Option<RunDirSource>>,
     filter: RwLock<Filter>,
     tracing: AtomicBool,
     /// The current step: 0 before the first `step()`.
     step: AtomicU64,
-    run_dir: Mutex<Option<PathBuf>>,
     writer: Mutex<Option<Writer>>,
     writer_failed: AtomicBool,
     oom: Mutex<Option<oom::OomWatch>>,
@@ -89,8 +95,6 @@ struct Pipeline {
 static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
 /// Set while the configuration asks for the OOM analysis (read by the malloc hooks).
 static OOM_ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Set in a forked child: it records nothing (forked children are not tracked).
-static DETACHED: AtomicBool = AtomicBool::new(false);
 static THREAD_IDS: AtomicU64 = AtomicU64::new(0);
 
 fn pipeline() -> &'static Pipeline {
@@ -99,9 +103,9 @@ fn pipeline() -> &'static Pipeline {
         Pipeline {
             filter: RwLock::new(Filter::from_config(&config)),
             config: RwLock::new(config),
+            run_dir: RwLock::new(None),
             tracing: AtomicBool::new(false),
             step: AtomicU64::new(0),
-            run_dir: Mutex::new(None),
             writer: Mutex::new(None),
             writer_failed: AtomicBool::new(false),
             oom: Mutex::new(None),
@@ -109,22 +113,9 @@ fn pipeline() -> &'static Pipeline {
     })
 }
 
-/// A run started by the launcher: its run directory and configuration. Tracing starts at once
-/// in `immediate` mode and at the program's `start()` in `deferred` mode.
-pub fn init_launched(run_dir: PathBuf, config: RunConfig) {
-    let p = pipeline();
-    let immediate = config.collect_mode == CollectMode::Immediate;
-    set_config(config);
-    if let Ok(mut dir) = p.run_dir.lock() {
-        *dir = Some(run_dir);
-    }
-    if immediate {
-        start_tracing();
-    }
-}
-
-/// Replaces the configuration (Python `config()`).
-pub fn set_config(config: RunConfig) {
+/// Takes the configuration its owner put in force: the filter, the OOM watch, and what the
+/// writer starts with; `run_dir` gives the directory when the writer first needs it.
+pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
     let p = pipeline();
     let k = config.analysis.iter().find_map(|a| match a {
         msmemscope_core::config::Analysis::Oom(k) => Some(*k),
@@ -135,14 +126,17 @@ pub fn set_config(config: RunConfig) {
     }
     OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
-        *f = Filter::from_config(&config);
+        *f = Filter::from_config(config);
     }
     if let Ok(mut c) = p.config.write() {
-        *c = config;
+        *c = config.clone();
+    }
+    if let Ok(mut source) = p.run_dir.write() {
+        *source = Some(run_dir);
     }
 }
 
-pub fn config() -> RunConfig {
+fn config() -> RunConfig {
     pipeline()
         .config
         .read()
@@ -150,29 +144,20 @@ pub fn config() -> RunConfig {
         .unwrap_or_default()
 }
 
-/// The run directory, created on first need from the configured output path (Python API runs
-/// have no launcher to make it).
-pub fn run_dir() -> Result<PathBuf, String> {
-    let p = pipeline();
-    let mut dir = p
+fn run_dir() -> Result<PathBuf, String> {
+    let source = pipeline()
         .run_dir
-        .lock()
-        .map_err(|_| "run directory lock poisoned".to_string())?;
-    if let Some(dir) = dir.as_ref() {
-        return Ok(dir.clone());
-    }
-    let config = config();
-    let created = msmemscope_core::run_dir::create(&config, std::process::id())?;
-    crate::log::init(&created, config.log_level);
-    *dir = Some(created.clone());
-    Ok(created)
+        .read()
+        .ok()
+        .and_then(|s| *s)
+        .ok_or_else(|| "no run directory was configured".to_string())?;
+    source()
 }
 
 pub fn is_tracing() -> bool {
-    !DETACHED.load(Ordering::Relaxed)
-        && PIPELINE
-            .get()
-            .is_some_and(|p| p.tracing.load(Ordering::Relaxed))
+    PIPELINE
+        .get()
+        .is_some_and(|p| p.tracing.load(Ordering::Relaxed))
 }
 
 // --- CUDA hooks (issue 11): a cheap pre-check before building a row ---
@@ -370,9 +355,6 @@ pub fn flush(timeout: Duration) {
 
 /// At exit: the last rows reach the files.
 pub fn shutdown() {
-    if DETACHED.load(Ordering::Relaxed) {
-        return;
-    }
     if let Some(p) = PIPELINE.get() {
         if p.tracing.load(Ordering::Acquire) {
             emit(
@@ -390,12 +372,10 @@ pub fn shutdown() {
     }
 }
 
-/// Whether this process is a forked child (which records nothing).
-pub fn is_detached() -> bool {
-    DETACHED.load(Ordering::Relaxed)
-}
-
-/// In a forked child: record nothing and never touch the parent's writer.
-pub fn detach_after_fork() {
-    DETACHED.store(true, Ordering::Relaxed);
+/// In a forked child: record nothing from now on, without touching the parent's writer (its
+/// thread did not survive the fork) or any lock another thread may have held at the fork.
+pub fn forget_after_fork() {
+    if let Some(p) = PIPELINE.get() {
+        p.tracing.store(false, Ordering::Relaxed);
+    }
 }

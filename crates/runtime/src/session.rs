@@ -1,0 +1,309 @@
+//! The one owner of the process-wide run state: the configuration in force, the run directory,
+//! whether the launcher started this run or the program's own API calls did, the forked-child
+//! flag and the exit registration; and the operations on it (configure, start, stop, step,
+//! finish). The C ABI (`ffi`), the attach channel (`control`), the ELF constructor and exit
+//! handler (`lifecycle`) and the marks are thin adapters over these functions, so a launched
+//! host-leak run behaves the same whether a window is closed by `msmemscope_stop()`, by
+//! `msmemscope --pid P --command stop` or at exit.
+//!
+//! Locks: `OPS` serialises the operations (a window is never opened by one caller while
+//! another closes it); `STATE` guards the fields and is held only to read or replace them,
+//! never while calling into the pipeline, whose writer asks this module for the run directory.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use msmemscope_core::config::{CollectMode, RunConfig};
+
+use crate::host_leak::settings::{CapOverrides, WindowSettings};
+use crate::host_leak::window;
+use crate::{log, pipeline};
+
+/// Who started the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `msmemscope … program`: the run directory exists and the configuration is the
+    /// launcher's `config.json`.
+    Launched,
+    /// The program's own `config()`/`start()` calls (Python API, or a preloaded runtime
+    /// sourced with `--load-api-env`): the run directory is made on first need.
+    Api,
+}
+
+struct State {
+    config: RunConfig,
+    dir: Option<PathBuf>,
+    origin: Origin,
+    caps: CapOverrides,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+static OPS: Mutex<()> = Mutex::new(());
+/// Set in a forked child: it records nothing and touches none of the parent's files.
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+/// True once the exit work has run (at exit, or on a terminating signal): it runs once, and a
+/// second caller waits here until the first is done.
+static FINISHED: Mutex<bool> = Mutex::new(false);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut slot = lock(&STATE);
+    let state = slot.get_or_insert_with(|| State {
+        config: RunConfig::default(),
+        dir: None,
+        origin: Origin::Api,
+        caps: CapOverrides::default(),
+    });
+    f(state)
+}
+
+/// A run started by the launcher: its directory and configuration. Host-leak runs open their
+/// first window; event runs trace from now on (`immediate`) or from the program's `start()`.
+pub fn begin_launched(dir: PathBuf, config: RunConfig, caps: CapOverrides) {
+    let _ops = lock(&OPS);
+    log::init(&dir, config.log_level);
+    with_state(|s| {
+        s.config = config.clone();
+        s.dir = Some(dir);
+        s.origin = Origin::Launched;
+        s.caps = caps.clone();
+    });
+    pipeline::apply_config(&config, run_dir);
+    if config.host_leaks() {
+        crate::lifecycle::mark_own_code();
+        window::open(WindowSettings::new(&config, &caps));
+    } else if config.collect_mode == CollectMode::Immediate {
+        pipeline::start_tracing();
+    }
+}
+
+/// Whether this process's run was started by the launcher, and with which configuration.
+pub fn origin() -> Origin {
+    with_state(|s| s.origin)
+}
+
+/// The configuration in force. Has no side effect (no directory is made to answer).
+pub fn config() -> RunConfig {
+    with_state(|s| s.config.clone())
+}
+
+/// The run directory, made on first need from the configured output path in API runs.
+pub fn run_dir() -> Result<PathBuf, String> {
+    let mut slot = lock(&STATE);
+    let state = slot.get_or_insert_with(|| State {
+        config: RunConfig::default(),
+        dir: None,
+        origin: Origin::Api,
+        caps: CapOverrides::default(),
+    });
+    if let Some(dir) = &state.dir {
+        return Ok(dir.clone());
+    }
+    let created = msmemscope_core::run_dir::create(&state.config, std::process::id())?;
+    log::init(&created, state.config.log_level);
+    state.dir = Some(created.clone());
+    Ok(created)
+}
+
+/// The run directory if there is one already (never makes one).
+pub fn existing_run_dir() -> Option<PathBuf> {
+    with_state(|s| s.dir.clone())
+}
+
+/// Why `configure` changed nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConfigureError {
+    /// A host-leak window is open: its settings hold until it closes.
+    WindowOpen,
+}
+
+/// Replaces the configuration (the Python API's `config()`). The run directory, once made,
+/// stays: a run writes into one directory.
+pub fn configure(config: RunConfig) -> Result<(), ConfigureError> {
+    let _ops = lock(&OPS);
+    if is_forked_child() {
+        return Ok(());
+    }
+    if window::active().is_some() {
+        return Err(ConfigureError::WindowOpen);
+    }
+    with_state(|s| s.config = config.clone());
+    pipeline::apply_config(&config, run_dir);
+    Ok(())
+}
+
+/// What `start` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// A host-leak window with this stage number.
+    Window(u32),
+    /// The event trace (also when it was on already).
+    Trace,
+}
+
+/// Why `start` did nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StartError {
+    /// The window with this stage number is open already.
+    WindowOpen(u32),
+    /// Host-leaks needs this library's malloc to be the process's (preloaded).
+    NoHostHooks,
+    /// The run directory cannot be made.
+    NoRunDir(String),
+    /// A forked child records nothing.
+    ForkedChild,
+}
+
+/// Starts recording: a new host-leak window when the configuration asks for host-leaks (with
+/// the launcher's settings in a launched run), else the event trace.
+pub fn start() -> Result<Started, StartError> {
+    if is_forked_child() {
+        return Err(StartError::ForkedChild);
+    }
+    let _ops = lock(&OPS);
+    ensure_exit_handler();
+    let (config, caps) = with_state(|s| (s.config.clone(), s.caps.clone()));
+    if !config.host_leaks() {
+        pipeline::start_tracing();
+        return Ok(Started::Trace);
+    }
+    if let Some(ledger) = window::active() {
+        return Err(StartError::WindowOpen(ledger.stage));
+    }
+    if !crate::ffi::host_hooks_active() {
+        return Err(StartError::NoHostHooks);
+    }
+    // The report is written at close: a directory that cannot be made is said now.
+    run_dir().map_err(StartError::NoRunDir)?;
+    crate::lifecycle::mark_own_code();
+    let caps = match origin() {
+        Origin::Launched => caps,
+        Origin::Api => CapOverrides::from_env(),
+    };
+    match window::open(WindowSettings::new(&config, &caps)) {
+        Some(stage) => Ok(Started::Window(stage)),
+        None => Err(StartError::WindowOpen(
+            window::active().map_or(0, |l| l.stage),
+        )),
+    }
+}
+
+/// What `stop` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The window with this stage number closed; its overview, when it could be written.
+    Window(u32, Option<PathBuf>),
+    /// The event trace stopped and everything recorded so far is written.
+    Trace,
+    /// Nothing was recording.
+    Nothing,
+}
+
+/// Stops recording: closes the open window into the run directory (its report is written
+/// now), or stops the event trace.
+pub fn stop() -> Result<Stopped, String> {
+    let _ops = lock(&OPS);
+    if let Some(ledger) = window::active() {
+        let stage = ledger.stage;
+        let dir = run_dir()?;
+        return Ok(Stopped::Window(stage, window::close(&dir)));
+    }
+    if pipeline::is_tracing() {
+        pipeline::stop_tracing();
+        return Ok(Stopped::Trace);
+    }
+    Ok(Stopped::Nothing)
+}
+
+/// Starts the next step.
+pub fn step() {
+    pipeline::step();
+}
+
+/// Registers the exit and fork handlers once: at start for launched runs, at the first
+/// `start()` or sanitizer activation otherwise.
+///
+/// The exit handler is registered with `__cxa_atexit` and no DSO handle, not with `atexit`:
+/// `atexit` ties a handler to the library that calls it, and glibc runs such handlers when it
+/// runs that library's destructors, which for a preloaded library come before the destructors
+/// of the libraries the program links, whose frees would then be missed. Without a handle, it
+/// runs in exit's own order: registered before the loader's destructor pass (which
+/// `__libc_start_main` registers after every library's constructor), it runs after it, when
+/// every library destructor has freed what it frees.
+pub fn ensure_exit_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" {
+            fn __cxa_atexit(
+                func: extern "C" fn(*mut libc::c_void),
+                arg: *mut libc::c_void,
+                dso_handle: *mut libc::c_void,
+            ) -> libc::c_int;
+        }
+        // SAFETY: registering plain extern "C" functions with libc; a null DSO handle is what
+        // C's `atexit` of a statically linked program passes.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_in_child));
+            __cxa_atexit(
+                crate::lifecycle::at_exit,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+        }
+    });
+}
+
+/// The end of the run (at exit, or before a terminating signal takes its course): commands
+/// of the attach channel stop, the open window closes and writes its report, the event dump
+/// is flushed with its analyses, and the sanitizer writes its report. Runs once.
+pub fn finish() {
+    if is_forked_child() {
+        return;
+    }
+    let mut finished = lock(&FINISHED);
+    if *finished {
+        return;
+    }
+    *finished = true;
+    // No control command runs from here on (one in progress is waited for).
+    crate::control::shutdown();
+    let _ops = lock(&OPS);
+    if let Some(ledger) = window::active() {
+        match run_dir() {
+            Ok(dir) => {
+                window::close(&dir);
+            }
+            Err(e) => log::error(&format!(
+                "host-leak window {} left open at exit: {e}",
+                ledger.stage
+            )),
+        }
+    }
+    pipeline::shutdown();
+    // After the pipeline: the sanitizer's console text follows the analyses' report.
+    let (origin, config) = with_state(|s| (s.origin, s.config.clone()));
+    // The launcher prints analysis_report.txt once an event-dump program has ended.
+    let console_file = (origin == Origin::Launched && !config.host_leaks())
+        .then(existing_run_dir)
+        .flatten()
+        .map(|dir| dir.join(msmemscope_core::launch_env::ANALYSIS_REPORT));
+    crate::sanitizer::write_report_at_exit(run_dir, console_file);
+}
+
+/// Whether this process is a forked child (which records nothing).
+pub fn is_forked_child() -> bool {
+    FORKED_CHILD.load(Ordering::Relaxed)
+}
+
+extern "C" fn after_fork_in_child() {
+    FORKED_CHILD.store(true, Ordering::Relaxed);
+    // Forget the window without touching its locks: another thread of the parent may have held
+    // one at the moment of the fork.
+    window::detach_after_fork();
+    pipeline::forget_after_fork();
+    crate::sanitizer::forget_after_fork();
+}

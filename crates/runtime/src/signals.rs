@@ -1,0 +1,270 @@
+//! Terminating signals in a launched run. SIGTERM, SIGINT and SIGHUP whose action is the
+//! default would end the process without its exit handlers, losing the open host-leak window
+//! and the event dump's analyses. While the program leaves such a signal at its default, the
+//! kernel holds a handler of ours instead: it only writes the signal's number into a pipe. The
+//! runtime's service thread (the attach listener) reads it, runs the end of the run
+//! (`session::finish`), then puts the real default back and sends the signal again, so the
+//! process ends the way it would have without the tool (same signal, same status).
+//!
+//! The program never sees our handler: `sigaction` and `signal` are interposed so that asking
+//! for the disposition answers "default", and setting the default keeps ours in place (Python
+//! does that right before re-raising SIGINT after a KeyboardInterrupt). Any other disposition
+//! the program sets goes to the kernel as it asked, and its handler runs, not ours.
+//!
+//! Without the attach listener (`MSMEMSCOPE_NO_CONTROL=1`, or its socket refused) the runtime
+//! adds no thread, so nothing would read the pipe: then the signals keep their plain default.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+
+use libc::{c_int, sighandler_t};
+
+/// The signals handled here (their default action terminates the process).
+const HANDLED: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Per handled signal: whether the kernel holds our handler in place of the default.
+static OURS: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
+/// The pipe the handler writes into: read end, write end (-1 until installed).
+static PIPE_READ: AtomicI32 = AtomicI32::new(-1);
+static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
+/// The write end between `prepare` and `install`.
+static PIPE_WRITE_PENDING: AtomicI32 = AtomicI32::new(-1);
+/// Set once a signal is being taken through the end of the run: exit handlers that run
+/// meanwhile wait for the signal instead of ending the process with another status.
+static TERMINATING: AtomicBool = AtomicBool::new(false);
+/// Set in a forked child, which has no service thread: there the default runs at once.
+static IN_CHILD: AtomicBool = AtomicBool::new(false);
+static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
+/// The process whose dispositions are recorded here.
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+type SigactionFn =
+    unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
+
+fn index_of(sig: c_int) -> Option<usize> {
+    HANDLED.iter().position(|&s| s == sig)
+}
+
+fn real_sigaction() -> Option<SigactionFn> {
+    let mut addr = REAL_SIGACTION.load(Ordering::Relaxed);
+    if addr == 0 {
+        // SAFETY: RTLD_NEXT lookup of a libc symbol by a NUL-terminated name.
+        addr = unsafe { libc::dlsym(libc::RTLD_NEXT, c"sigaction".as_ptr()) } as usize;
+        REAL_SIGACTION.store(addr, Ordering::Relaxed);
+    }
+    // SAFETY: a non-null result of dlsym("sigaction") is libc's sigaction.
+    (addr != 0).then(|| unsafe { std::mem::transmute::<usize, SigactionFn>(addr) })
+}
+
+/// A zeroed `sigaction` with `handler` and an empty mask.
+fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
+    // SAFETY: sigaction is plain data; all-zero is a valid value, completed below.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = flags;
+    // SAFETY: a valid sigset_t to empty.
+    unsafe { libc::sigemptyset(&mut act.sa_mask) };
+    act
+}
+
+/// Makes the pipe the handler writes into; its read end is for the service thread that
+/// `control` starts. Called once, from the constructor of a launched run, before `install`.
+pub fn prepare() {
+    let mut fds = [-1; 2];
+    // SAFETY: a valid out-array of two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == 0 {
+        PIPE_READ.store(fds[0], Ordering::Release);
+    }
+    PIPE_WRITE_PENDING.store(fds[1], Ordering::Release);
+}
+
+/// The pipe's read end, for the service thread's poll (-1: none).
+pub fn service_fd() -> i32 {
+    PIPE_READ.load(Ordering::Acquire)
+}
+
+/// Puts our handler in place of each handled signal's default, once a service thread reads
+/// the pipe (else the signals keep their default: nobody would end the run for them).
+pub fn install() {
+    let write_end = PIPE_WRITE_PENDING.load(Ordering::Acquire);
+    let Some(real) = real_sigaction().filter(|_| write_end >= 0) else {
+        return;
+    };
+    if !crate::control::signal_service_running() {
+        return;
+    }
+    // SAFETY: getpid has no preconditions.
+    OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    PIPE_WRITE.store(write_end, Ordering::Release);
+    for (i, &sig) in HANDLED.iter().enumerate() {
+        // SAFETY: sigaction is plain data; filled by the query below.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a query of the current disposition into a valid out-struct.
+        let queried = unsafe { real(sig, std::ptr::null(), &mut old) } == 0;
+        if queried && old.sa_sigaction == libc::SIG_DFL {
+            take_over(real, i, sig);
+        }
+        // Otherwise the program (or a library's constructor) chose already: left as it is.
+    }
+}
+
+fn take_over(real: SigactionFn, i: usize, sig: c_int) -> bool {
+    let ours = action(on_signal as *const () as sighandler_t, libc::SA_RESTART);
+    // SAFETY: installing a handler that only does async-signal-safe work.
+    let ok = unsafe { real(sig, &ours, std::ptr::null_mut()) } == 0;
+    OURS[i].store(ok, Ordering::Release);
+    ok
+}
+
+extern "C" fn on_signal(sig: c_int) {
+    // Only async-signal-safe calls here.
+    let fd = PIPE_WRITE.load(Ordering::Acquire);
+    if fd < 0 || IN_CHILD.load(Ordering::Relaxed) {
+        default_now(sig);
+        return;
+    }
+    TERMINATING.store(true, Ordering::Release);
+    let byte = sig as u8;
+    // SAFETY: one byte from a valid buffer into our pipe; errno is saved and restored, since
+    // the interrupted code may be reading it.
+    unsafe {
+        let errno = *libc::__errno_location();
+        libc::write(fd, (&byte as *const u8).cast(), 1);
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// The default action of `sig`, now (async-signal-safe).
+fn default_now(sig: c_int) {
+    if let Some(i) = index_of(sig) {
+        OURS[i].store(false, Ordering::Release);
+    }
+    let dfl = action(libc::SIG_DFL, 0);
+    if let Some(real) = real_sigaction() {
+        // SAFETY: restoring the default disposition, then raising the signal it handles.
+        unsafe {
+            real(sig, &dfl, std::ptr::null_mut());
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+        }
+    }
+}
+
+/// Called by the service thread when the pipe is readable: ends the run, then lets the signal
+/// take its default course.
+pub fn on_service_ready() {
+    let fd = PIPE_READ.load(Ordering::Acquire);
+    let mut byte = 0u8;
+    // SAFETY: one byte into a valid buffer from our non-blocking pipe.
+    if fd < 0 || unsafe { libc::read(fd, (&mut byte as *mut u8).cast(), 1) } != 1 {
+        return;
+    }
+    let sig = byte as c_int;
+    if index_of(sig).is_none() {
+        return;
+    }
+    TERMINATING.store(true, Ordering::Release);
+    let _ = std::panic::catch_unwind(crate::session::finish);
+    crate::log::info(&format!(
+        "signal {sig}: run finished, default action follows"
+    ));
+    default_now(sig);
+}
+
+/// Whether a terminating signal is being taken through the end of the run.
+pub fn is_terminating() -> bool {
+    TERMINATING.load(Ordering::Acquire)
+}
+
+/// In a forked child: our handlers stay installed (dispositions are inherited), but there is
+/// no service thread to read the pipe, so they act as the default at once.
+pub fn forget_after_fork() {
+    IN_CHILD.store(true, Ordering::Relaxed);
+}
+
+/// `sigaction` as the program sees it: our handler reads as the default it stands for.
+///
+/// # Safety
+/// As C's `sigaction`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    oldact: *mut libc::sigaction,
+) -> c_int {
+    let Some(real) = real_sigaction() else {
+        // SAFETY: errno is thread-local and always writable.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return -1;
+    };
+    let Some(i) = index_of(sig).filter(|_| PIPE_WRITE.load(Ordering::Acquire) >= 0) else {
+        // SAFETY: the caller's arguments, as it passed them.
+        return unsafe { real(sig, act, oldact) };
+    };
+    // SAFETY: getpid has no preconditions (a system call: right in a vfork child too).
+    if unsafe { libc::getpid() } != OWNER_PID.load(Ordering::Relaxed) {
+        // A vfork child (posix_spawn, Python's subprocess) runs in this memory until it execs:
+        // its dispositions are its own, so it must not change what this process records.
+        // SAFETY: the caller's arguments, as it passed them.
+        let rc = unsafe { real(sig, act, oldact) };
+        if rc == 0 && !oldact.is_null() {
+            // SAFETY: the caller's out-struct, just filled.
+            let old = unsafe { &mut *oldact };
+            if old.sa_sigaction == on_signal as *const () as sighandler_t {
+                *old = action(libc::SIG_DFL, 0);
+            }
+        }
+        return rc;
+    }
+    let ours_now = OURS[i].load(Ordering::Acquire);
+    let mut previous: libc::sigaction = action(libc::SIG_DFL, 0);
+    if !ours_now {
+        // SAFETY: a query into a valid out-struct.
+        if unsafe { real(sig, std::ptr::null(), &mut previous) } != 0 {
+            return -1;
+        }
+    }
+    if !act.is_null() {
+        // SAFETY: the caller passes a valid action when it passes one.
+        let wanted = unsafe { &*act };
+        let wants_default =
+            wanted.sa_sigaction == libc::SIG_DFL && wanted.sa_flags & libc::SA_SIGINFO == 0;
+        if wants_default {
+            if !ours_now && !take_over(real, i, sig) {
+                // SAFETY: as the caller asked.
+                return unsafe { real(sig, act, std::ptr::null_mut()) };
+            }
+        } else {
+            // SAFETY: as the caller asked.
+            if unsafe { real(sig, act, std::ptr::null_mut()) } != 0 {
+                return -1;
+            }
+            OURS[i].store(false, Ordering::Release);
+        }
+    }
+    if !oldact.is_null() {
+        // SAFETY: the caller's out-struct is valid when non-null.
+        unsafe { *oldact = previous };
+    }
+    0
+}
+
+/// `signal` goes through [`sigaction`] (glibc's own `signal` calls its internal sigaction,
+/// which interposing `sigaction` does not reach). BSD semantics, as glibc's: SA_RESTART.
+///
+/// # Safety
+/// As C's `signal`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn signal(sig: c_int, handler: sighandler_t) -> sighandler_t {
+    let mut act = action(handler, libc::SA_RESTART);
+    // SAFETY: a valid sigset_t; an invalid signal number is refused by sigaction below.
+    unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
+    let mut old = action(libc::SIG_DFL, 0);
+    // SAFETY: valid action and out-struct.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}

@@ -1,0 +1,50 @@
+"""Terminating signals under the launcher: the run is finished (STOP_TRACE row, analyses) and
+the program ends the way it would have without the tool."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import CLI, clean_env
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(OMP_NUM_THREADS="1"),
+        cwd=cwd,
+    )
+
+
+def test_ctrl_c_on_a_traced_python_program_finishes_the_dump(tmp_path: Path) -> None:
+    script = SCRIPTS / "interrupted.py"
+    plain = _run([sys.executable, str(script)], tmp_path)
+    assert plain.returncode == -2, plain.stderr
+    assert "KeyboardInterrupt" in plain.stderr
+
+    out = tmp_path / "out"
+    run = _run([str(CLI), "-o", str(out), sys.executable, str(script)], tmp_path)
+    # The same end as without the tool: the launcher dies of SIGINT as the program did.
+    assert run.returncode == -2, run.stderr
+    assert run.stdout == plain.stdout == "ready\n"
+    assert "KeyboardInterrupt" in run.stderr
+    dumps = sorted(out.glob("msmemscope_*/device_cpu/dump/memscope_dump_*.csv"))
+    assert len(dumps) == 1, run.stderr
+    with dumps[0].open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kinds = [(r["Event"], r["Event Type"]) for r in rows]
+    assert kinds[0] == ("SYSTEM", "START_TRACE")
+    assert kinds[-1] == ("SYSTEM", "STOP_TRACE"), kinds[-5:]
+    sizes = [r["Attr"] for r in rows if r["Event"] == "MALLOC" and '"size":4096' in r["Attr"]]
+    assert sizes, "the 4096-byte tensor's MALLOC row"
+    # The default leaks analysis ran at the end and wrote its report.
+    (report,) = out.glob("msmemscope_*/leaks/leak_report.txt")
+    assert report.read_text() == "====== No memory leaks detected ======\n"
