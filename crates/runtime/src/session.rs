@@ -73,8 +73,9 @@ pub fn begin_launched(dir: PathBuf, config: RunConfig, caps: CapOverrides) {
         s.caps = caps.clone();
     });
     pipeline::apply_config(&config, run_dir);
+    // Stacks (host-leak blocks, `--call-stack c`) need the modules and the runtime's own range.
+    crate::lifecycle::mark_own_code();
     if config.host_leaks() {
-        crate::lifecycle::mark_own_code();
         window::open(WindowSettings::new(&config, &caps));
     } else if config.collect_mode == CollectMode::Immediate {
         pipeline::start_tracing();

@@ -4,25 +4,55 @@
 //! symbols are exported only outside unit tests, so the test harness keeps glibc's allocator.
 #![allow(clippy::missing_safety_doc)]
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
 use libc::{c_int, c_void, size_t};
 
+use super::own_blocks;
 use crate::guard::Entered;
+use crate::host_leak::ledger::Taken;
 use crate::host_leak::window;
 use crate::libc_heap::*;
+
+/// Runs recording work, stopping a panic there: the program's allocation or free has been or
+/// will be done exactly once by the caller either way, and a panic must not unwind into C.
+/// Costs nothing unless something panics.
+#[inline(always)]
+fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
+    catch_unwind(AssertUnwindSafe(work)).ok()
+}
+
+/// Before the runtime's constructor (a linked library's constructor allocating): begins the
+/// launched run now, so this block and the ones after it are accounted.
+#[inline(always)]
+fn begin_run_now() -> Option<&'static crate::host_leak::ledger::Ledger> {
+    crate::lifecycle::begin_on_first_allocation();
+    window::active()
+}
 
 #[inline(always)]
 fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
     if ptr.is_null() {
         if size != 0 && crate::pipeline::oom::watching() {
             if let Some(_entered) = Entered::try_enter() {
-                crate::pipeline::on_malloc_failure(function, size);
+                caught(|| crate::pipeline::on_malloc_failure(function, size));
             }
         }
         return;
     }
-    if let Some(ledger) = window::active() {
-        if let Some(_entered) = Entered::try_enter() {
-            ledger.on_alloc(ptr as usize, size);
+    if let Some(ledger) = window::active().or_else(begin_run_now) {
+        match Entered::try_enter() {
+            Some(_entered) => {
+                caught(|| {
+                    // An entry for this address is stale: its free passed where no hook saw it.
+                    own_blocks::remove(ptr as usize);
+                    ledger.on_alloc(ptr as usize, size)
+                });
+            }
+            // glibc allocating for the runtime: see own_blocks.
+            None => {
+                caught(|| own_blocks::insert(ptr as usize));
+            }
         }
     }
 }
@@ -32,10 +62,21 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
 fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
     if !ptr.is_null() {
         if let Some(ledger) = window::active() {
-            if let Some(entered) = Entered::try_enter() {
-                let taken = ledger.take(ptr as usize);
-                ledger.settle_free(ptr as usize, taken);
-                drop(entered);
+            match Entered::try_enter() {
+                Some(entered) => {
+                    caught(|| {
+                        let taken = ledger.take(ptr as usize);
+                        if !(matches!(taken, Taken::NotFound { .. })
+                            && own_blocks::remove(ptr as usize))
+                        {
+                            ledger.settle_free(ptr as usize, taken);
+                        }
+                    });
+                    drop(entered);
+                }
+                None => {
+                    caught(|| own_blocks::remove(ptr as usize));
+                }
             }
         }
     }
@@ -77,22 +118,62 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         }
         return new;
     };
+    let failed = |new: *mut c_void| new.is_null() && size != 0;
     let Some(entered) = Entered::try_enter() else {
-        return __libc_realloc(ptr, size);
+        // glibc reallocating for the runtime: the new block is the runtime's too.
+        let was_own = caught(|| own_blocks::remove(ptr as usize)).unwrap_or(false);
+        let new = __libc_realloc(ptr, size);
+        caught(|| {
+            if failed(new) {
+                if was_own {
+                    own_blocks::insert(ptr as usize);
+                }
+            } else if !new.is_null() {
+                own_blocks::insert(new as usize);
+            }
+        });
+        return new;
     };
     let generation = ledger.stacks.generation();
-    let taken = ledger.take(ptr as usize);
+    // `None`: the recording panicked; the reallocation still happens, once.
+    let taken = caught(|| {
+        let taken = ledger.take(ptr as usize);
+        let own = matches!(taken, Taken::NotFound { .. }) && own_blocks::remove(ptr as usize);
+        (taken, own)
+    });
     let new = __libc_realloc(ptr, size);
-    if new.is_null() && size != 0 {
-        ledger.restore(ptr as usize, taken, generation);
+    if failed(new) {
+        if let Some((taken, own)) = taken {
+            caught(|| {
+                if own {
+                    own_blocks::insert(ptr as usize);
+                }
+                ledger.restore(ptr as usize, taken, generation)
+            });
+        }
         drop(entered);
         record_alloc(new, size, "realloc");
         return new;
     }
-    ledger.settle_free(ptr as usize, taken);
-    if !new.is_null() {
-        ledger.on_alloc(new as usize, size);
-    }
+    caught(|| {
+        let own = match taken {
+            Some((_, true)) => true,
+            Some((taken, false)) => {
+                ledger.settle_free(ptr as usize, taken);
+                false
+            }
+            None => false,
+        };
+        if new.is_null() {
+            return;
+        }
+        if own {
+            own_blocks::insert(new as usize);
+        } else {
+            own_blocks::remove(new as usize);
+            ledger.on_alloc(new as usize, size);
+        }
+    });
     drop(entered);
     new
 }
@@ -163,4 +244,22 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     let ptr = __libc_pvalloc(size);
     record_alloc(ptr, size, "pvalloc");
     ptr
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in recording work stops at the hook: the caller goes on, and the guard taken
+    /// around the work is released on the way out.
+    #[test]
+    fn recording_panics_stop_at_the_hook() {
+        let outcome = caught(|| -> u32 {
+            let _entered = Entered::try_enter().expect("not inside the runtime");
+            panic!("inside the ledger")
+        });
+        assert_eq!(outcome, None);
+        assert!(Entered::try_enter().is_some(), "guard released");
+        assert_eq!(caught(|| 7), Some(7));
+    }
 }

@@ -4,4 +4,6 @@
 // CUDA backend (issue 11).
 pub mod cuda;
 pub mod dl;
+pub mod got;
 pub mod malloc;
+mod own_blocks;

@@ -72,7 +72,12 @@ impl Writer {
                 .name("msmemscope-wr".into())
                 .spawn(move || {
                     let _entered = Entered::try_enter();
-                    run(&theirs, &mut state);
+                    // However the thread ends (a panic included), waiters learn it at once: a
+                    // dead writer must not hold the program's exit for the flush timeout.
+                    let _gone = Gone(theirs.clone());
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(&theirs, &mut state)
+                    }));
                 })
         });
         spawned.ok().map(|_| Writer { control })
@@ -81,7 +86,8 @@ impl Writer {
     /// Writes everything queued so far and waits (at most `timeout`) until it is on disk.
     pub fn flush(&self, timeout: Duration) {
         let (lock, cv) = &*self.control;
-        let Ok(mut c) = lock.lock() else { return };
+        // Poisoned only by a panic on the writer thread, which has ended (or is ending) then.
+        let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
         c.flush_requested += 1;
         let want = c.flush_requested;
         cv.notify_all();
@@ -93,7 +99,7 @@ impl Writer {
             }
             c = match cv.wait_timeout(c, left) {
                 Ok((guard, _)) => guard,
-                Err(_) => return,
+                Err(e) => e.into_inner().0,
             };
         }
     }
@@ -104,6 +110,17 @@ impl Writer {
             c.stop = true;
         }
         self.flush(timeout);
+    }
+}
+
+/// Marks the writer stopped when its thread ends.
+struct Gone(Arc<(Mutex<Control>, Condvar)>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.0;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).stopped = true;
+        cv.notify_all();
     }
 }
 

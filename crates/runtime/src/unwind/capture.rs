@@ -52,11 +52,11 @@ impl ThreadUnwinder {
 
     /// The part of this thread's stack a walk from `sp` may read, or `None` when `sp` lies
     /// outside the stack (an alternate signal stack or a user-level stack switch): then no
-    /// stack is taken rather than reading unknown memory.
+    /// stack is taken rather than reading memory that may be unmapped meanwhile.
     fn stack_range(&mut self, sp: u64) -> Option<StackRange> {
         let (low, high) = self.bounds;
         if !(low <= sp && sp < high) {
-            self.bounds = query_stack_bounds()?;
+            self.bounds = query_stack_bounds(sp)?;
         }
         let (low, high) = self.bounds;
         (low <= sp && sp < high).then_some(StackRange { low: sp, high })
@@ -125,16 +125,32 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
         let start = WalkStart { pc, sp, bp, range };
         let (mut stack, mut log) = (CapturedStack::empty(), ReadLog::new());
         let mut snapshot = snapshot;
-        if walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack) {
-            // The stack met code of a library loaded since the last scan: walk again with the
-            // new modules, and do not memoize the first attempt.
-            if !modules::refresh_for_unknown_address() {
-                let mut tag = 0;
-                return Some(call(&stack, &mut tag));
+        let unknown = walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
+        if unknown.direct_caller || (unknown.deeper() && !unknown.confirmed(snapshot)) {
+            // The stack met code of a library loaded since the last scan, or code outside every
+            // module (JIT code, a frame-pointer guess through code without unwind tables).
+            match modules::refresh_for_unknown_address() {
+                modules::Rescan::Changed => {
+                    snapshot = modules::current()?;
+                    (stack, log) = (CapturedStack::empty(), ReadLog::new());
+                    walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
+                }
+                // Not memoized: the next allocation from here asks for a rescan again.
+                _ if unknown.direct_caller => {
+                    let mut tag = 0;
+                    return Some(call(&stack, &mut tag));
+                }
+                // A library entered only through libc (its `strdup`, say) shows only as a deeper
+                // frame; its rescan must come before the library frees what it got (hooks::got
+                // redirects its allocator calls there), so a walk whose check was put off is
+                // not memoized either. Addresses a rescan found to be no library's are
+                // remembered, so JIT frames keep their walks memoized.
+                modules::Rescan::Unchanged => unknown.confirm(snapshot),
+                modules::Rescan::Skipped => {
+                    let mut tag = 0;
+                    return Some(call(&stack, &mut tag));
+                }
             }
-            snapshot = modules::current()?;
-            (stack, log) = (CapturedStack::empty(), ReadLog::new());
-            walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
         }
         let key = MemoKey {
             snapshot: snapshot as *const _ as usize,
@@ -177,15 +193,51 @@ struct WalkStart {
     range: StackRange,
 }
 
-/// One walk into `out`, recording the stack words read. Returns whether it met an address
-/// outside every known module.
+/// Where a walk met addresses outside every known module.
+#[derive(Clone, Copy, Default)]
+struct Unknown {
+    /// The allocator's direct caller.
+    direct_caller: bool,
+    /// The first frames further out, `deeper_len` of them.
+    deeper: [u64; 4],
+    deeper_len: usize,
+}
+
+impl Unknown {
+    fn deeper(&self) -> bool {
+        self.deeper_len > 0
+    }
+
+    fn add_deeper(&mut self, address: u64) {
+        if self.deeper_len < self.deeper.len() && !self.deeper[..self.deeper_len].contains(&address)
+        {
+            self.deeper[self.deeper_len] = address;
+            self.deeper_len += 1;
+        }
+    }
+
+    /// Every deeper unknown frame is one a rescan already found outside every library.
+    fn confirmed(&self, snapshot: &modules::Snapshot) -> bool {
+        self.deeper[..self.deeper_len]
+            .iter()
+            .all(|&a| modules::is_confirmed_unknown(snapshot, a))
+    }
+
+    fn confirm(&self, snapshot: &modules::Snapshot) {
+        for &a in &self.deeper[..self.deeper_len] {
+            modules::confirm_unknown(snapshot, a);
+        }
+    }
+}
+
+/// One walk into `out`, recording the stack words read.
 fn walk(
     snapshot: &modules::Snapshot,
     rules: &mut RuleCache,
     start: &WalkStart,
     log: &mut ReadLog,
     out: &mut CapturedStack,
-) -> bool {
+) -> Unknown {
     let range = start.range;
     let mut read_stack = |addr: u64| {
         let value = read_word(range, addr)?;
@@ -241,7 +293,8 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
                     frames.len() < max
                 },
             );
-            if !met_unknown || !modules::refresh_for_unknown_address() {
+            let unknown = met_unknown.direct_caller || met_unknown.deeper();
+            if !unknown || modules::refresh_for_unknown_address() != modules::Rescan::Changed {
                 break;
             }
             match modules::current() {
@@ -254,7 +307,7 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
 }
 
 /// The full walk with framehop, handing each frame below the tool's own to `push`, which says
-/// whether to go on. Returns whether it met an address outside every module.
+/// whether to go on. Returns where it met addresses outside every module.
 fn unwind(
     snapshot: &modules::Snapshot,
     rules: &mut RuleCache,
@@ -263,14 +316,14 @@ fn unwind(
     bp: u64,
     read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
     mut push: impl FnMut(u64) -> bool,
-) -> bool {
+) -> Unknown {
     let own = OWN_CODE.get().cloned().unwrap_or(0..0);
     let mut frames =
         snapshot
             .unwinder
             .iter_frames(pc, UnwindRegsX86_64::new(pc, sp, bp), rules, read_stack);
     let mut skipping_own = true;
-    let mut met_unknown = false;
+    let mut unknown = Unknown::default();
     let mut last = 0;
     loop {
         match frames.next() {
@@ -280,32 +333,52 @@ fn unwind(
                 if skipping_own && (own.contains(&address) || snapshot.is_tool_code(address)) {
                     continue;
                 }
-                if skipping_own && !snapshot.covers(address) {
-                    // The allocator's direct caller is in an unscanned library.
-                    met_unknown = true;
+                if !snapshot.covers(address) {
+                    if skipping_own {
+                        unknown.direct_caller = true;
+                    } else {
+                        unknown.add_deeper(address);
+                    }
                 }
                 skipping_own = false;
                 if !push(address) {
-                    return met_unknown;
+                    return unknown;
                 }
             }
-            Ok(None) => return met_unknown,
-            Err(_) => return met_unknown || (last != 0 && !snapshot.covers(last)),
+            Ok(None) => return unknown,
+            Err(_) => {
+                // The walk stopped at a frame whose code no module covers.
+                if last != 0 && !snapshot.covers(last) && !unknown.direct_caller {
+                    unknown.add_deeper(last);
+                }
+                return unknown;
+            }
         }
     }
 }
 
-fn query_stack_bounds() -> Option<(u64, u64)> {
-    // SAFETY: attr is initialised by pthread_getattr_np before use and destroyed after.
-    unsafe {
-        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
-        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
-            return None;
-        }
-        let mut addr: *mut libc::c_void = std::ptr::null_mut();
-        let mut size: libc::size_t = 0;
-        let ok = libc::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0;
-        libc::pthread_attr_destroy(&mut attr);
-        ok.then(|| (addr as u64, addr as u64 + size as u64))
+/// The part of the current thread's stack that a walk from `sp` may read: `[low, high)`.
+///
+/// Not from `pthread_getattr_np`: it holds the thread descriptor's lock while it allocates (its
+/// `fopen` of /proc/self/maps for the main thread, its cpuset for the others), so the hook it
+/// re-enters would wait on the lock its own thread holds. Instead, the mapping that contains
+/// `sp`, accepted only where it is this thread's stack, since the range is cached and read
+/// later: a mapping of any other kind (an alternate signal stack, a coroutine's stack inside a
+/// heap or a pool) may shrink or go away meanwhile.
+/// - the main thread's `[stack]`: it grows down, so a later sp below `low` asks again;
+/// - a thread's stack as glibc lays it out: the thread descriptor (`pthread_self()`, the TCB)
+///   sits above the stack in the same mapping, also for a stack the program supplied, and
+///   nothing of the stack lies above it, so the range ends there: a supplied stack inside a
+///   larger mapping is not read past its own end.
+fn query_stack_bounds(sp: u64) -> Option<(u64, u64)> {
+    let mapping = super::maps::mapping_containing(sp)?;
+    if !mapping.readable {
+        return None;
     }
+    if mapping.main_stack {
+        return Some((mapping.start, mapping.end));
+    }
+    // SAFETY: pthread_self only reads the thread pointer; it takes no lock.
+    let tcb = unsafe { libc::pthread_self() } as u64;
+    (mapping.start <= tcb && tcb < mapping.end && sp < tcb).then_some((mapping.start, tcb))
 }

@@ -2,6 +2,7 @@
 //! (framehop), with frame pointers only as the fallback for code without unwind tables.
 
 pub mod capture;
+pub mod maps;
 mod memo;
 pub mod modules;
 

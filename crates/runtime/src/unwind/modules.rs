@@ -10,7 +10,7 @@
 use std::ffi::CStr;
 use std::ops::{Deref, Range};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use framehop::x86_64::UnwinderX86_64;
@@ -87,7 +87,8 @@ pub fn refresh(force: bool) -> bool {
             }
         }
     }
-    let scanned = scan();
+    let mut scanned = scan();
+    let got = scanned.got.take();
     let mut unwinder = ProcessUnwinder::new();
     let mut ranges = Vec::with_capacity(scanned.modules.len());
     let tool_ranges = scanned
@@ -122,6 +123,9 @@ pub fn refresh(force: bool) -> bool {
         tool_ranges,
     });
     CURRENT.store(Box::into_raw(snapshot), Ordering::Release);
+    if let Some(got) = got {
+        got.finish();
+    }
     true
 }
 
@@ -145,20 +149,73 @@ fn loader_counters() -> (u64, u64) {
     counters
 }
 
+/// What [`refresh_for_unknown_address`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Rescan {
+    /// A new snapshot is published.
+    Changed,
+    /// The loader's counters are as the current snapshot saw them: the address is no library's.
+    Unchanged,
+    /// Not checked: another check ran less than 10 ms ago.
+    Skipped,
+}
+
 /// Called from a hook whose stack met an address no module covers: a library was loaded since
 /// the last scan (`dlopen` is not interposed, since glibc resolves a `dlopen`'s RUNPATH and
 /// `$ORIGIN` from its caller). Checks the loader's counters at most once per 10 ms, so JIT code
-/// does not make every allocation take the loader's lock. Returns whether modules changed.
-pub fn refresh_for_unknown_address() -> bool {
+/// does not make every allocation take the loader's lock.
+pub fn refresh_for_unknown_address() -> Rescan {
     let now = crate::clock::coarse_millis();
     let last = LAST_UNKNOWN_REFRESH_MS.load(Ordering::Relaxed);
     if last != 0 && now.saturating_sub(last) < 10 {
-        return false;
+        return Rescan::Skipped;
     }
-    LAST_UNKNOWN_REFRESH_MS
+    if LAST_UNKNOWN_REFRESH_MS
         .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
-        .is_ok()
-        && refresh(false)
+        .is_err()
+    {
+        return Rescan::Skipped;
+    }
+    if refresh(false) {
+        Rescan::Changed
+    } else {
+        Rescan::Unchanged
+    }
+}
+
+/// Addresses outside every module of one snapshot that a rescan found to be no library's (JIT
+/// code, frame-pointer guesses): direct-mapped by address, emptied when the snapshot changes.
+/// A racing reset may keep a stale entry; that only lets one walk skip its rescan.
+const CONFIRMED_SLOTS: usize = 64;
+static CONFIRMED: [AtomicU64; CONFIRMED_SLOTS] = [const { AtomicU64::new(0) }; CONFIRMED_SLOTS];
+static CONFIRMED_FOR: AtomicUsize = AtomicUsize::new(0);
+
+#[inline]
+fn confirmed_slot(address: u64) -> usize {
+    ((address >> 4) ^ (address >> 13)) as usize % CONFIRMED_SLOTS
+}
+
+pub fn is_confirmed_unknown(snapshot: &Snapshot, address: u64) -> bool {
+    CONFIRMED_FOR.load(Ordering::Acquire) == snapshot as *const Snapshot as usize
+        && CONFIRMED[confirmed_slot(address)].load(Ordering::Relaxed) == address
+}
+
+pub fn confirm_unknown(snapshot: &Snapshot, address: u64) {
+    let id = snapshot as *const Snapshot as usize;
+    let previous = CONFIRMED_FOR.load(Ordering::Acquire);
+    if previous != id {
+        if CONFIRMED_FOR
+            .compare_exchange(previous, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        for slot in &CONFIRMED {
+            slot.store(0, Ordering::Relaxed);
+        }
+        CONFIRMED_FOR.store(id, Ordering::Release);
+    }
+    CONFIRMED[confirmed_slot(address)].store(address, Ordering::Relaxed);
 }
 
 struct ScannedModule {
@@ -170,6 +227,8 @@ struct Scan {
     modules: Vec<ScannedModule>,
     adds: u64,
     subs: u64,
+    /// The GOT survey that rides along (hooks::got).
+    got: Option<crate::hooks::got::Survey>,
 }
 
 fn scan() -> Scan {
@@ -177,6 +236,7 @@ fn scan() -> Scan {
         modules: Vec::new(),
         adds: 0,
         subs: 0,
+        got: crate::hooks::got::Survey::begin(),
     };
     // SAFETY: the callback only reads the phdr info the loader hands it, during the call.
     unsafe {
@@ -217,6 +277,9 @@ unsafe extern "C" fn visit(
         return 0;
     }
     let path = module_path(info);
+    if let Some(got) = scan.got.as_mut() {
+        got.visit(info, &path);
+    }
     let mut sections = ExplicitModuleSectionInfo {
         base_svma: 0,
         ..Default::default()

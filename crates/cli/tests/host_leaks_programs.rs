@@ -1,0 +1,303 @@
+//! End-to-end host-leak runs of whole programs whose shape once broke the runtime: a Rust
+//! binary and a C program whose first allocation on a thread happens inside
+//! `pthread_getattr_np` (a hang), a library opened with `RTLD_DEEPBIND` (false leaks), 400
+//! short threads (the runtime's own bookkeeping counted as pre-window frees). Fixtures are in
+//! tests/fixtures/programs/, built here with gcc and rustc, and run under the real
+//! `msmemscope-cli --analysis=host-leaks` with the harness's hang timeout.
+//!
+//! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary),
+//! gcc and rustc on PATH.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+mod common;
+use common::host_leak::*;
+use common::{Scratch, BIN};
+
+fn program_src(name: &str) -> PathBuf {
+    fixture_src("programs").join(name)
+}
+
+fn runtime_is_built() {
+    let lib = Path::new(BIN).parent().unwrap().join(RUNTIME_LIB);
+    assert!(
+        lib.is_file(),
+        "{} is missing next to {}: run `cargo build --release` first",
+        RUNTIME_LIB,
+        BIN
+    );
+}
+
+/// Builds a C fixture into `dir` with `extra` gcc arguments after the source.
+fn build_c(dir: &Path, src: &str, out: &str, extra: &[&str]) -> PathBuf {
+    runtime_is_built();
+    let prog = dir.join(out);
+    let src = program_src(src);
+    let mut args = vec![
+        "-O2",
+        "-g",
+        "-fomit-frame-pointer",
+        "-pthread",
+        src.to_str().unwrap(),
+        "-o",
+        prog.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    gcc(&args);
+    prog
+}
+
+fn run_plain(prog: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env_remove("LD_PRELOAD");
+    output_with_timeout(cmd)
+}
+
+fn pre_window_frees(ov: &Overview) -> (u64, u64) {
+    count_bytes(ov.h("Pre-window frees"))
+}
+
+/// The listed sites with a frame in `function`.
+fn sites_through<'a>(ov: &'a Overview, function: &str) -> Vec<&'a Site> {
+    let prefix = format!("{function} ");
+    ov.sites
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.starts_with(&prefix)))
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. Stack bounds without pthread_getattr_np
+
+#[test]
+fn rust_binary_finishes_and_reports_its_leak() {
+    runtime_is_built();
+    let scratch = Scratch::new("rust-prog");
+    let prog = scratch.path().join("rust_vec_leak");
+    let out = Command::new("rustc")
+        .args(["-C", "opt-level=0", "-g", "--edition", "2021", "-o"])
+        .arg(&prog)
+        .arg(program_src("rust_vec_leak.rs"))
+        .output()
+        .expect("cannot run rustc");
+    assert!(
+        out.status.success(),
+        "rustc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "hi\n");
+    let ov = run.overview();
+    let main = sites_through(&ov, "rust_vec_leak::main");
+    assert_eq!(main.len(), 1, "{}", ov.text);
+    assert_eq!(
+        (main[0].unfreed, main[0].allocated, main[0].freed),
+        ((1, 1000), (1, 1000), (0, 0)),
+        "{}",
+        ov.text
+    );
+    assert_eq!(pre_window_frees(&ov), (0, 0), "{}", ov.text);
+    // The rest is std's own start-up state.
+    for s in &ov.sites {
+        if s.label != main[0].label {
+            assert!(
+                s.frames.iter().any(|f| f.starts_with("std::rt::")),
+                "unexpected unfreed site {s:?}\n{}",
+                ov.text
+            );
+        }
+    }
+    ov.check_sites_sum_to_total();
+}
+
+#[test]
+fn first_allocation_inside_pthread_getattr_np_does_not_hang() {
+    let scratch = Scratch::new("getattr");
+    let prog = build_c(scratch.path(), "getattr_np.c", "getattr_np", &[]);
+    let plain = run_plain(&prog, &[]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "getattr done\n");
+    let ov = run.overview();
+    assert_eq!(
+        ov.expect_function("leak_in_main"),
+        ((1, 3333), (1, 3333), (0, 0))
+    );
+    assert_eq!(
+        ov.expect_function("leak_in_thread"),
+        ((1, 4444), (1, 4444), (0, 0))
+    );
+    assert_eq!(pre_window_frees(&ov), (0, 0), "{}", ov.text);
+    // The rest is glibc's: stdout's buffer and the thread's TLS vector (its stack is cached).
+    for s in &ov.sites {
+        let first = s.first_function();
+        if first != "leak_in_main" && first != "leak_in_thread" {
+            assert!(
+                s.frames
+                    .iter()
+                    .any(|f| f.starts_with("_IO_puts ") || f.starts_with("pthread_create ")),
+                "unexpected unfreed site {s:?}\n{}",
+                ov.text
+            );
+        }
+    }
+    ov.check_sites_sum_to_total();
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. RTLD_DEEPBIND
+
+/// `mode` is the program's `dlopen` binding ("now" or "lazy"); `link` the library's GOT
+/// layout: `-z now` puts every slot in the read-only RELRO part, written only through
+/// `mprotect`, while the default keeps the PLT slots writable (and, under "lazy", unresolved
+/// until first called).
+fn deepbind(mode: &str, link: &[&str]) {
+    const N: u64 = 500;
+    let scratch = Scratch::new("deepbind");
+    let lib_dir = scratch.path().join("lib");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    let lib = lib_dir.join("libdeepbind_lib.so");
+    let lib_src = program_src("deepbind_lib.c");
+    let mut args = vec![
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-g",
+        "-fomit-frame-pointer",
+        lib_src.to_str().unwrap(),
+        "-o",
+        lib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(link);
+    gcc(&args);
+    // RUNPATH, not RPATH: the program finds the library only through its own $ORIGIN.
+    let prog = build_c(
+        scratch.path(),
+        "deepbind_main.c",
+        "deepbind_main",
+        &["-ldl", "-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib"],
+    );
+    let dynamic = Command::new("readelf")
+        .arg("-d")
+        .arg(&prog)
+        .output()
+        .expect("cannot run readelf");
+    let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+    assert!(
+        dynamic.contains("(RUNPATH)") && dynamic.contains("[$ORIGIN/lib]"),
+        "{dynamic}"
+    );
+    let n = N.to_string();
+    let plain = run_plain(&prog, &[mode, &n]);
+    assert_exited(&plain, 0, "plain run");
+    let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[mode, &n]);
+    assert_exited(
+        &run.out,
+        0,
+        "tool run (the library must load through RUNPATH $ORIGIN)",
+    );
+    assert_eq!(run.stdout(), format!("deepbind {mode} done\n"));
+    let ov = run.overview();
+    // Before the fix: a deep_churn site with N unfreed 64-byte blocks.
+    assert_eq!(
+        sites_through(&ov, "deep_churn"),
+        Vec::<&Site>::new(),
+        "the library's own frees were missed:\n{}",
+        ov.text
+    );
+    let leak = sites_through(&ov, "deep_leak");
+    assert_eq!(leak.len(), 1, "{}", ov.text);
+    assert_eq!(
+        (leak[0].unfreed, leak[0].allocated, leak[0].freed),
+        ((1, 200), (1, 200), (0, 0)),
+        "{}",
+        ov.text
+    );
+    assert_eq!(leak[0].frames[0].split(' ').next(), Some("strdup"));
+    assert_eq!(pre_window_frees(&ov), (0, 0), "{}", ov.text);
+    // Everything else left is the loader's and stdio's, none of it the library's.
+    for s in &ov.sites {
+        if s.label != leak[0].label {
+            assert!(
+                s.frames
+                    .iter()
+                    .any(|f| f.starts_with("dlopen ") || f.starts_with("printf ")),
+                "unexpected unfreed site {s:?}\n{}",
+                ov.text
+            );
+        }
+    }
+    // The library's N churned blocks were tracked and their frees seen.
+    assert!(ov.allocations_tracked().0 > N, "{}", ov.text);
+    assert!(ov.frees_tracked().0 >= N, "{}", ov.text);
+    assert_eq!(
+        ov.allocations_tracked().0 - ov.frees_tracked().0,
+        ov.total_unfreed.0
+    );
+    ov.check_sites_sum_to_total();
+}
+
+#[test]
+fn deepbind_library_frees_are_seen_now() {
+    deepbind("now", &[]);
+}
+
+#[test]
+fn deepbind_library_frees_are_seen_now_with_read_only_got() {
+    deepbind("now", &["-Wl,-z,relro,-z,now"]);
+}
+
+#[test]
+fn deepbind_library_frees_are_seen_lazy() {
+    deepbind("lazy", &[]);
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. The runtime's own per-thread bookkeeping
+
+#[test]
+fn thread_bookkeeping_is_not_a_pre_window_free() {
+    const THREADS: u64 = 400;
+    let scratch = Scratch::new("threads400");
+    let prog = build_c(scratch.path(), "threads400.c", "threads400", &[]);
+    let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "threads done\n");
+    let ov = run.overview();
+    // Before the fix: one 40-byte free per thread (the runtime's thread-local destructor
+    // entry) and the cache-turnover NOTE.
+    assert_eq!(pre_window_frees(&ov), (0, 0), "{}", ov.text);
+    assert!(!ov.text.contains("NOTE: pre-window frees"), "{}", ov.text);
+    // glibc's own blocks: one TLS vector per new thread stack (4 stay with the cached stacks)
+    // and stdout's buffer.
+    let tls = sites_through(&ov, "_dl_allocate_tls");
+    assert_eq!(tls.len(), 1, "{}", ov.text);
+    let (tls_allocated, tls_freed) = (tls[0].allocated, tls[0].freed);
+    assert_eq!(tls_allocated.0, THREADS, "{}", ov.text);
+    assert_eq!(tls[0].unfreed.0, 4, "{}", ov.text);
+    let stdout = sites_through(&ov, "_IO_file_doallocate");
+    assert_eq!(stdout.len(), 1, "{}", ov.text);
+    let buffer = stdout[0].allocated;
+    assert_eq!(stdout[0].unfreed, buffer);
+    // Exactly the program's 400 blocks of 100 bytes besides those.
+    assert_eq!(
+        ov.allocations_tracked(),
+        (
+            THREADS + tls_allocated.0 + buffer.0,
+            THREADS * 100 + tls_allocated.1 + buffer.1
+        ),
+        "{}",
+        ov.text
+    );
+    assert_eq!(
+        ov.frees_tracked(),
+        (THREADS + tls_freed.0, THREADS * 100 + tls_freed.1),
+        "{}",
+        ov.text
+    );
+    assert_eq!(ov.sites.len(), 2, "{}", ov.text);
+    ov.check_sites_sum_to_total();
+}
