@@ -13,13 +13,13 @@ from conftest import CLI, clean_env
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cmd,
         capture_output=True,
         text=True,
         timeout=300,
-        env=clean_env(OMP_NUM_THREADS="1"),
+        env=clean_env(OMP_NUM_THREADS="1", **env),
         cwd=cwd,
     )
 
@@ -48,3 +48,33 @@ def test_ctrl_c_on_a_traced_python_program_finishes_the_dump(tmp_path: Path) -> 
     # The default leaks analysis ran at the end and wrote its report.
     (report,) = out.glob("msmemscope_*/leaks/leak_report.txt")
     assert report.read_text() == "====== No memory leaks detected ======\n"
+
+
+def test_python_stop_and_start_in_a_launched_host_leak_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = _run(
+        [
+            str(CLI),
+            "--analysis=host-leaks",
+            "-o",
+            str(out),
+            sys.executable,
+            str(SCRIPTS / "host_windows.py"),
+        ],
+        tmp_path,
+        MSMEMSCOPE_HOST_TOP_N="100000",
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "analysis ['host-leaks']\ndone\n"
+    # Everything under the output path; nothing in the program's working directory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    (run_dir,) = out.iterdir()
+    overviews = sorted((run_dir / "host_leak").glob("leak_overview_*.txt"))
+    assert [p.name for p in overviews] == ["leak_overview_1.txt", "leak_overview_2.txt"]
+    first, second = (p.read_text() for p in overviews)
+    assert "] unfreed 1 blocks / 123457 bytes; allocated 1 / 123457 bytes;" in first
+    assert "234567" not in first and "234567" not in second
+    assert "\n1 blocks, 345679 bytes" in second, second
+    assert "123457" not in second
+    assert not (run_dir / "leaks").exists()
+    assert "without running exit handlers" not in run.stderr
