@@ -84,9 +84,12 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         }
     }
 
+    // Installed before the spawn so that a signal arriving meanwhile waits for the target.
+    let mut forwarding = crate::forward::Forwarding::prepare();
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
+            drop(forwarding);
             let name = program[0].to_string_lossy();
             eprintln!("msmemscope: cannot run {name}: {e}");
             log(&dir, &format!("cannot run {name}: {e}"));
@@ -98,10 +101,18 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    // While the target runs, Ctrl-C and Ctrl-\ are for it (it shares our process group); the
-    // launcher stays to print the report and pass the status on. Set after the spawn: ignored
-    // dispositions would be inherited across exec.
-    let ignored = IgnoreInteractiveSignals::new();
+    forwarding.start(child.id());
+    if let Err(e) = forwarding.wait_ended(child.id()) {
+        log(
+            &dir,
+            &format!("waiting for the target without reaping it: {e}"),
+        );
+    }
+    drop(forwarding);
+    let passed = crate::forward::passed_on();
+    if !passed.is_empty() {
+        log(&dir, &format!("signals passed on to the target: {passed}"));
+    }
     let status = match child.wait() {
         Ok(status) => status,
         Err(e) => {
@@ -109,7 +120,6 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    drop(ignored);
     log(&dir, &format!("target exited: {status}"));
 
     if config.host_leaks() {
@@ -191,26 +201,81 @@ fn report_event_dump(dir: &Path, config: &RunConfig) {
     }
 }
 
+/// Prints every window's overview in stage order (a program may close and reopen windows), or
+/// why there is none.
 fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::ExitStatus) {
-    let overview = dir.join("host_leak").join("leak_overview_1.txt");
-    match std::fs::read_to_string(&overview) {
-        Ok(text) => {
-            if config.log_level < LogLevel::Error {
-                eprint!("{text}");
+    let overviews = overviews_in(&dir.join("host_leak"));
+    if overviews.is_empty() {
+        // A signal death is known from the status; otherwise exit handlers (where the window
+        // closes) did not run.
+        let why = match status.signal() {
+            Some(sig) => match signal_name(sig) {
+                Some(name) => format!("it was killed by signal {sig} ({name})"),
+                None => format!("it was killed by signal {sig}"),
+            },
+            None => "it ended without running exit handlers (_exit or exec)".to_string(),
+        };
+        eprintln!(
+            "msmemscope: no host leak report was written for the target: {why}; run directory {}",
+            dir.display()
+        );
+        return;
+    }
+    for path in overviews {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                if config.log_level < LogLevel::Error {
+                    eprint!("{text}");
+                }
+                eprintln!("msmemscope: host leak report: {}", path.display());
             }
-            eprintln!("msmemscope: host leak report: {}", overview.display());
-        }
-        Err(_) => {
-            let why = match status.signal() {
-                Some(sig) => format!("it was killed by signal {sig}"),
-                None => "it ended without running exit handlers (_exit or exec)".to_string(),
-            };
-            eprintln!(
-                "msmemscope: no host leak report was written for the target: {why}; run directory {}",
-                dir.display()
-            );
+            Err(e) => eprintln!("msmemscope: cannot read {}: {e}", path.display()),
         }
     }
+}
+
+/// `leak_overview_{stage}.txt` in `dir`, by stage number (so `_10` comes after `_9`).
+fn overviews_in(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let stage = name
+                .to_str()?
+                .strip_prefix("leak_overview_")?
+                .strip_suffix(".txt")?
+                .parse()
+                .ok()?;
+            Some((stage, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, path)| path).collect()
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => return None,
+    })
 }
 
 /// Exits the way the target did: the same code, or the same signal re-raised.
@@ -227,33 +292,6 @@ fn pass_through(status: std::process::ExitStatus) -> ExitCode {
         return ExitCode::from(128u8.wrapping_add(sig as u8));
     }
     ExitCode::from(1)
-}
-
-struct IgnoreInteractiveSignals {
-    int: libc::sighandler_t,
-    quit: libc::sighandler_t,
-}
-
-impl IgnoreInteractiveSignals {
-    fn new() -> Self {
-        // SAFETY: replacing the dispositions of SIGINT/SIGQUIT in this process; restored on drop.
-        unsafe {
-            IgnoreInteractiveSignals {
-                int: libc::signal(libc::SIGINT, libc::SIG_IGN),
-                quit: libc::signal(libc::SIGQUIT, libc::SIG_IGN),
-            }
-        }
-    }
-}
-
-impl Drop for IgnoreInteractiveSignals {
-    fn drop(&mut self) {
-        // SAFETY: restores the dispositions saved in `new`.
-        unsafe {
-            libc::signal(libc::SIGINT, self.int);
-            libc::signal(libc::SIGQUIT, self.quit);
-        }
-    }
 }
 
 fn log(dir: &Path, message: &str) {

@@ -5,6 +5,7 @@ mod api_env;
 mod args;
 mod attach;
 mod compare;
+mod forward;
 mod launcher;
 mod report;
 

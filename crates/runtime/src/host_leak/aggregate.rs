@@ -337,10 +337,10 @@ pub fn write_report(
     let sites = dir.join(format!("leak_sites_{}.json", report.stage));
     write_new_file(&sites, render_sites_json(report).as_bytes())?;
     if let Some(details) = details {
-        if !details.is_empty() {
-            let csv = dir.join(format!("block_detail_{}.csv", report.stage));
-            write_new_file(&csv, render_block_detail(details).as_bytes())?;
-        }
+        // Written even without a row (header only): the overview says it was written, and a
+        // reader can tell "no unfreed block" from "no file".
+        let csv = dir.join(format!("block_detail_{}.csv", report.stage));
+        write_new_file(&csv, render_block_detail(details).as_bytes())?;
     }
     Ok(overview)
 }
