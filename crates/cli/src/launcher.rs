@@ -92,7 +92,8 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             drop(forwarding);
             let name = program[0].to_string_lossy();
             eprintln!("msmemscope: cannot run {name}: {e}");
-            log(&dir, &format!("cannot run {name}: {e}"));
+            // Nothing ran: the directory made for the run holds only our own files.
+            let _ = std::fs::remove_dir_all(&dir);
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {

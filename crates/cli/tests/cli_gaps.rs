@@ -1,0 +1,65 @@
+//! Usage gaps found with hostile inputs: a program that cannot run leaves no run directory, and
+//! the installed `bin/msmemscope` can be executed by non-shell callers.
+
+mod common;
+use common::{repo, Scratch, BIN};
+
+use std::process::Command;
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_missing_program_exits_127_and_leaves_no_run_directory() {
+    let scratch = Scratch::new("missing");
+    let out = scratch.path().join("out");
+    let run = Command::new(BIN)
+        .arg("-o")
+        .arg(&out)
+        .arg(scratch.path().join("no-such-program"))
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(127));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("msmemscope: cannot run "), "{stderr}");
+    assert_eq!(entries(&out), Vec::<String>::new());
+}
+
+#[test]
+fn a_program_that_is_not_executable_exits_126_and_leaves_no_run_directory() {
+    let scratch = Scratch::new("noexec");
+    let out = scratch.path().join("out");
+    let prog = scratch.path().join("data.txt");
+    std::fs::write(&prog, "not a program\n").unwrap();
+    let run = Command::new(BIN)
+        .arg("--analysis=host-leaks")
+        .arg("-o")
+        .arg(&out)
+        .arg(&prog)
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(126));
+    assert_eq!(entries(&out), Vec::<String>::new());
+    assert_eq!(std::fs::read(&prog).unwrap(), b"not a program\n");
+}
+
+#[test]
+fn the_installed_command_can_be_executed_without_a_shell() {
+    // No shell in between: the kernel needs the #! line (else "Exec format error").
+    let run = Command::new(repo().join("bin/msmemscope"))
+        .arg("--help")
+        .env("MSMEMSCOPE_BIN", BIN)
+        .output()
+        .expect("exec bin/msmemscope directly");
+    assert_eq!(run.status.code(), Some(0), "{run:?}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("msmemscope"));
+}
