@@ -62,7 +62,7 @@ def test_python_stop_and_start_in_a_launched_host_leak_run(tmp_path: Path) -> No
             str(SCRIPTS / "host_windows.py"),
         ],
         tmp_path,
-        MSMEMSCOPE_HOST_TOP_N="100000",
+        MSMEMSCOPE_HOST_TOP_N="1024",
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == "analysis ['host-leaks']\ndone\n"

@@ -39,6 +39,11 @@ pub fn runtime_library() -> Result<PathBuf, String> {
 }
 
 pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
+    if config.host_leaks() {
+        for line in crate::knobs::warnings() {
+            eprintln!("msmemscope: warning: {line}");
+        }
+    }
     let library = match runtime_library() {
         Ok(path) => path,
         Err(line) => {

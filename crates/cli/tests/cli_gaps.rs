@@ -63,3 +63,24 @@ fn the_installed_command_can_be_executed_without_a_shell() {
     assert_eq!(run.status.code(), Some(0), "{run:?}");
     assert!(String::from_utf8_lossy(&run.stdout).contains("msmemscope"));
 }
+
+#[test]
+fn a_bad_host_knob_is_named_with_its_range_and_the_run_goes_on() {
+    let scratch = Scratch::new("knob");
+    let run = Command::new(BIN)
+        .args(["--analysis=host-leaks", "-q", "-o"])
+        .arg(scratch.path().join("out"))
+        .arg("true")
+        .env("MSMEMSCOPE_HOST_BEAT_MS", "fast")
+        .env_remove("MSMEMSCOPE_HOST_TOP_N")
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(
+        stderr.lines().next().unwrap_or(""),
+        "msmemscope: warning: MSMEMSCOPE_HOST_BEAT_MS=\"fast\" is not a whole number \
+         (10 to 60000 milliseconds); using the default 1000",
+        "{stderr}"
+    );
+}
