@@ -495,6 +495,15 @@ fn scan(args: Vec<OsString>) -> Result<Scan, UsageError> {
     Ok(Scan::Done(Scanned { options, program }))
 }
 
+/// A value as repeated in a message: at most 80 characters of it.
+fn cut(value: &str) -> String {
+    const SHOWN: usize = 80;
+    match value.char_indices().nth(SHOWN) {
+        Some((end, _)) => format!("{}…", &value[..end]),
+        None => value.to_owned(),
+    }
+}
+
 fn missing_value(kind: Kind, spelled: &str) -> UsageError {
     let accepted = match kind {
         Kind::Config(option) => option.accepted(),
@@ -639,6 +648,25 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
         return Err(UsageError("--command needs --pid PID".to_owned()));
     }
     if let Some(pid) = pid {
+        // The process's options were set when it started: one given here would be ignored.
+        if let Some(ignored) = options.iter().find(|o| {
+            matches!(o.kind, Kind::Config(_) | Kind::InputPath) || o.kind == Kind::Report
+        }) {
+            return Err(UsageError(format!(
+                "{} is not used with --pid: the running process keeps the options it started with",
+                ignored.spelled
+            )));
+        }
+        if let Some(word) = command_word.as_deref() {
+            let word = word.trim();
+            if !msmemscope_core::control_frame::COMMAND_WORDS.contains(&word) {
+                return Err(UsageError(format!(
+                    "unknown --command word {:?}; accepted: {}",
+                    cut(word),
+                    msmemscope_core::control_frame::COMMAND_WORDS.join(", ")
+                )));
+            }
+        }
         if compare {
             return Err(UsageError(
                 "--pid cannot be combined with --compare".to_owned(),

@@ -84,3 +84,59 @@ fn a_bad_host_knob_is_named_with_its_range_and_the_run_goes_on() {
         "{stderr}"
     );
 }
+
+fn usage_error(args: &[&str]) -> String {
+    let run = Command::new(BIN).args(args).output().unwrap();
+    assert_eq!(run.status.code(), Some(2), "{args:?}: {run:?}");
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
+#[test]
+fn attach_refuses_an_unknown_word_and_ignored_options_before_connecting() {
+    // A process that exists but has no runtime: rejecting the word must not depend on it.
+    let pid = std::process::id().to_string();
+    assert_eq!(
+        usage_error(&["--pid", &pid, "--command", "xyz"]),
+        "msmemscope: unknown --command word \"xyz\"; accepted: start, stop, step, display config, \
+         display memory summary, display host_leak summary, help, exit\n"
+    );
+    assert_eq!(
+        usage_error(&["--pid", &pid, "--analysis=leaks", "--command", "help"]),
+        "msmemscope: --analysis is not used with --pid: the running process keeps the options it \
+         started with\n"
+    );
+}
+
+#[test]
+fn a_huge_bad_value_is_cut_in_the_message() {
+    let value = "x".repeat(120_000);
+    let line = usage_error(&[&format!("--level={value}"), "true"]);
+    assert!(line.len() < 300, "{} bytes", line.len());
+    assert!(
+        line.contains("… (120000 characters in all)\": accepted values are op, kernel"),
+        "{line}"
+    );
+}
+
+#[test]
+fn an_output_path_that_is_a_file_is_named_as_the_option() {
+    let scratch = Scratch::new("outfile");
+    let file = scratch.path().join("plain");
+    std::fs::write(&file, "keep").unwrap();
+    let run = Command::new(BIN)
+        .arg(format!("--output-path={}", file.display()))
+        .arg("true")
+        .output()
+        .unwrap();
+    assert_ne!(run.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&run.stderr),
+        format!(
+            "msmemscope: invalid --output-path \"{}\": it exists and is not a directory\n",
+            file.display()
+        )
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}

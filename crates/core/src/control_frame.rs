@@ -23,6 +23,18 @@ pub const FLAG_MORE: u16 = 1;
 
 /// Output bytes per response frame: JSON escaping at most sextuples a byte, so a chunk always
 /// fits the payload limit.
+/// The command words a runtime answers (`help` lists them with their meaning).
+pub const COMMAND_WORDS: [&str; 8] = [
+    "start",
+    "stop",
+    "step",
+    "display config",
+    "display memory summary",
+    "display host_leak summary",
+    "help",
+    "exit",
+];
+
 pub const OUTPUT_CHUNK: usize = 10 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,8 +14,18 @@ use crate::launch_env;
 /// time, with `config.json` and the log directory.
 pub fn create(config: &RunConfig, pid: u32) -> Result<PathBuf, String> {
     let output = &config.output_path;
-    std::fs::create_dir_all(output)
-        .map_err(|e| format!("cannot create output path {}: {e}", output.display()))?;
+    if output.exists() && !output.is_dir() {
+        return Err(format!(
+            "invalid --output-path \"{}\": it exists and is not a directory",
+            output.display()
+        ));
+    }
+    std::fs::create_dir_all(output).map_err(|e| {
+        format!(
+            "invalid --output-path \"{}\": cannot create it: {e}",
+            output.display()
+        )
+    })?;
     let stamp = local_timestamp();
     let mut dir = output.join(format!("msmemscope_{pid}_{stamp}"));
     let mut attempt = 1;

@@ -181,22 +181,32 @@ impl Setting {
                     push_escaped(out, value);
                 }
                 NameStyle::Python => {
-                    let _ = write!(out, "={value:?}");
+                    out.push_str("=\"");
+                    push_escaped(out, value);
+                    out.push('"');
                 }
             }
         }
     }
 }
 
+/// At most this many characters of a value are repeated in a message: a 120 kB value would
+/// bury the line that says what is wrong with it.
+pub const SHOWN_VALUE_CHARS: usize = 80;
+
 /// Appends `value` with every non-printable character escaped; printable non-ASCII (such as
-/// the full-width comma) stays as typed.
+/// the full-width comma) stays as typed. A long value is cut, and the cut is marked.
 fn push_escaped(out: &mut String, value: &str) {
-    for c in value.chars() {
+    let mut chars = value.chars();
+    for c in chars.by_ref().take(SHOWN_VALUE_CHARS) {
         if c.is_control() {
             out.extend(c.escape_debug());
         } else {
             out.push(c);
         }
+    }
+    if chars.next().is_some() {
+        let _ = write!(out, "… ({} characters in all)", value.chars().count());
     }
 }
 
