@@ -49,6 +49,12 @@ class describer:
                     f"(got {type(tensor).__name__}); use describer(owner=...) as a decorator "
                     "or context manager"
                 )
+            if tensor.layout != torch.strided:
+                # Sparse and other layouts have no single storage to label.
+                raise ValueError(
+                    f"describer: a {tensor.layout} tensor has no single storage to label; "
+                    "label its strided parts (e.g. t.values() of a sparse COO tensor) instead"
+                )
             owners.add_user_label(tensor, self._owner)
 
     def __enter__(self):

@@ -66,8 +66,8 @@ def _check_dump_nums(dump_nums) -> int | None:
 def _check_length(length) -> int:
     if not _is_int(length):
         raise TypeError(f"length must be an int number of bytes, not {type(length).__name__}")
-    if length < 1:
-        raise ValueError(f"length must be at least 1 byte, not {length}")
+    if length < 1 or length >= 1 << 64:
+        raise ValueError(f"length must be from 1 byte to below 2**64 bytes, not {length}")
     return length
 
 
@@ -119,8 +119,10 @@ def _tracked_storage(addr: int):
 
 
 def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> _watch.Block:
-    if addr < 1:
-        raise ValueError(f"address must be a positive int (a data_ptr()), not {addr}")
+    if addr < 1 or addr >= 1 << 64:
+        raise ValueError(f"address must be a positive int below 2**64 (a data_ptr()), not {addr}")
+    if addr + length > 1 << 64:
+        raise ValueError(f"0x{addr:x} + {length} bytes runs past the end of the address space")
     found = _tracked_storage(addr)
     if found is not None:
         storage, device = found

@@ -130,11 +130,12 @@ fn an_output_path_that_is_a_file_is_named_as_the_option() {
         .arg("true")
         .output()
         .unwrap();
-    assert_ne!(run.status.code(), Some(0));
+    assert_eq!(run.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&run.stderr),
         format!(
-            "msmemscope: invalid --output-path \"{}\": it exists and is not a directory\n",
+            "msmemscope: invalid --output-path \"{}\": it exists and is not a directory; \
+             accepted values are a non-empty directory path\n",
             file.display()
         )
     );

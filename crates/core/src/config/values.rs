@@ -418,7 +418,20 @@ pub fn parse_output_path(value: &str) -> Result<PathBuf, ConfigError> {
             "the path contains a NUL byte",
         ));
     }
-    Ok(PathBuf::from(value))
+    let path = PathBuf::from(value);
+    // The run directory is made inside it later (at exit, for a sanitizer report): a path that
+    // cannot hold one is said now, while the caller can still fix it.
+    if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok()) {
+        if !existing.is_dir() && !existing.as_os_str().is_empty() {
+            let why = if existing == path {
+                "it exists and is not a directory".to_string()
+            } else {
+                format!("{} is not a directory", existing.display())
+            };
+            return Err(ConfigError::invalid_because(option, value, &why));
+        }
+    }
+    Ok(path)
 }
 
 /// `--format csv|db` (also spelled `--data-format`; see [`ConfigError::for_option`]).
