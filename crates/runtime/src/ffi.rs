@@ -221,6 +221,8 @@ pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
 /// Whether this library's `malloc` is the process's `malloc`.
 pub fn host_hooks_active() -> bool {
     fn object_of(address: *const libc::c_void) -> Option<usize> {
+        // SAFETY: `Dl_info` is a C struct of four raw pointers, for which all-zero bytes (null
+        // pointers) are a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
         (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)

@@ -16,9 +16,12 @@ pub struct LibcDirect;
 unsafe impl GlobalAlloc for LibcDirect {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.align() <= MALLOC_ALIGN {
-            __libc_malloc(layout.size()) as *mut u8
+            // SAFETY: glibc's malloc accepts any size, and its blocks are aligned to
+            // MALLOC_ALIGN, enough for this layout.
+            unsafe { __libc_malloc(layout.size()) as *mut u8 }
         } else {
-            __libc_memalign(layout.align(), layout.size()) as *mut u8
+            // SAFETY: a layout's alignment is a power of two, as memalign requires.
+            unsafe { __libc_memalign(layout.align(), layout.size()) as *mut u8 }
         }
     }
 
@@ -26,28 +29,42 @@ unsafe impl GlobalAlloc for LibcDirect {
     /// resident memory until touched.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if layout.align() <= MALLOC_ALIGN {
-            __libc_calloc(1, layout.size()) as *mut u8
+            // SAFETY: glibc's calloc accepts any size, aligned to MALLOC_ALIGN as for `alloc`.
+            unsafe { __libc_calloc(1, layout.size()) as *mut u8 }
         } else {
-            let ptr = self.alloc(layout);
+            // SAFETY: our caller's layout, which `GlobalAlloc::alloc_zeroed` requires to have a
+            // non-zero size, as `alloc` does.
+            let ptr = unsafe { self.alloc(layout) };
             if !ptr.is_null() {
-                std::ptr::write_bytes(ptr, 0, layout.size());
+                // SAFETY: `ptr` is a fresh block of `layout.size()` bytes, just allocated.
+                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
             }
             ptr
         }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
-        __libc_free(ptr as *mut _)
+        // SAFETY: `GlobalAlloc::dealloc` requires `ptr` to be a live block of this allocator,
+        // which came from glibc's malloc, calloc, realloc or memalign, all freed by `free`.
+        unsafe { __libc_free(ptr as *mut _) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if layout.align() <= MALLOC_ALIGN {
-            return __libc_realloc(ptr as *mut _, new_size) as *mut u8;
+            // SAFETY: `GlobalAlloc::realloc` requires `ptr` to be a live block of this allocator
+            // (a glibc block); realloc keeps glibc's MALLOC_ALIGN alignment, enough here.
+            return unsafe { __libc_realloc(ptr as *mut _, new_size) as *mut u8 };
         }
-        let new = __libc_memalign(layout.align(), new_size) as *mut u8;
+        // SAFETY: a layout's alignment is a power of two, as memalign requires.
+        let new = unsafe { __libc_memalign(layout.align(), new_size) as *mut u8 };
         if !new.is_null() {
-            std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-            __libc_free(ptr as *mut _);
+            // SAFETY: `ptr` is live with `layout.size()` bytes and `new` is a fresh block of
+            // `new_size` bytes, so both hold the bytes copied, and they cannot overlap; `ptr`
+            // is a glibc block, freed once and not used again.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                __libc_free(ptr as *mut _);
+            }
         }
         new
     }

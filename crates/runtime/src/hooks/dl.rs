@@ -31,7 +31,8 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     let Some(real) = real_dlclose() else {
         return -1;
     };
-    let result = real(handle);
+    // SAFETY: the caller's handle, from `dlopen` by our contract, passed to the real dlclose.
+    let result = unsafe { real(handle) };
     if crate::host_leak::window::active().is_some() {
         if let Some(_entered) = Entered::try_enter() {
             modules::refresh(false);

@@ -2,7 +2,6 @@
 //!
 //! Each function has the contract of its C namesake (the caller passes what C allows); the
 //! symbols are exported only outside unit tests, so the test harness keeps glibc's allocator.
-#![allow(clippy::missing_safety_doc)]
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -83,36 +82,51 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
     real(ptr)
 }
 
+/// # Safety
+/// As C's `malloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
-    let ptr = __libc_malloc(size);
+    // SAFETY: glibc's malloc accepts any size.
+    let ptr = unsafe { __libc_malloc(size) };
     record_alloc(ptr, size, "malloc");
     ptr
 }
 
+/// # Safety
+/// As C's `calloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
-    let ptr = __libc_calloc(count, size);
+    // SAFETY: glibc's calloc accepts any count and size (it checks the product for overflow).
+    let ptr = unsafe { __libc_calloc(count, size) };
     record_alloc(ptr, count.wrapping_mul(size), "calloc");
     ptr
 }
 
+/// # Safety
+/// As C's `free`: `ptr` is null or a live block of this allocator, not used afterwards.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
-    // SAFETY: forwards the caller's pointer to glibc's free, as the caller asked.
+    // SAFETY: forwards the caller's pointer, null or a live block by our contract, to glibc's
+    // free, once.
     free_with(ptr, |p| unsafe { __libc_free(p) })
 }
 
 /// `realloc` is a free of the old block and an allocation of the new one. The old block leaves
 /// the ledger before the real call; if the call fails the old block is still allocated and is
 /// put back.
+///
+/// # Safety
+/// As C's `realloc`: `ptr` is null or a live block of this allocator, not used afterwards
+/// unless the call fails.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void {
     if ptr.is_null() {
-        return malloc(size);
+        // SAFETY: `realloc(NULL, size)` is `malloc(size)`, which has no precondition.
+        return unsafe { malloc(size) };
     }
     let Some(ledger) = window::active() else {
-        let new = __libc_realloc(ptr, size);
+        // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged.
+        let new = unsafe { __libc_realloc(ptr, size) };
         if new.is_null() && size != 0 {
             record_alloc(new, size, "realloc");
         }
@@ -122,7 +136,8 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     let Some(entered) = Entered::try_enter() else {
         // glibc reallocating for the runtime: the new block is the runtime's too.
         let was_own = caught(|| own_blocks::remove(ptr as usize)).unwrap_or(false);
-        let new = __libc_realloc(ptr, size);
+        // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged.
+        let new = unsafe { __libc_realloc(ptr, size) };
         caught(|| {
             if failed(new) {
                 if was_own {
@@ -141,7 +156,9 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         let own = matches!(taken, Taken::NotFound { .. }) && own_blocks::remove(ptr as usize);
         (taken, own)
     });
-    let new = __libc_realloc(ptr, size);
+    // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged; the
+    // ledger work above only read its address.
+    let new = unsafe { __libc_realloc(ptr, size) };
     if failed(new) {
         if let Some((taken, own)) = taken {
             caught(|| {
@@ -178,6 +195,8 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     new
 }
 
+/// # Safety
+/// As C's `reallocarray`: `ptr` as for [`realloc`].
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn reallocarray(
     ptr: *mut c_void,
@@ -185,14 +204,18 @@ pub unsafe extern "C" fn reallocarray(
     size: size_t,
 ) -> *mut c_void {
     match count.checked_mul(size) {
-        Some(total) => realloc(ptr, total),
+        // SAFETY: `ptr` is what `realloc` requires, by our contract.
+        Some(total) => unsafe { realloc(ptr, total) },
         None => {
-            *libc::__errno_location() = libc::ENOMEM;
+            // SAFETY: `__errno_location` returns this thread's errno, always valid to write.
+            unsafe { *libc::__errno_location() = libc::ENOMEM };
             std::ptr::null_mut()
         }
     }
 }
 
+/// # Safety
+/// As C's `posix_memalign`: `out` is valid for writing a pointer.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn posix_memalign(
     out: *mut *mut c_void,
@@ -202,46 +225,64 @@ pub unsafe extern "C" fn posix_memalign(
     if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
-    let saved_errno = *libc::__errno_location();
-    let ptr = __libc_memalign(align, size);
+    // SAFETY: `__errno_location` returns this thread's errno, always valid to read.
+    let saved_errno = unsafe { *libc::__errno_location() };
+    // SAFETY: `align` is a power of two (checked above); glibc's memalign takes any size.
+    let ptr = unsafe { __libc_memalign(align, size) };
     if ptr.is_null() {
         record_alloc(ptr, size, "posix_memalign");
-        *libc::__errno_location() = saved_errno;
+        // SAFETY: as above, this thread's errno.
+        unsafe { *libc::__errno_location() = saved_errno };
         return libc::ENOMEM;
     }
-    *out = ptr;
+    // SAFETY: `out` is valid for writing a pointer, by our contract.
+    unsafe { *out = ptr };
     record_alloc(ptr, size, "posix_memalign");
     0
 }
 
+/// # Safety
+/// As C's `aligned_alloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if !align.is_power_of_two() {
-        *libc::__errno_location() = libc::EINVAL;
+        // SAFETY: `__errno_location` returns this thread's errno, always valid to write.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
         return std::ptr::null_mut();
     }
-    let ptr = __libc_memalign(align, size);
+    // SAFETY: `align` is a power of two (checked above); glibc's memalign takes any size.
+    let ptr = unsafe { __libc_memalign(align, size) };
     record_alloc(ptr, size, "aligned_alloc");
     ptr
 }
 
+/// # Safety
+/// As C's `memalign`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
-    let ptr = __libc_memalign(align, size);
+    // SAFETY: the caller's arguments, unchanged; glibc's memalign accepts any alignment (it
+    // rounds one that is not a power of two up, or fails with EINVAL) and any size.
+    let ptr = unsafe { __libc_memalign(align, size) };
     record_alloc(ptr, size, "memalign");
     ptr
 }
 
+/// # Safety
+/// As C's `valloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
-    let ptr = __libc_valloc(size);
+    // SAFETY: glibc's valloc accepts any size.
+    let ptr = unsafe { __libc_valloc(size) };
     record_alloc(ptr, size, "valloc");
     ptr
 }
 
+/// # Safety
+/// As C's `pvalloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
-    let ptr = __libc_pvalloc(size);
+    // SAFETY: glibc's pvalloc accepts any size.
+    let ptr = unsafe { __libc_pvalloc(size) };
     record_alloc(ptr, size, "pvalloc");
     ptr
 }

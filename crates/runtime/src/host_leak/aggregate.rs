@@ -300,6 +300,8 @@ impl SymbolCache {
 
 /// The dynamic symbol `dladdr` finds for a return address, for libraries without `.symtab`.
 fn dladdr_name(address: u64) -> Option<String> {
+    // SAFETY: `Dl_info` is a C struct of raw pointers, for which all-zero bytes (null pointers)
+    // are a valid value.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the loader's tables; info is a valid out-pointer.
     let found = unsafe { libc::dladdr((address - 1) as *const libc::c_void, &mut info) } != 0;

@@ -4,7 +4,7 @@
 //!
 //! Each function has the contract of its MSTX namesake: `message` is NULL or a NUL-terminated
 //! string readable for the duration of the call; `stream` is opaque and only recorded.
-#![allow(clippy::missing_safety_doc, non_snake_case)]
+#![allow(non_snake_case)]
 
 use std::borrow::Cow;
 use std::ffi::CStr;
@@ -31,6 +31,9 @@ fn stream_of(stream: *mut c_void) -> Option<u64> {
 }
 
 /// `void mstxMarkA(const char *message, void *stream)`
+///
+/// # Safety
+/// As MSTX's `mstxMarkA`: `message` is NULL or a NUL-terminated string readable for the call.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn mstxMarkA(message: *const c_char, stream: *mut c_void) {
     guarded((), || {
@@ -43,6 +46,10 @@ pub unsafe extern "C" fn mstxMarkA(message: *const c_char, stream: *mut c_void) 
 
 /// `uint64_t mstxRangeStartA(const char *message, void *stream)`: the range's id (never 0),
 /// or 0 when nothing was recorded (NULL message).
+///
+/// # Safety
+/// As MSTX's `mstxRangeStartA`: `message` is NULL or a NUL-terminated string readable for the
+/// call.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn mstxRangeStartA(message: *const c_char, stream: *mut c_void) -> u64 {
     guarded(0, || {
@@ -55,6 +62,9 @@ pub unsafe extern "C" fn mstxRangeStartA(message: *const c_char, stream: *mut c_
 }
 
 /// `void mstxRangeEnd(uint64_t id)`; an id that is 0, unknown or already ended is ignored.
+///
+/// # Safety
+/// None beyond MSTX's: any id is accepted (the function is `unsafe` only for the C ABI's sake).
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn mstxRangeEnd(id: u64) {
     if id == 0 {

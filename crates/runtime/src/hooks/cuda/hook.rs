@@ -135,9 +135,16 @@ macro_rules! cuda_hook {
         #[cfg_attr(not(test), no_mangle)]
         #[allow(non_snake_case, clippy::too_many_arguments)]
         pub unsafe extern "C" fn $export($($arg: $ty),*) -> $ret {
-            $inst::<0>($($arg),*)
+            // SAFETY: instance 0 has this function's contract, which our caller upholds; the
+            // arguments are passed on unchanged.
+            unsafe { $inst::<0>($($arg),*) }
         }
 
+        /// Instance `I`: calls the real function bound to it.
+        ///
+        /// # Safety
+        /// The contract of the CUDA function this hook wraps. The body calls `$real` in its own
+        /// `unsafe` blocks, each passing the caller's arguments on under that contract.
         #[allow(clippy::too_many_arguments)]
         unsafe extern "C" fn $inst<const I: usize>($($arg: $ty),*) -> $ret {
             let Some($real) = $hook.real(I) else {

@@ -90,6 +90,8 @@ fn look_up_name(layer: Layer, func: *const c_void) -> String {
         }
     }
     if layer == Layer::Runtime {
+        // SAFETY: `Dl_info` is a C struct of four raw pointers, for which all-zero bytes (null
+        // pointers) are a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr only reads the loader's tables.
         if unsafe { libc::dladdr(func, &mut info) } != 0
@@ -123,7 +125,9 @@ cuda_hook! {
     ) -> CuResult,
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
-        let rc = real(func, gx, gy, gz, bx, by, bz, shared_mem, stream, params, extra);
+        // SAFETY: the caller's arguments, passed on unchanged to the real `cuLaunchKernel` under
+        // its contract, which our caller upholds.
+        let rc = unsafe { real(func, gx, gy, gz, bx, by, bz, shared_mem, stream, params, extra) };
         if rc == 0 && records(Layer::Driver) {
             record::launched(Layer::Driver, || kernel_name(Layer::Driver, func), stream_id(stream));
         }
@@ -139,7 +143,9 @@ cuda_hook! {
         -> CuResult,
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
-        let rc = real(config, func, params, extra);
+        // SAFETY: the caller's arguments, passed on unchanged to the real `cuLaunchKernelEx` under
+        // its contract, which our caller upholds.
+        let rc = unsafe { real(config, func, params, extra) };
         if rc == 0 && records(Layer::Driver) && !config.is_null() {
             // SAFETY: the caller's config, valid for the call.
             let stream = unsafe { (*config).stream };
@@ -160,11 +166,14 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(func, grid, block, args, shared_mem, stream);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaLaunchKernel`
+            // under its contract, which our caller upholds.
+            return unsafe { real(func, grid, block, args, shared_mem, stream) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(func, grid, block, args, shared_mem, stream)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(func, grid, block, args, shared_mem, stream) }
         };
         if rc == 0 {
             record::launched(Layer::Runtime, || kernel_name(Layer::Runtime, func), stream_id(stream));
@@ -182,11 +191,14 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(config, func, args);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaLaunchKernelExC`
+            // under its contract, which our caller upholds.
+            return unsafe { real(config, func, args) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(config, func, args)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(config, func, args) }
         };
         if rc == 0 && !config.is_null() {
             // SAFETY: the caller's config, valid for the call.

@@ -23,7 +23,8 @@ unsafe fn out<T: Copy + Into<u64>>(rc: CuResult, out: *const T) -> u64 {
     if rc != 0 || out.is_null() {
         return 0;
     }
-    // SAFETY: see above.
+    // SAFETY: non-null, so by this function's contract it points to a `T` the real call filled
+    // (it succeeded); an unaligned read makes no assumption about the caller's alignment.
     unsafe { std::ptr::read_unaligned(out) }.into()
 }
 
@@ -33,10 +34,16 @@ cuda_hook! {
     (dptr: *mut u64, size: usize) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr, size);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemAlloc_v2` under
+            // its contract, which our caller upholds.
+            return unsafe { real(dptr, size) };
         }
-        let rc = real(dptr, size);
-        record::allocated(Layer::Driver, "cuMemAlloc_v2", rc, out(rc, dptr), size as u64);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr, size) };
+        // SAFETY: `dptr` is the caller's `CUdeviceptr*` out-parameter, which the real call
+        // filled if it succeeded (`out` reads it only then, and only if non-null).
+        let addr = unsafe { out(rc, dptr) };
+        record::allocated(Layer::Driver, "cuMemAlloc_v2", rc, addr, size as u64);
         rc
     }
 }
@@ -49,15 +56,23 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr, pitch, width, height, element);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemAllocPitch_v2`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dptr, pitch, width, height, element) };
         }
-        let rc = real(dptr, pitch, width, height, element);
-        let row_bytes = match out(rc, pitch as *const u64) {
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr, pitch, width, height, element) };
+        // SAFETY: `pitch` is the caller's `size_t*` out-parameter (a `size_t` is 64 bits
+        // here), filled by the real call if it succeeded; `out` reads it only then.
+        let row_bytes = match unsafe { out(rc, pitch as *const u64) } {
             0 => width as u64,
             p => p,
         };
         let size = row_bytes.saturating_mul(height as u64);
-        record::allocated(Layer::Driver, "cuMemAllocPitch_v2", rc, out(rc, dptr), size);
+        // SAFETY: `dptr` is the caller's `CUdeviceptr*` out-parameter, which the real call
+        // filled if it succeeded (`out` reads it only then, and only if non-null).
+        let addr = unsafe { out(rc, dptr) };
+        record::allocated(Layer::Driver, "cuMemAllocPitch_v2", rc, addr, size);
         rc
     }
 }
@@ -69,10 +84,16 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr, size, stream);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemAllocAsync`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dptr, size, stream) };
         }
-        let rc = real(dptr, size, stream);
-        record::allocated(Layer::Driver, "cuMemAllocAsync", rc, out(rc, dptr), size as u64);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr, size, stream) };
+        // SAFETY: `dptr` is the caller's `CUdeviceptr*` out-parameter, which the real call
+        // filled if it succeeded (`out` reads it only then, and only if non-null).
+        let addr = unsafe { out(rc, dptr) };
+        record::allocated(Layer::Driver, "cuMemAllocAsync", rc, addr, size as u64);
         rc
     }
 }
@@ -83,10 +104,16 @@ cuda_hook! {
     (dptr: *mut u64, size: usize, flags: u32) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr, size, flags);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemAllocManaged`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dptr, size, flags) };
         }
-        let rc = real(dptr, size, flags);
-        record::allocated(Layer::Driver, "cuMemAllocManaged", rc, out(rc, dptr), size as u64);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr, size, flags) };
+        // SAFETY: `dptr` is the caller's `CUdeviceptr*` out-parameter, which the real call
+        // filled if it succeeded (`out` reads it only then, and only if non-null).
+        let addr = unsafe { out(rc, dptr) };
+        record::allocated(Layer::Driver, "cuMemAllocManaged", rc, addr, size as u64);
         rc
     }
 }
@@ -97,9 +124,12 @@ cuda_hook! {
     (dptr: u64) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemFree_v2` under
+            // its contract, which our caller upholds.
+            return unsafe { real(dptr) };
         }
-        let rc = real(dptr);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr) };
         if record::ok(rc) {
             record::freed(Layer::Driver, dptr);
         }
@@ -113,9 +143,12 @@ cuda_hook! {
     (dptr: u64, stream: *mut c_void) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(dptr, stream);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemFreeAsync`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dptr, stream) };
         }
-        let rc = real(dptr, stream);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(dptr, stream) };
         if record::ok(rc) {
             record::freed(Layer::Driver, dptr);
         }
@@ -144,9 +177,12 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(handle, size, prop, flags);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemCreate` under
+            // its contract, which our caller upholds.
+            return unsafe { real(handle, size, prop, flags) };
         }
-        let rc = real(handle, size, prop, flags);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(handle, size, prop, flags) };
         if record::ok(rc) && !handle.is_null() {
             let device = if prop.is_null() {
                 DeviceId::None
@@ -159,7 +195,10 @@ cuda_hook! {
                     DeviceId::Cpu
                 }
             };
-            record::created(out(rc, handle), size as u64, device);
+            // SAFETY: `handle` is the caller's out-parameter (non-null, checked above), which
+            // the successful real call filled.
+            let handle = unsafe { out(rc, handle) };
+            record::created(handle, size as u64, device);
         } else if rc == super::CUDA_ERROR_OUT_OF_MEMORY {
             record::allocated(Layer::Driver, "cuMemCreate", rc, 0, size as u64);
         }
@@ -173,9 +212,12 @@ cuda_hook! {
     (handle: u64) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(handle);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemRelease` under
+            // its contract, which our caller upholds.
+            return unsafe { real(handle) };
         }
-        let rc = real(handle);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(handle) };
         if record::ok(rc) {
             record::released(handle);
         }
@@ -191,9 +233,12 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(ptr, size, offset, handle, flags);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemMap` under its
+            // contract, which our caller upholds.
+            return unsafe { real(ptr, size, offset, handle, flags) };
         }
-        let rc = real(ptr, size, offset, handle, flags);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(ptr, size, offset, handle, flags) };
         if record::ok(rc) {
             record::mapped(ptr, size as u64, handle);
         }
@@ -207,9 +252,12 @@ cuda_hook! {
     (ptr: u64, size: usize) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Driver) {
-            return real(ptr, size);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cuMemUnmap` under
+            // its contract, which our caller upholds.
+            return unsafe { real(ptr, size) };
         }
-        let rc = real(ptr, size);
+        // SAFETY: as above, the caller's arguments passed on unchanged.
+        let rc = unsafe { real(ptr, size) };
         if record::ok(rc) {
             record::unmapped(ptr, size as u64);
         }
@@ -223,13 +271,18 @@ cuda_hook! {
     (dev_ptr: *mut *mut c_void, size: usize) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(dev_ptr, size);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaMalloc` under
+            // its contract, which our caller upholds.
+            return unsafe { real(dev_ptr, size) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(dev_ptr, size)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(dev_ptr, size) }
         };
-        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        // SAFETY: `dev_ptr` is the caller's `void**` out-parameter, filled by the real call if
+        // it succeeded (`out` reads it only then); the pointer is read as a 64-bit address.
+        let addr = unsafe { out(rc, dev_ptr as *const usize as *const u64) };
         record::allocated(Layer::Runtime, "cudaMalloc", rc, addr, size as u64);
         rc
     }
@@ -242,13 +295,18 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(dev_ptr, size, stream);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaMallocAsync`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dev_ptr, size, stream) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(dev_ptr, size, stream)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(dev_ptr, size, stream) }
         };
-        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        // SAFETY: `dev_ptr` is the caller's `void**` out-parameter, filled by the real call if
+        // it succeeded (`out` reads it only then); the pointer is read as a 64-bit address.
+        let addr = unsafe { out(rc, dev_ptr as *const usize as *const u64) };
         record::allocated(Layer::Runtime, "cudaMallocAsync", rc, addr, size as u64);
         rc
     }
@@ -262,13 +320,18 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(dev_ptr, size, flags);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaMallocManaged`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dev_ptr, size, flags) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(dev_ptr, size, flags)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(dev_ptr, size, flags) }
         };
-        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        // SAFETY: `dev_ptr` is the caller's `void**` out-parameter, filled by the real call if
+        // it succeeded (`out` reads it only then); the pointer is read as a 64-bit address.
+        let addr = unsafe { out(rc, dev_ptr as *const usize as *const u64) };
         record::allocated(Layer::Runtime, "cudaMallocManaged", rc, addr, size as u64);
         rc
     }
@@ -282,17 +345,24 @@ cuda_hook! {
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(dev_ptr, pitch, width, height);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaMallocPitch`
+            // under its contract, which our caller upholds.
+            return unsafe { real(dev_ptr, pitch, width, height) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(dev_ptr, pitch, width, height)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(dev_ptr, pitch, width, height) }
         };
-        let row_bytes = match out(rc, pitch as *const u64) {
+        // SAFETY: `pitch` is the caller's `size_t*` out-parameter (a `size_t` is 64 bits
+        // here), filled by the real call if it succeeded; `out` reads it only then.
+        let row_bytes = match unsafe { out(rc, pitch as *const u64) } {
             0 => width as u64,
             p => p,
         };
-        let addr = out(rc, dev_ptr as *const usize as *const u64);
+        // SAFETY: `dev_ptr` is the caller's `void**` out-parameter, filled by the real call if
+        // it succeeded (`out` reads it only then); the pointer is read as a 64-bit address.
+        let addr = unsafe { out(rc, dev_ptr as *const usize as *const u64) };
         let size = row_bytes.saturating_mul(height as u64);
         record::allocated(Layer::Runtime, "cudaMallocPitch", rc, addr, size);
         rc
@@ -305,11 +375,14 @@ cuda_hook! {
     (ptr: *mut c_void) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(ptr);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaFree` under its
+            // contract, which our caller upholds.
+            return unsafe { real(ptr) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(ptr)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(ptr) }
         };
         if record::ok(rc) {
             record::freed(Layer::Runtime, ptr as u64);
@@ -324,11 +397,14 @@ cuda_hook! {
     (ptr: *mut c_void, stream: *mut c_void) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
         if !records(Layer::Runtime) {
-            return real(ptr, stream);
+            // SAFETY: the caller's arguments, passed on unchanged to the real `cudaFreeAsync` under
+            // its contract, which our caller upholds.
+            return unsafe { real(ptr, stream) };
         }
         let rc = {
             let _nested = RuntimeCall::enter();
-            real(ptr, stream)
+            // SAFETY: as above, the caller's arguments passed on unchanged.
+            unsafe { real(ptr, stream) }
         };
         if record::ok(rc) {
             record::freed(Layer::Runtime, ptr as u64);

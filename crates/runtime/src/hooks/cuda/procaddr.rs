@@ -24,8 +24,11 @@ cuda_hook! {
     (symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) -> CuResult,
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
-        let rc = real(symbol, pfn, version, flags);
-        wrap_result(rc, symbol, pfn, version);
+        // SAFETY: the caller's arguments, passed on unchanged to the real `cuGetProcAddress` under
+        // its contract, which our caller upholds.
+        let rc = unsafe { real(symbol, pfn, version, flags) };
+        // SAFETY: `symbol` and `pfn` are the caller's, just passed to the real call.
+        unsafe { wrap_result(rc, symbol, pfn, version) };
         rc
     }
 }
@@ -39,8 +42,11 @@ cuda_hook! {
         -> CuResult,
     missing = CUDA_ERROR_NOT_INITIALIZED,
     |real| {
-        let rc = real(symbol, pfn, version, flags, status);
-        wrap_result(rc, symbol, pfn, version);
+        // SAFETY: the caller's arguments, passed on unchanged to the real `cuGetProcAddress_v2`
+        // under its contract, which our caller upholds.
+        let rc = unsafe { real(symbol, pfn, version, flags, status) };
+        // SAFETY: `symbol` and `pfn` are the caller's, just passed to the real call.
+        unsafe { wrap_result(rc, symbol, pfn, version) };
         rc
     }
 }
@@ -56,13 +62,14 @@ unsafe fn wrap_result(rc: CuResult, symbol: *const c_char, pfn: *mut *mut c_void
     let Some(_entered) = crate::guard::Entered::try_enter() else {
         return;
     };
-    // SAFETY: the real call succeeded, so both are valid.
+    // SAFETY: both are non-null (checked above) and, the real call having succeeded with them,
+    // `symbol` is a NUL-terminated name and `pfn` holds the entry point it wrote.
     let (name, real) = unsafe { (CStr::from_ptr(symbol).to_bytes(), *pfn as usize) };
     if real == 0 {
         return;
     }
     if let Some(hook) = by_base_name(name, version) {
-        // SAFETY: the caller's out-parameter.
+        // SAFETY: the caller's out-parameter, non-null and just written by the real call.
         unsafe { *pfn = hook.wrap(real) as *mut c_void };
     }
 }

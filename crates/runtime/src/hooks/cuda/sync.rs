@@ -28,7 +28,9 @@ macro_rules! sync_pair {
             $driver_hook: $driver_ty = $driver / $driver_inst, Layer::Driver,
             ($($arg: $ty),*) -> CuResult, missing = CUDA_ERROR_NOT_INITIALIZED,
             |real| {
-                let rc = real($($arg),*);
+                // SAFETY: the caller's arguments, passed on unchanged to the real driver function
+                // under its contract, which our caller upholds.
+                let rc = unsafe { real($($arg),*) };
                 // Inside a runtime call the runtime hook reports it.
                 if !RuntimeCall::active() {
                     sync(rc, $op);
@@ -44,7 +46,9 @@ macro_rules! sync_pair {
             |real| {
                 let rc = {
                     let _nested = RuntimeCall::enter();
-                    real($($arg),*)
+                    // SAFETY: the caller's arguments, passed on unchanged to the real runtime
+                    // function under its contract, which our caller upholds.
+                    unsafe { real($($arg),*) }
                 };
                 sync(rc, $op);
                 rc
