@@ -66,8 +66,10 @@ def _check_dump_nums(dump_nums) -> int | None:
 def _check_length(length) -> int:
     if not _is_int(length):
         raise TypeError(f"length must be an int number of bytes, not {type(length).__name__}")
-    if length < 1 or length >= 1 << 64:
-        raise ValueError(f"length must be from 1 byte to below 2**64 bytes, not {length}")
+    if length < 1:
+        raise ValueError(f"length must be at least 1 byte, not {length}")
+    if length >= 1 << 64:
+        raise ValueError(f"length must be below 2**64 bytes, not {length}")
     return length
 
 
