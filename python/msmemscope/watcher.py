@@ -120,6 +120,23 @@ def _tracked_storage(addr: int):
     return None
 
 
+def _freed_block(addr: int):
+    """``(start, size, device)`` of a freed tracked block holding ``addr``, or None."""
+    import sys
+
+    tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = getattr(tracker_module, "_tracker", None)
+    freed = getattr(tracker, "freed", None)
+    if not freed:
+        return None
+    with tracker.lock:  # weakref callbacks (FREEs) may add to it from any thread
+        blocks = list(freed.items())
+    for start, (size, device) in blocks:
+        if start <= addr < start + size:
+            return start, size, device
+    return None
+
+
 def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> _watch.Block:
     if addr < 1 or addr >= 1 << 64:
         raise ValueError(f"address must be a positive int below 2**64 (a data_ptr()), not {addr}")
@@ -139,6 +156,14 @@ def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> 
             )
         return _watch.Block(
             name, 0, device, length, storage=storage, offset=offset, dumps=dump_nums
+        )
+    freed = _freed_block(addr)
+    if freed is not None:
+        start, size, device = freed
+        raise ValueError(
+            f"0x{addr:x} lies in a tensor block msmemscope saw freed ({size} bytes at "
+            f"0x{start:x} on {device}): what changes there is the allocator's reuse, not a "
+            "tensor; watch a live tensor or an address inside one"
         )
     from ._runtime import native
 

@@ -3,12 +3,17 @@ PyTorch's NotImplementedError), and a configuration that cannot work is refused 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import msmemscope
+from conftest import run_under_cli
 from msmemscope import watcher
 from msmemscope.describe import describer
+
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def test_an_address_beyond_64_bits_is_a_value_error_naming_it() -> None:
@@ -34,3 +39,14 @@ def test_an_output_path_under_a_file_is_refused_at_config() -> None:
     ):
         msmemscope.config(output_path="/dev/null/x")
     assert msmemscope._native_runtime().current_config() == before
+
+
+def test_watching_a_freed_tensors_address_is_refused(tmp_path: Path) -> None:
+    proc, _ = run_under_cli(tmp_path, "--analysis=none", script=SCRIPTS / "watch_freed.py")
+    first, second = proc.stdout.splitlines()
+    ptr = int(first.removeprefix("ptr "), 16)
+    assert second == (
+        f"refused 0x{ptr + 16:x} lies in a tensor block msmemscope saw freed (4000 bytes at "
+        f"0x{ptr:x} on cpu): what changes there is the allocator's reuse, not a tensor; watch a "
+        "live tensor or an address inside one"
+    )

@@ -34,6 +34,7 @@ Nothing here raises into the program: an internal error is reported once on stde
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -85,6 +86,9 @@ class _Config:
         self.python_depth = stacks.get("python") or 0
         self.c_stack = stacks.get("c") is not None
         self.decompose = "decompose" in (cfg.get("analysis") or ())
+
+
+_FREED_KEPT = 4096
 
 
 class _StorageRef(weakref.ref):
@@ -158,6 +162,9 @@ class _Tracker:
         self.cfg = _Config()
         self.enabled = False
         self.live: dict[int, _StorageRef] = {}  # id(storage) -> its ref (zero-byte ones too)
+        # The newest freed blocks, address -> (size, device): watch() refuses an address in
+        # one (its bytes are the allocator's now, not a tensor's).
+        self.freed: collections.OrderedDict[int, tuple[int, str]] = collections.OrderedDict()
         self.used: dict[str, int] = {}  # device -> live tracked bytes
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
@@ -244,6 +251,10 @@ class _Tracker:
             used = self.used.get(dev, 0) - size
             self.used[dev] = used
             ref.size = 0
+            self.freed[ptr] = (size, dev)
+            self.freed.move_to_end(ptr)
+            if len(self.freed) > _FREED_KEPT:
+                self.freed.popitem(last=False)
             if self.cfg.free:
                 attrs["used"] = used
                 self.nat.emit(self.E[1], self.T[0], "N/A", dev, ptr, attrs, "", False)
