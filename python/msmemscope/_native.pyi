@@ -125,6 +125,12 @@ def watch_dump_bytes(path: str, addr: int, length: int, checked: bool = False) -
 def run_dir() -> str:
     """The run directory, created if the run has none yet."""
 
+def run_dir_create(relative: str) -> int:
+    """Creates a private file (0640) in the run directory through its held descriptor; its fd."""
+
+def run_dir_mkdir(relative: str) -> None:
+    """Makes a directory (0750) in the run directory through its held descriptor."""
+
 # --- stream-race sanitizer ---------------------------------------------------------------------
 
 def parse_sanitizer_mark(message: str) -> dict[str, object]:

@@ -2,14 +2,15 @@
 //! status passed through as if msmemscope were not there.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use msmemscope_core::config::{LogLevel, RunConfig};
 use msmemscope_core::launch_env;
 
-use msmemscope_core::run_dir;
+use msmemscope_core::run_dir::RunDir;
 
 /// Where the runtime library is: `MSMEMSCOPE_RUNTIME_LIB`, else next to this executable.
 pub fn runtime_library() -> Result<PathBuf, String> {
@@ -51,7 +52,7 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let dir = match run_dir::create(config, std::process::id()) {
+    let dir = match RunDir::create(config, std::process::id()) {
         Ok(dir) => dir,
         Err(line) => {
             eprintln!("msmemscope: {line}");
@@ -69,11 +70,25 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         }
     }
     let mut command = std::process::Command::new(&program[0]);
+    // The runtime writes through this descriptor, never through the path: the child inherits it
+    // (close-on-exec cleared in the child only) and learns its number from the environment.
+    let held = dir.fd().as_raw_fd();
     command
         .args(&program[1..])
         .env("LD_PRELOAD", preload)
-        .env(launch_env::RUN_DIR, &dir)
+        .env(launch_env::RUN_DIR, dir.path())
+        .env(launch_env::RUN_DIR_FD, held.to_string())
         .env(launch_env::LAUNCHER_PID, std::process::id().to_string());
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl, which is
+    // async-signal-safe; `held` stays open in the parent for the whole spawn.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(held, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     if !config.host_leaks() {
         // Marks from NVTX-annotated code (the nvtx package, torch.cuda.nvtx) reach the runtime.
         command.env(launch_env::NVTX_INJECTION, &library);
@@ -98,7 +113,7 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             let name = program[0].to_string_lossy();
             eprintln!("msmemscope: cannot run {name}: {e}");
             // Nothing ran: the directory made for the run holds only our own files.
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = std::fs::remove_dir_all(dir.path());
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
@@ -135,7 +150,7 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     }
     if report {
         // The page is extra output: failing to write it is said, never the target's status.
-        match crate::report::generate(&dir) {
+        match crate::report::generate(dir.path()) {
             Ok(path) => eprintln!("msmemscope: report: {}", path.display()),
             Err(failure) => eprintln!("msmemscope: report: {}", failure.message),
         }
@@ -173,8 +188,10 @@ fn python_package_root() -> Option<PathBuf> {
         .find(|dir| dir.join("msmemscope").join("__init__.py").is_file())
 }
 
-fn report_event_dump(dir: &Path, config: &RunConfig) {
-    let mut dumps: Vec<PathBuf> = std::fs::read_dir(dir)
+fn report_event_dump(run: &RunDir, config: &RunConfig) {
+    // Read through the held descriptor (whatever was renamed since), named by the run's path.
+    let (dir, shown) = (run.resolved(), run.path());
+    let mut dumps: Vec<PathBuf> = std::fs::read_dir(&dir)
         .into_iter()
         .flatten()
         .flatten()
@@ -190,18 +207,19 @@ fn report_event_dump(dir: &Path, config: &RunConfig) {
             p.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
         })
+        .map(|p| shown.join(p.strip_prefix(&dir).unwrap_or(&p)))
         .collect();
     dumps.sort();
     if dumps.is_empty() {
         eprintln!(
             "msmemscope: no events were recorded; run directory {}",
-            dir.display()
+            shown.display()
         );
     }
     for dump in dumps {
         eprintln!("msmemscope: event dump: {}", dump.display());
     }
-    match std::fs::read_to_string(dir.join(launch_env::ANALYSIS_REPORT)) {
+    match run.read_to_string(Path::new(launch_env::ANALYSIS_REPORT)) {
         Ok(report) if config.log_level < LogLevel::Error => eprint!("{report}"),
         _ => {}
     }
@@ -209,8 +227,8 @@ fn report_event_dump(dir: &Path, config: &RunConfig) {
 
 /// Prints every window's overview in stage order (a program may close and reopen windows), or
 /// why there is none.
-fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::ExitStatus) {
-    let overviews = overviews_in(&dir.join("host_leak"));
+fn report_host_leaks(run: &RunDir, config: &RunConfig, status: &std::process::ExitStatus) {
+    let overviews = overviews_in(&run.resolved().join("host_leak"));
     if overviews.is_empty() {
         // A signal death is known from the status; otherwise exit handlers (where the window
         // closes) did not run.
@@ -223,12 +241,14 @@ fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::Exit
         };
         eprintln!(
             "msmemscope: no host leak report was written for the target: {why}; run directory {}",
-            dir.display()
+            run.path().display()
         );
         return;
     }
-    for path in overviews {
-        match std::fs::read_to_string(&path) {
+    for name in overviews {
+        let relative = Path::new("host_leak").join(&name);
+        let path = run.path().join(&relative);
+        match run.read_to_string(&relative) {
             Ok(text) => {
                 if config.log_level < LogLevel::Error {
                     eprint!("{text}");
@@ -240,7 +260,7 @@ fn report_host_leaks(dir: &Path, config: &RunConfig, status: &std::process::Exit
     }
 }
 
-/// `leak_overview_{stage}.txt` in `dir`, by stage number (so `_10` comes after `_9`).
+/// The names of the `leak_overview_{stage}.txt` files in `dir`, by stage number (so `_10` comes after `_9`).
 fn overviews_in(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
@@ -254,7 +274,7 @@ fn overviews_in(dir: &Path) -> Vec<PathBuf> {
                 .strip_suffix(".txt")?
                 .parse()
                 .ok()?;
-            Some((stage, e.path()))
+            Some((stage, PathBuf::from(name)))
         })
         .collect();
     found.sort();
@@ -300,17 +320,10 @@ fn pass_through(status: std::process::ExitStatus) -> ExitCode {
     ExitCode::from(1)
 }
 
-fn log(dir: &Path, message: &str) {
+fn log(dir: &RunDir, message: &str) {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(launch_env::LOG_DIR).join("launcher.log");
-    if let Ok(mut file) = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
+    let relative = Path::new(launch_env::LOG_DIR).join("launcher.log");
+    if let Ok(mut file) = dir.append_file(&relative) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)

@@ -3,6 +3,11 @@
 
 /// The run directory `{output}/msmemscope_{PID}_{ts}/`, holding `config.json`.
 pub const RUN_DIR: &str = "MSMEMSCOPE_RUN_DIR";
+/// The number of the descriptor, inherited from the launcher, that holds the run directory
+/// open: the runtime writes through it, so a run directory renamed and replaced by a symlink
+/// while the program runs still receives the run's files. Checked against `RUN_DIR` (same
+/// device and inode) before it is used.
+pub const RUN_DIR_FD: &str = "MSMEMSCOPE_RUN_DIR_FD";
 /// The launcher's pid: only its direct child is tracked, not processes the program execs later.
 pub const LAUNCHER_PID: &str = "MSMEMSCOPE_LAUNCHER_PID";
 /// The config file's name inside the run directory.

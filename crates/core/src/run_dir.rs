@@ -1,80 +1,379 @@
 //! The run directory `{output}/msmemscope_{PID}_{YYYYmmddHHMMSS}/` with `config.json` and
 //! `msmemscope_logs/`. Output directories may be shared (`/tmp`), so nothing here follows a
-//! symlink it did not make: the run directory is new (mkdir fails on anything existing) and
-//! files are created exclusively.
+//! symlink it did not make: the output path itself must not be a symlink, the run directory is
+//! new (mkdirat fails on anything existing) and is held open from then on; every file of the
+//! run is created relative to that descriptor, each directory on the way made with mode 0750 and
+//! opened without following a symlink, the file itself created exclusively (mode 0640). A run
+//! directory renamed away and replaced by a symlink keeps receiving the run's files.
 
+use std::ffi::CString;
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Component, Path, PathBuf};
 
 use crate::config::RunConfig;
 use crate::launch_env;
 
-/// Creates the run directory for `config` in its output path, named after `pid` and the local
-/// time, with `config.json` and the log directory.
-pub fn create(config: &RunConfig, pid: u32) -> Result<PathBuf, String> {
-    let output = &config.output_path;
-    if output.exists() && !output.is_dir() {
-        return Err(format!(
-            "invalid --output-path \"{}\": it exists and is not a directory",
-            output.display()
-        ));
-    }
-    std::fs::create_dir_all(output).map_err(|e| {
-        format!(
-            "invalid --output-path \"{}\": cannot create it: {e}",
-            output.display()
-        )
-    })?;
-    let stamp = local_timestamp();
-    let mut dir = output.join(format!("msmemscope_{pid}_{stamp}"));
-    let mut attempt = 1;
-    loop {
-        match std::fs::DirBuilder::new().mode(0o750).create(&dir) {
-            Ok(()) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {
-                attempt += 1;
-                dir = output.join(format!("msmemscope_{pid}_{stamp}_{attempt}"));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot create run directory {}: {e}",
-                    dir.display()
-                ))
-            }
-        }
-    }
-    std::fs::DirBuilder::new()
-        .mode(0o750)
-        .create(dir.join(launch_env::LOG_DIR))
-        .map_err(|e| {
-            format!(
-                "cannot create {}: {e}",
-                dir.join(launch_env::LOG_DIR).display()
-            )
-        })?;
-    write_new(
-        &dir.join(launch_env::CONFIG_FILE),
-        config.to_json().as_bytes(),
-    )?;
-    Ok(dir)
+/// Mode of every directory made in (and for) the run directory.
+pub const DIR_MODE: libc::mode_t = 0o750;
+/// Mode of every file created in the run directory.
+pub const FILE_MODE: libc::mode_t = 0o640;
+
+/// The run directory, held open: `path` is what it was created (or opened) as, for messages
+/// and for the environment; every file goes through `fd`.
+#[derive(Debug)]
+pub struct RunDir {
+    path: PathBuf,
+    fd: OwnedFd,
 }
 
-pub fn write_new(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    file.write_all(bytes)
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+fn c_path(path: &Path) -> Result<CString, String> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: the path holds a NUL byte", path.display()))
+}
+
+fn os_error() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Opens `path` as a directory without following a symlink in its last component.
+fn open_dir_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
+    let c = c_path(path).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path; the returned descriptor is owned by the OwnedFd.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdirat(dir, name, 0750)`; Ok(false) when the name exists already.
+fn mkdir_at(dir: BorrowedFd<'_>, name: &CString) -> std::io::Result<bool> {
+    // SAFETY: a valid directory descriptor and a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), DIR_MODE) } == 0 {
+        return Ok(true);
+    }
+    let e = os_error();
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// `openat(dir, name, O_DIRECTORY|O_NOFOLLOW|O_CLOEXEC)`.
+fn open_dir_at(dir: BorrowedFd<'_>, name: &CString) -> std::io::Result<OwnedFd> {
+    // SAFETY: a valid directory descriptor and a NUL-terminated name; the result is owned here.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(os_error());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The names of a relative path without `.`, `..` or a root: anything else is refused.
+fn names(relative: &Path) -> std::io::Result<Vec<CString>> {
+    let mut out = Vec::new();
+    for c in relative.components() {
+        match c {
+            Component::Normal(name) => out.push(
+                CString::new(name.as_bytes())
+                    .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?,
+            ),
+            Component::CurDir => {}
+            _ => return Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+    Ok(out)
+}
+
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    // SAFETY: all-zero bytes are a valid `stat`; fstat writes it for valid descriptors.
+    let (mut sa, mut sb): (libc::stat, libc::stat) = unsafe { std::mem::zeroed() };
+    // SAFETY: valid descriptors and out-pointers.
+    let ok = unsafe {
+        libc::fstat(a.as_raw_fd(), &mut sa) == 0 && libc::fstat(b.as_raw_fd(), &mut sb) == 0
+    };
+    ok && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino
+}
+
+impl RunDir {
+    /// Creates the run directory for `config` in its output path, named after `pid` and the
+    /// local time, with `config.json` and the log directory. The output path is made when
+    /// missing; a symlink as the output path is refused.
+    pub fn create(config: &RunConfig, pid: u32) -> Result<RunDir, String> {
+        // Without trailing slashes, which would make the kernel follow a symlink.
+        let output: &PathBuf = &config.output_path.components().collect();
+        let invalid =
+            |why: String| format!("invalid --output-path \"{}\": {why}", output.display());
+        match std::fs::symlink_metadata(output) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(invalid("it is a symlink".to_string()))
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(invalid("it exists and is not a directory".to_string()))
+            }
+            Ok(_) => {}
+            Err(_) => {
+                std::fs::create_dir_all(output)
+                    .map_err(|e| invalid(format!("cannot create it: {e}")))?;
+            }
+        }
+        let out = match open_dir_nofollow(output) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(invalid("it is a symlink".to_string()))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+                return Err(invalid("it exists and is not a directory".to_string()))
+            }
+            Err(e) => return Err(invalid(format!("cannot open it: {e}"))),
+        };
+        let stamp = local_timestamp();
+        let mut name = format!("msmemscope_{pid}_{stamp}");
+        let mut attempt = 1;
+        loop {
+            let c = CString::new(name.as_str()).expect("no NUL in a generated name");
+            match mkdir_at(out.as_fd(), &c) {
+                Ok(true) => break,
+                Ok(false) if attempt < 100 => {
+                    attempt += 1;
+                    name = format!("msmemscope_{pid}_{stamp}_{attempt}");
+                }
+                Ok(false) => {
+                    return Err(format!(
+                        "cannot create run directory {}: it exists",
+                        output.join(&name).display()
+                    ))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot create run directory {}: {e}",
+                        output.join(&name).display()
+                    ))
+                }
+            }
+        }
+        let path = output.join(&name);
+        let c = CString::new(name.as_str()).expect("no NUL in a generated name");
+        let fd = open_dir_at(out.as_fd(), &c)
+            .map_err(|e| format!("cannot open run directory {}: {e}", path.display()))?;
+        let dir = RunDir { path, fd };
+        dir.ensure_dir(Path::new(launch_env::LOG_DIR))?;
+        dir.write_new(
+            Path::new(launch_env::CONFIG_FILE),
+            config.to_json().as_bytes(),
+        )?;
+        Ok(dir)
+    }
+
+    /// Opens an existing run directory by its path (without following a symlink in its last
+    /// component).
+    pub fn open(path: &Path) -> Result<RunDir, String> {
+        let fd = open_dir_nofollow(path)
+            .map_err(|e| format!("cannot open run directory {}: {e}", path.display()))?;
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            fd,
+        })
+    }
+
+    /// The run directory the launcher passed down as descriptor `fd` (taken over: it is closed
+    /// with the returned value, and marked close-on-exec), when it is the directory `path`
+    /// names (same st_dev/st_ino); otherwise `path` opened anew (O_DIRECTORY|O_NOFOLLOW). `fd`
+    /// is left alone unless it is that directory.
+    pub fn inherited(fd: Option<RawFd>, path: &Path) -> Result<RunDir, String> {
+        let by_path = RunDir::open(path)?;
+        let Some(raw) = fd.filter(|&fd| fd > 2) else {
+            return Ok(by_path);
+        };
+        // SAFETY: F_GETFD only asks whether the number is an open descriptor.
+        if unsafe { libc::fcntl(raw, libc::F_GETFD) } < 0 {
+            return Ok(by_path);
+        }
+        // SAFETY: checked open just above; borrowed only for the comparison.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+        if !same_file(by_path.fd.as_fd(), borrowed) {
+            return Ok(by_path);
+        }
+        // SAFETY: FD_CLOEXEC on the descriptor taken over: programs the target execs do not
+        // inherit it.
+        unsafe { libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC) };
+        // SAFETY: the launcher passed this descriptor to this process alone, for the run
+        // directory; it is owned from here.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            fd,
+        })
+    }
+
+    /// Wraps a descriptor of the run directory (the Python extension's copy of the runtime's).
+    pub fn from_fd(path: PathBuf, fd: OwnedFd) -> RunDir {
+        RunDir { path, fd }
+    }
+
+    /// The path the directory was created or opened as (it may no longer name it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The held descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A second descriptor of the same directory.
+    pub fn try_clone(&self) -> Result<RunDir, String> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate the run directory's descriptor: {e}"))?;
+        Ok(RunDir {
+            path: self.path.clone(),
+            fd,
+        })
+    }
+
+    /// The directory `names` lead to from the run directory, each made (0750) when missing
+    /// (`create`) and opened without following a symlink.
+    fn walk(&self, names: &[CString], create: bool) -> std::io::Result<Option<OwnedFd>> {
+        let mut current: Option<OwnedFd> = None;
+        for name in names {
+            let parent = current.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+            if create {
+                mkdir_at(parent, name)?;
+            }
+            current = Some(open_dir_at(parent, name)?);
+        }
+        Ok(current)
+    }
+
+    /// Opens the file at `relative`, its directories made on the way.
+    fn open_file(&self, relative: &Path, flags: libc::c_int) -> std::io::Result<File> {
+        let mut names = names(relative)?;
+        let Some(file) = names.pop() else {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let dir = self.walk(&names, true)?;
+        let parent = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+        // SAFETY: a valid directory descriptor, a NUL-terminated name; the result is owned by
+        // the File.
+        let fd = unsafe {
+            libc::openat(
+                parent.as_raw_fd(),
+                file.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                FILE_MODE as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(os_error());
+        }
+        // SAFETY: fd was just opened and is owned by nobody else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// Creates the private file `relative` (0640; its directories 0750 on the way): never an
+    /// existing file, never through a symlink. The error keeps its kind (`AlreadyExists`).
+    pub fn create_file_io(&self, relative: &Path) -> std::io::Result<File> {
+        self.open_file(relative, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+    }
+
+    /// [`RunDir::create_file_io`] with the error said as a line naming the file.
+    pub fn create_file(&self, relative: &Path) -> Result<File, String> {
+        self.create_file_io(relative)
+            .map_err(|e| format!("cannot create {}: {e}", self.path.join(relative).display()))
+    }
+
+    /// Opens `relative` for appending, created (0640) when missing; never through a symlink.
+    pub fn append_file(&self, relative: &Path) -> Result<File, String> {
+        self.open_file(relative, libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND)
+            .map_err(|e| {
+                format!(
+                    "cannot append to {}: {e}",
+                    self.path.join(relative).display()
+                )
+            })
+    }
+
+    /// Creates `relative` with `bytes` as its content (see [`RunDir::create_file`]).
+    pub fn write_new(&self, relative: &Path, bytes: &[u8]) -> Result<(), String> {
+        let mut file = self.create_file(relative)?;
+        file.write_all(bytes)
+            .map_err(|e| format!("cannot write {}: {e}", self.path.join(relative).display()))
+    }
+
+    /// Makes the directory `relative` (and those above it), mode 0750, unless it exists as a
+    /// real directory; never through a symlink.
+    pub fn ensure_dir(&self, relative: &Path) -> Result<(), String> {
+        names(relative)
+            .and_then(|names| self.walk(&names, true))
+            .map(|_| ())
+            .map_err(|e| format!("cannot create {}: {e}", self.path.join(relative).display()))
+    }
+
+    /// Opens the existing file `relative` for reading, never through a symlink.
+    pub fn open_read(&self, relative: &Path) -> std::io::Result<File> {
+        let mut names = names(relative)?;
+        let Some(file) = names.pop() else {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        let dir = self.walk(&names, false)?;
+        let parent = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+        // SAFETY: a valid directory descriptor, a NUL-terminated name; owned by the File.
+        let fd = unsafe {
+            libc::openat(
+                parent.as_raw_fd(),
+                file.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(os_error());
+        }
+        // SAFETY: fd was just opened and is owned by nobody else.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// The content of the file `relative`, read without following a symlink.
+    pub fn read_to_string(&self, relative: &Path) -> std::io::Result<String> {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut self.open_read(relative)?, &mut text)?;
+        Ok(text)
+    }
+
+    /// A path that reaches the held directory whatever has been renamed since
+    /// (`/proc/self/fd/N`), for reading what the run wrote; the creation path without /proc.
+    pub fn resolved(&self) -> PathBuf {
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
+        if proc.exists() {
+            proc
+        } else {
+            self.path.clone()
+        }
+    }
 }
 
 /// Creates `dir` (mode 0750) unless it exists as a real directory; never through a symlink.
 pub fn ensure_dir(dir: &Path) -> Result<(), String> {
-    match std::fs::DirBuilder::new().mode(0o750).create(dir) {
+    match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             match std::fs::symlink_metadata(dir) {
@@ -104,5 +403,142 @@ pub fn local_timestamp() -> String {
             tm.tm_min,
             tm.tm_sec
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("msmemscope-rundir-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn config_in(output: &Path) -> RunConfig {
+        RunConfig {
+            output_path: output.to_path_buf(),
+            ..RunConfig::default()
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    #[test]
+    fn create_makes_the_directory_config_and_logs_privately() {
+        let out = scratch("create");
+        let dir = RunDir::create(&config_in(&out.join("new/out")), 42).unwrap();
+        assert!(dir
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("msmemscope_42_"));
+        assert_eq!(mode(dir.path()), 0o750);
+        assert_eq!(mode(&dir.path().join(launch_env::LOG_DIR)), 0o750);
+        assert_eq!(mode(&dir.path().join(launch_env::CONFIG_FILE)), 0o640);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn a_symlink_as_output_path_is_refused() {
+        let out = scratch("symlink");
+        let target = out.join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link = out.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        for given in [link.clone(), PathBuf::from(format!("{}/", link.display()))] {
+            let e = RunDir::create(&config_in(&given), 1).unwrap_err();
+            assert!(e.contains("--output-path") && e.contains("symlink"), "{e}");
+        }
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn files_are_made_through_the_descriptor_with_private_modes() {
+        let out = scratch("files");
+        let dir = RunDir::create(&config_in(&out), 7).unwrap();
+        dir.write_new(Path::new("a/b/c.txt"), b"x").unwrap();
+        assert_eq!(mode(&dir.path().join("a")), 0o750);
+        assert_eq!(mode(&dir.path().join("a/b")), 0o750);
+        assert_eq!(mode(&dir.path().join("a/b/c.txt")), 0o640);
+        // Exclusive: an existing file is never reopened.
+        let e = dir.create_file_io(Path::new("a/b/c.txt")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        // Appending creates and then appends.
+        for _ in 0..2 {
+            dir.append_file(Path::new("logs/l.log"))
+                .unwrap()
+                .write_all(b"1")
+                .unwrap();
+        }
+        assert_eq!(std::fs::read(dir.path().join("logs/l.log")).unwrap(), b"11");
+        assert!(dir.create_file(Path::new("../escape")).is_err());
+        assert!(dir.create_file(Path::new("/abs")).is_err());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    #[test]
+    fn symlinks_inside_are_never_followed() {
+        let out = scratch("inside");
+        let elsewhere = scratch("inside-target");
+        let dir = RunDir::create(&config_in(&out), 8).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("host_leak")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("f"), dir.path().join("f")).unwrap();
+        assert!(dir.write_new(Path::new("host_leak/x.txt"), b"x").is_err());
+        assert!(dir.write_new(Path::new("f"), b"x").is_err());
+        assert!(dir.append_file(Path::new("f")).is_err());
+        assert!(dir.ensure_dir(Path::new("host_leak")).is_err());
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(&elsewhere);
+    }
+
+    #[test]
+    fn a_renamed_run_directory_keeps_receiving_the_files() {
+        let out = scratch("renamed");
+        let elsewhere = scratch("renamed-target");
+        let dir = RunDir::create(&config_in(&out), 9).unwrap();
+        let moved = out.join("moved");
+        std::fs::rename(dir.path(), &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path()).unwrap();
+        dir.write_new(Path::new("host_leak/r.txt"), b"r").unwrap();
+        assert_eq!(std::fs::read(moved.join("host_leak/r.txt")).unwrap(), b"r");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        // Reopening by the path refuses the symlink; the held descriptor is still taken.
+        assert!(RunDir::open(dir.path()).is_err());
+        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(&elsewhere);
+    }
+
+    #[test]
+    fn an_inherited_descriptor_is_taken_only_for_the_same_directory() {
+        let out = scratch("inherited");
+        let dir = RunDir::create(&config_in(&out), 10).unwrap();
+        let other = RunDir::create(&config_in(&out), 11).unwrap();
+        let copy = dir.fd.try_clone().unwrap();
+        let raw = copy.as_raw_fd();
+        std::mem::forget(copy);
+        // Another directory's descriptor is left alone: the path is opened.
+        let taken = RunDir::inherited(Some(other.fd().as_raw_fd()), dir.path()).unwrap();
+        assert_ne!(taken.fd().as_raw_fd(), other.fd().as_raw_fd());
+        let taken = RunDir::inherited(Some(raw), dir.path()).unwrap();
+        assert_eq!(taken.fd().as_raw_fd(), raw);
+        // SAFETY: F_GETFD on an open descriptor.
+        let flags = unsafe { libc::fcntl(raw, libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        assert!(RunDir::inherited(None, dir.path()).is_ok());
+        let _ = std::fs::remove_dir_all(&out);
     }
 }

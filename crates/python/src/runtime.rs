@@ -17,6 +17,7 @@ type EmitFn = unsafe extern "C" fn(*const EventRecord) -> i32;
 type StatusFn = unsafe extern "C" fn() -> i32;
 type ConfigureFn = unsafe extern "C" fn(StrRef) -> i32;
 type CurrentConfigFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
+type RunDirFdFn = unsafe extern "C" fn() -> i32;
 type MstxMarkFn = unsafe extern "C" fn(*const c_char, *mut c_void);
 type MstxRangeStartFn = unsafe extern "C" fn(*const c_char, *mut c_void) -> u64;
 type MstxRangeEndFn = unsafe extern "C" fn(u64);
@@ -41,6 +42,8 @@ pub struct Runtime {
     pub mstx_range_end: Option<MstxRangeEndFn>,
     /// `msmemscope_run_dir` (same shape as `current_config`); optional for older runtimes.
     pub run_dir: Option<CurrentConfigFn>,
+    /// `msmemscope_run_dir_fd`: a descriptor of the held run directory; optional likewise.
+    pub run_dir_fd: Option<RunDirFdFn>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -171,6 +174,8 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
                 .map(|p| std::mem::transmute::<*mut c_void, MstxRangeEndFn>(p)),
             run_dir: opt(sym(c"msmemscope_run_dir"))
                 .map(|p| std::mem::transmute::<*mut c_void, CurrentConfigFn>(p)),
+            run_dir_fd: opt(sym(c"msmemscope_run_dir_fd"))
+                .map(|p| std::mem::transmute::<*mut c_void, RunDirFdFn>(p)),
         })
     }
 }

@@ -11,8 +11,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
+use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::watch::crc64::{crc64, Crc64};
 use pyo3::exceptions::{PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -99,13 +102,22 @@ fn watch_crc64_checked(addr: usize, length: usize) -> PyResult<Option<u64>> {
 #[pyo3(signature = (path, addr, length, checked = false))]
 fn watch_dump_bytes(path: &str, addr: usize, length: usize, checked: bool) -> PyResult<bool> {
     let error = |e: std::io::Error| PyOSError::new_err(format!("cannot write {path}: {e}"));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(error)?;
+    // Inside the run directory: created through its held descriptor (a run directory renamed
+    // and replaced by a symlink is not followed).
+    let held = held_run_dir()?.and_then(|dir| {
+        let relative = Path::new(path).strip_prefix(dir.path()).ok()?.to_path_buf();
+        Some((dir, relative))
+    });
+    let mut file = match held {
+        Some((dir, relative)) => dir.create_file_io(&relative).map_err(error)?,
+        None => OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(error)?,
+    };
     if !checked {
         // SAFETY: as in watch_crc64.
         file.write_all(unsafe { in_place(addr, length) })
@@ -118,6 +130,63 @@ fn watch_dump_bytes(path: &str, addr: usize, length: usize, checked: bool) -> Py
         let _ = std::fs::remove_file(path);
     }
     Ok(readable)
+}
+
+/// The runtime's run directory, held open (a copy of its descriptor), when the runtime exports
+/// it; made if this run has none yet.
+fn held_run_dir() -> PyResult<Option<RunDir>> {
+    let rt = require_runtime()?;
+    let Some(get) = rt.run_dir_fd else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(run_dir()?);
+    // SAFETY: the runtime's C ABI; no arguments.
+    let fd = unsafe { get() };
+    if fd < 0 {
+        return Err(PyRuntimeError::new_err(
+            "msmemscope cannot create its run directory (see msmemscope_logs or stderr)",
+        ));
+    }
+    // SAFETY: a new descriptor the runtime made for this caller alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(Some(RunDir::from_fd(path, fd)))
+}
+
+/// Creates the private file `relative` in the run directory (0640, its directories 0750 on the
+/// way; never an existing file, never through a symlink) and returns its descriptor, which the
+/// caller owns.
+#[pyfunction]
+fn run_dir_create(relative: &str) -> PyResult<i32> {
+    let error = |e: String| PyOSError::new_err(e);
+    match held_run_dir()? {
+        Some(dir) => Ok(dir
+            .create_file(Path::new(relative))
+            .map_err(error)?
+            .into_raw_fd()),
+        None => {
+            let path = Path::new(&run_dir()?).join(relative);
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o640)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| error(format!("cannot create {}: {e}", path.display())))?;
+            Ok(file.into_raw_fd())
+        }
+    }
+}
+
+/// Makes the directory `relative` in the run directory (0750, with those above it) unless it
+/// exists as a real directory; never through a symlink.
+#[pyfunction]
+fn run_dir_mkdir(relative: &str) -> PyResult<()> {
+    let dir = match held_run_dir()? {
+        Some(dir) => dir,
+        None => RunDir::open(Path::new(&run_dir()?)).map_err(PyOSError::new_err)?,
+    };
+    dir.ensure_dir(Path::new(relative))
+        .map_err(PyOSError::new_err)
 }
 
 /// The run directory (created if this run has none yet), where `watch_dump/` goes.
@@ -153,5 +222,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(watch_crc64_checked, m)?)?;
     m.add_function(wrap_pyfunction!(watch_dump_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(run_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(run_dir_create, m)?)?;
+    m.add_function(wrap_pyfunction!(run_dir_mkdir, m)?)?;
     Ok(())
 }

@@ -170,6 +170,25 @@ pub unsafe extern "C" fn msmemscope_run_dir(buf: *mut u8, cap: usize) -> i64 {
     path.len() as i64
 }
 
+/// A new descriptor (close-on-exec, the caller's to close) of the run directory this run holds
+/// open, creating the directory if this run has none yet; `FAILED` when there is none. Producers
+/// that write files of their own there (the Python watch dumps) create them relative to it, so
+/// a run directory renamed and replaced by a symlink is not followed.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_run_dir_fd() -> i32 {
+    use std::os::fd::AsRawFd;
+    let _entered = Entered::try_enter();
+    let Ok(Ok(dir)) = catch_unwind(session::run_dir_handle) else {
+        return FAILED;
+    };
+    // SAFETY: F_DUPFD_CLOEXEC on the held, open descriptor; the copy belongs to the caller.
+    let copy = unsafe { libc::fcntl(dir.fd().as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if copy < 0 {
+        return FAILED;
+    }
+    copy
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_step() -> i32 {
     guarded(|| {

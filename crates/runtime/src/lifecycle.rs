@@ -7,11 +7,12 @@
 //! program or changes its exit status.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::launch_env;
+use msmemscope_core::run_dir::RunDir;
 
 use crate::guard::Entered;
 use crate::host_leak::settings::CapOverrides;
@@ -98,7 +99,7 @@ fn quiet_panics() {
 /// a program the target starts inherits `LD_PRELOAD` but is not tracked. The variables stay in
 /// the environment, so that a target which execs the real program (a shell script, a version
 /// shim, `env`) is followed into it: the new image is still the launcher's child.
-fn take_launch_environment() -> Option<(PathBuf, RunConfig, CapOverrides)> {
+fn take_launch_environment() -> Option<(RunDir, RunConfig, CapOverrides)> {
     let dir = std::env::var_os(launch_env::RUN_DIR)?;
     let launcher: i32 = std::env::var(launch_env::LAUNCHER_PID).ok()?.parse().ok()?;
     // SAFETY: getppid has no preconditions.
@@ -106,8 +107,15 @@ fn take_launch_environment() -> Option<(PathBuf, RunConfig, CapOverrides)> {
         return None;
     }
     let caps = CapOverrides::from_env();
-    let dir = PathBuf::from(dir);
-    let text = std::fs::read_to_string(dir.join(launch_env::CONFIG_FILE)).ok()?;
+    // The launcher's descriptor of the run directory, when it is still that directory: the
+    // path is not resolved again for any file (it may have been swapped for a symlink since).
+    let fd = std::env::var(launch_env::RUN_DIR_FD)
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let dir = RunDir::inherited(fd, Path::new(&dir)).ok()?;
+    let text = dir
+        .read_to_string(Path::new(launch_env::CONFIG_FILE))
+        .ok()?;
     let config = RunConfig::from_json(&text).ok()?;
     Some((dir, config, caps))
 }

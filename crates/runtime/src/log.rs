@@ -2,11 +2,11 @@
 //! target's stdout or stderr, whose output must stay as it was.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 
 use msmemscope_core::config::LogLevel;
+use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::time_fmt::utc_timestamp;
 
 struct Sink {
@@ -16,16 +16,10 @@ struct Sink {
 
 static SINK: Mutex<Option<Sink>> = Mutex::new(None);
 
-pub fn init(run_dir: &Path, level: LogLevel) {
-    let path = run_dir
-        .join(msmemscope_core::launch_env::LOG_DIR)
+pub fn init(run_dir: &RunDir, level: LogLevel) {
+    let relative = Path::new(msmemscope_core::launch_env::LOG_DIR)
         .join(format!("runtime_{}.log", std::process::id()));
-    let file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path);
+    let file = run_dir.append_file(&relative);
     if let (Ok(file), Ok(mut sink)) = (file, SINK.lock()) {
         *sink = Some(Sink { file, level });
     }

@@ -15,11 +15,13 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
+use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::sanitizer::message::{self, OpMark};
 use msmemscope_core::sanitizer::race::{Launch, RaceChecker};
 use msmemscope_core::sanitizer::report::RaceLog;
@@ -218,11 +220,12 @@ pub fn report_so_far() -> String {
 }
 
 /// At exit (after the pipeline's last rows): writes the report when the checker ran.
-/// `run_dir` gives the run directory (made on need); `console_file`, when set, receives the
-/// console text instead of stderr (the launcher prints it once the program has ended).
+/// `run_dir` gives the run directory (made on need); with `console_file`, that run
+/// directory's `analysis_report.txt` receives the console text instead of stderr (the launcher
+/// prints it once the program has ended).
 pub fn write_report_at_exit(
-    run_dir: fn() -> Result<PathBuf, String>,
-    console_file: Option<PathBuf>,
+    run_dir: fn() -> Result<Arc<RunDir>, String>,
+    console_file: Option<Arc<RunDir>>,
 ) {
     if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
         return;
@@ -281,7 +284,11 @@ fn is_interpreter(module: Option<&str>) -> bool {
 }
 
 /// The report file, and the console.
-fn publish(text: &str, run_dir: fn() -> Result<PathBuf, String>, console_file: Option<PathBuf>) {
+fn publish(
+    text: &str,
+    run_dir: fn() -> Result<Arc<RunDir>, String>,
+    console_file: Option<Arc<RunDir>>,
+) {
     let written = run_dir().and_then(|dir| write_report_file(&dir, text));
     let note = match &written {
         Ok(path) => format!("msmemscope: sanitizer report: {}\n", path.display()),
@@ -292,8 +299,11 @@ fn publish(text: &str, run_dir: fn() -> Result<PathBuf, String>, console_file: O
     };
     let console = format!("{text}{note}");
     match console_file {
-        Some(path) => {
-            if let Err(e) = append(&path, console.as_bytes()) {
+        Some(dir) => {
+            let appended = dir
+                .append_file(Path::new(msmemscope_core::launch_env::ANALYSIS_REPORT))
+                .and_then(|mut f| f.write_all(console.as_bytes()).map_err(|e| e.to_string()));
+            if let Err(e) = appended {
                 crate::log::error(&format!("sanitizer report: {e}"));
                 write_stderr(&console);
             }
@@ -302,30 +312,38 @@ fn publish(text: &str, run_dir: fn() -> Result<PathBuf, String>, console_file: O
     }
 }
 
-fn write_report_file(run_dir: &std::path::Path, text: &str) -> Result<PathBuf, String> {
-    let dir = run_dir.join("sanitizer");
-    msmemscope_core::run_dir::ensure_dir(&dir)?;
+fn write_report_file(run_dir: &RunDir, text: &str) -> Result<PathBuf, String> {
     let ts = msmemscope_core::run_dir::local_timestamp();
-    let mut path = dir.join(format!("race_report_{ts}.txt"));
-    // A second process of the same run (or a second report within the second) gets its own.
-    if path.exists() {
-        path = dir.join(format!("race_report_{ts}_{}.txt", std::process::id()));
+    let names = [
+        format!("race_report_{ts}.txt"),
+        // A second process of the same run (or a second report within the second) gets its own.
+        format!("race_report_{ts}_{}.txt", std::process::id()),
+    ];
+    let mut last = String::new();
+    for name in names {
+        let relative = Path::new("sanitizer").join(name);
+        match run_dir.create_file_io(&relative) {
+            Ok(mut file) => {
+                let path = run_dir.path().join(&relative);
+                file.write_all(text.as_bytes())
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                return Ok(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = format!(
+                    "cannot create {}: {e}",
+                    run_dir.path().join(&relative).display()
+                );
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot create {}: {e}",
+                    run_dir.path().join(&relative).display()
+                ))
+            }
+        }
     }
-    msmemscope_core::run_dir::write_new(&path, text.as_bytes())?;
-    Ok(path)
-}
-
-fn append(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .and_then(|mut f| f.write_all(bytes))
-        .map_err(|e| format!("cannot append to {}: {e}", path.display()))
+    Err(last)
 }
 
 /// Synchronization kinds of [`msmemscope_sanitizer_sync`] (include/msmemscope/sanitizer.h).

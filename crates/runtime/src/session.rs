@@ -12,9 +12,11 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
 use msmemscope_core::config::{CollectMode, RunConfig};
+use msmemscope_core::run_dir::RunDir;
 
 use crate::host_leak::settings::{CapOverrides, WindowSettings};
 use crate::host_leak::window;
@@ -33,7 +35,8 @@ pub enum Origin {
 
 struct State {
     config: RunConfig,
-    dir: Option<PathBuf>,
+    /// Held open: every file of the run is made relative to it.
+    dir: Option<Arc<RunDir>>,
     origin: Origin,
     caps: CapOverrides,
 }
@@ -51,28 +54,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut slot = lock(&STATE);
-    let state = slot.get_or_insert_with(|| State {
-        config: RunConfig::default(),
-        dir: None,
-        origin: Origin::Api,
-        caps: CapOverrides::default(),
-    });
-    f(state)
+    f(lock(&STATE).get_or_insert_with(State::api))
+}
+
+impl State {
+    /// Until a launcher's configuration arrives: an API run with the defaults.
+    fn api() -> State {
+        State {
+            config: RunConfig::default(),
+            dir: None,
+            origin: Origin::Api,
+            caps: CapOverrides::default(),
+        }
+    }
 }
 
 /// A run started by the launcher: its directory and configuration. Host-leak runs open their
 /// first window; event runs trace from now on (`immediate`) or from the program's `start()`.
-pub fn begin_launched(dir: PathBuf, config: RunConfig, caps: CapOverrides) {
+pub fn begin_launched(dir: RunDir, config: RunConfig, caps: CapOverrides) {
     let _ops = lock(&OPS);
     log::init(&dir, config.log_level);
     with_state(|s| {
         s.config = config.clone();
-        s.dir = Some(dir);
+        s.dir = Some(Arc::new(dir));
         s.origin = Origin::Launched;
         s.caps = caps.clone();
     });
-    pipeline::apply_config(&config, run_dir);
+    pipeline::apply_config(&config, run_dir_handle);
     // Stacks (host-leak blocks, `--call-stack c`) need the modules and the runtime's own range.
     crate::lifecycle::mark_own_code();
     if config.host_leaks() {
@@ -92,27 +100,36 @@ pub fn config() -> RunConfig {
     with_state(|s| s.config.clone())
 }
 
-/// The run directory, made on first need from the configured output path in API runs.
+/// The run directory's path, made on first need from the configured output path in API runs.
 pub fn run_dir() -> Result<PathBuf, String> {
+    run_dir_handle().map(|d| d.path().to_path_buf())
+}
+
+/// The run directory, held open (made on first need in API runs): files go through it.
+pub fn run_dir_handle() -> Result<Arc<RunDir>, String> {
     let mut slot = lock(&STATE);
-    let state = slot.get_or_insert_with(|| State {
-        config: RunConfig::default(),
-        dir: None,
-        origin: Origin::Api,
-        caps: CapOverrides::default(),
-    });
+    let state = slot.get_or_insert_with(State::api);
     if let Some(dir) = &state.dir {
         return Ok(dir.clone());
     }
-    let created = msmemscope_core::run_dir::create(&state.config, std::process::id())?;
+    let created = Arc::new(RunDir::create(&state.config, std::process::id())?);
     log::init(&created, state.config.log_level);
     state.dir = Some(created.clone());
     Ok(created)
 }
 
 /// The run directory if there is one already (never makes one).
-pub fn existing_run_dir() -> Option<PathBuf> {
+pub fn existing_run_dir() -> Option<Arc<RunDir>> {
     with_state(|s| s.dir.clone())
+}
+
+/// The run directory for a file about to be written under `path`: the held one when `path` is
+/// its path, else `path` opened anew without following a symlink.
+pub fn run_dir_at(path: &std::path::Path) -> Result<Arc<RunDir>, String> {
+    match existing_run_dir() {
+        Some(dir) if dir.path() == path => Ok(dir),
+        _ => RunDir::open(path).map(Arc::new),
+    }
 }
 
 /// Why `configure` changed nothing.
@@ -133,7 +150,7 @@ pub fn configure(config: RunConfig) -> Result<(), ConfigureError> {
         return Err(ConfigureError::WindowOpen);
     }
     with_state(|s| s.config = config.clone());
-    pipeline::apply_config(&config, run_dir);
+    pipeline::apply_config(&config, run_dir_handle);
     Ok(())
 }
 
@@ -290,9 +307,8 @@ pub fn finish() {
     // The launcher prints analysis_report.txt once an event-dump program has ended.
     let console_file = (origin == Origin::Launched && !config.host_leaks())
         .then(existing_run_dir)
-        .flatten()
-        .map(|dir| dir.join(msmemscope_core::launch_env::ANALYSIS_REPORT));
-    crate::sanitizer::write_report_at_exit(run_dir, console_file);
+        .flatten();
+    crate::sanitizer::write_report_at_exit(run_dir_handle, console_file);
 }
 
 /// Whether this process is a forked child (which records nothing).

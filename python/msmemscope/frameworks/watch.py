@@ -187,7 +187,11 @@ class _Output:
         if self.dir is None and self.failed is None:
             try:
                 path = os.path.join(self.nat.run_dir(), "watch_dump")
-                os.makedirs(path, mode=0o750, exist_ok=True)
+                if hasattr(self.nat, "run_dir_mkdir"):
+                    # Through the run directory's descriptor: never a swapped-in symlink.
+                    self.nat.run_dir_mkdir("watch_dump")
+                else:
+                    os.makedirs(path, mode=0o750, exist_ok=True)
                 self.dir = path
             except Exception as exc:
                 self.failed = f"cannot create watch_dump: {exc}"
@@ -200,8 +204,12 @@ class _Output:
             if d is None:
                 return
             stamp = time.strftime("%Y%m%d%H%M%S")
-            path = os.path.join(d, f"watch_dump_data_check_sum_{device_id}_{stamp}.csv")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+            name = f"watch_dump_data_check_sum_{device_id}_{stamp}.csv"
+            if hasattr(self.nat, "run_dir_create"):
+                fd = self.nat.run_dir_create(os.path.join("watch_dump", name))
+            else:
+                path = os.path.join(d, name)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
             f = self.csv[device_id] = os.fdopen(fd, "w", newline="")
             f.write(_CSV_HEADER)
             self.files += 1

@@ -419,6 +419,19 @@ pub fn parse_output_path(value: &str) -> Result<PathBuf, ConfigError> {
         ));
     }
     let path = PathBuf::from(value);
+    // Without its trailing slashes, which would make the kernel follow a symlink.
+    let plain: PathBuf = path.components().collect();
+    // A symlink there could be swapped for another one while the run writes: refused.
+    if plain
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+    {
+        return Err(ConfigError::invalid_because(
+            option,
+            value,
+            "it is a symlink",
+        ));
+    }
     // The run directory is made inside it later (at exit, for a sanitizer report): a path that
     // cannot hold one is said now, while the caller can still fix it.
     if let Some(existing) = path.ancestors().find(|a| a.symlink_metadata().is_ok()) {

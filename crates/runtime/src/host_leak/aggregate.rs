@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -314,45 +313,32 @@ fn dladdr_name(address: u64) -> Option<String> {
 }
 
 /// Writes `leak_overview_{stage}.txt` (and `block_detail_{stage}.csv` when given) into
-/// `run_dir/host_leak/`, never following a symlink. Returns the overview's path.
+/// `run_dir/host_leak/` (mode 0750), through the run directory's held descriptor, never
+/// following a symlink. Returns the overview's path.
 pub fn write_report(
     run_dir: &Path,
     report: &HostLeakReport,
     details: Option<&[BlockDetail]>,
 ) -> std::io::Result<PathBuf> {
-    let dir = run_dir.join("host_leak");
-    match std::fs::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if !std::fs::symlink_metadata(&dir)?.is_dir() {
-                return Err(std::io::Error::other(format!(
-                    "{} is not a directory",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) => return Err(e),
-    }
-    let overview = dir.join(format!("leak_overview_{}.txt", report.stage));
-    write_new_file(&overview, render_overview(report).as_bytes())?;
+    let held = crate::session::run_dir_at(run_dir).map_err(std::io::Error::other)?;
+    let dir = Path::new("host_leak");
+    let write = |name: String, bytes: &[u8]| -> std::io::Result<()> {
+        held.create_file_io(&dir.join(name))?.write_all(bytes)
+    };
+    let overview = format!("leak_overview_{}.txt", report.stage);
+    write(overview.clone(), render_overview(report).as_bytes())?;
     // The machine-readable twin of the overview (TOP N with their beat series), for the report page.
-    let sites = dir.join(format!("leak_sites_{}.json", report.stage));
-    write_new_file(&sites, render_sites_json(report).as_bytes())?;
+    write(
+        format!("leak_sites_{}.json", report.stage),
+        render_sites_json(report).as_bytes(),
+    )?;
     if let Some(details) = details {
         // Written even without a row (header only): the overview says it was written, and a
         // reader can tell "no unfreed block" from "no file".
-        let csv = dir.join(format!("block_detail_{}.csv", report.stage));
-        write_new_file(&csv, render_block_detail(details).as_bytes())?;
+        write(
+            format!("block_detail_{}.csv", report.stage),
+            render_block_detail(details).as_bytes(),
+        )?;
     }
-    Ok(overview)
-}
-
-fn write_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    file.write_all(bytes)
+    Ok(run_dir.join(dir).join(overview))
 }

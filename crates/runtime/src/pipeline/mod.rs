@@ -8,13 +8,13 @@ pub mod oom;
 mod sinks;
 mod writer;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use msmemscope_core::config::{Device, EventKind, Level, RunConfig};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
+use msmemscope_core::run_dir::RunDir;
 
 use crate::clock::precise_realtime_ns;
 use writer::Writer;
@@ -76,7 +76,7 @@ impl Filter {
 
 /// Where the writer's files go: the run directory, made on first need by its owner
 /// (`session`), which hands this function in with the configuration.
-pub type RunDirSource = fn() -> Result<PathBuf, String>;
+pub type RunDirSource = fn() -> Result<Arc<RunDir>, String>;
 
 struct Pipeline {
     /// The configuration in force, as its owner (`session`) last applied it: the writer's
@@ -144,7 +144,7 @@ fn config() -> RunConfig {
         .unwrap_or_default()
 }
 
-fn run_dir() -> Result<PathBuf, String> {
+fn run_dir() -> Result<Arc<RunDir>, String> {
     let source = pipeline()
         .run_dir
         .read()

@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use msmemscope_core::config::DataFormat;
 use msmemscope_core::events::{csv, db, DeviceId, EventRow};
-use msmemscope_core::run_dir::ensure_dir;
+use msmemscope_core::run_dir::RunDir;
 
 trait Sink: Send {
     fn write(&mut self, row: &EventRow) -> Result<(), String>;
@@ -69,7 +69,7 @@ impl Sink for DbSink {
 
 /// The dump files of one run.
 pub struct Sinks {
-    run_dir: PathBuf,
+    run_dir: Arc<RunDir>,
     format: DataFormat,
     stamp: String,
     open: BTreeMap<DeviceId, Box<dyn Sink>>,
@@ -77,29 +77,29 @@ pub struct Sinks {
     unrouted: Vec<EventRow>,
     /// Files created so far (for the end-of-run summary).
     pub paths: Vec<PathBuf>,
+    /// The same files reached through the run directory's descriptor, for reading back.
+    held_paths: Vec<PathBuf>,
 }
 
 impl Sinks {
-    pub fn new(run_dir: &Path, format: DataFormat) -> Sinks {
+    pub fn new(run_dir: &Arc<RunDir>, format: DataFormat) -> Sinks {
         Sinks {
-            run_dir: run_dir.to_path_buf(),
+            run_dir: run_dir.clone(),
             format,
             stamp: msmemscope_core::run_dir::local_timestamp(),
             open: BTreeMap::new(),
             unrouted: Vec::new(),
             paths: Vec::new(),
+            held_paths: Vec::new(),
         }
     }
 
     fn sink_for(&mut self, device: DeviceId) -> Result<&mut Box<dyn Sink>, String> {
         if !self.open.contains_key(&device) {
-            let dir = self.run_dir.join(device.dir_name());
-            ensure_dir(&dir)?;
-            let dir = dir.join("dump");
-            ensure_dir(&dir)?;
-            let (sink, path): (Box<dyn Sink>, PathBuf) = match self.format {
+            let dir = Path::new(device.dir_name().as_str()).join("dump");
+            let (sink, relative): (Box<dyn Sink>, PathBuf) = match self.format {
                 DataFormat::Csv => {
-                    let (path, mut file) = create_unique(&dir, &self.stamp, "csv")?;
+                    let (path, mut file) = create_unique(&self.run_dir, &dir, &self.stamp, "csv")?;
                     writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
                     let file = std::io::BufWriter::with_capacity(1 << 20, file);
                     (
@@ -112,9 +112,12 @@ impl Sinks {
                 }
                 DataFormat::Db => {
                     // Create the file ourselves first: exclusive and never through a symlink.
-                    let (path, file) = create_unique(&dir, &self.stamp, "db")?;
+                    let (path, file) = create_unique(&self.run_dir, &dir, &self.stamp, "db")?;
                     drop(file);
-                    let conn = rusqlite::Connection::open(&path).map_err(|e| e.to_string())?;
+                    // SQLite opens by name (and makes its journal next to it): the name goes
+                    // through the held descriptor (/proc/self/fd/N/...), not the run's path.
+                    let conn = rusqlite::Connection::open(self.run_dir.resolved().join(&path))
+                        .map_err(|e| e.to_string())?;
                     conn.execute_batch(db::CREATE_TABLE)
                         .map_err(|e| e.to_string())?;
                     (
@@ -134,7 +137,9 @@ impl Sinks {
             } else {
                 self.replay_deviceless(sink.as_mut())?;
             }
-            self.paths.push(path);
+            self.paths.push(self.run_dir.path().join(&relative));
+            self.held_paths
+                .push(self.run_dir.resolved().join(&relative));
             self.open.insert(device, sink);
         }
         Ok(self.open.get_mut(&device).expect("just inserted"))
@@ -147,7 +152,7 @@ impl Sinks {
         for open in self.open.values_mut() {
             open.flush()?;
         }
-        let Some(first) = self.paths.first() else {
+        let Some(first) = self.held_paths.first() else {
             return Ok(());
         };
         let rows = msmemscope_core::events::reader::open(first).map_err(|e| e.to_string())?;
@@ -189,7 +194,12 @@ impl Sinks {
 
 /// `memscope_dump_{stamp}.{ext}`, or with `_2`, `_3`… when a file of that name exists (another
 /// process of the run wrote it in the same second).
-fn create_unique(dir: &Path, stamp: &str, ext: &str) -> Result<(PathBuf, std::fs::File), String> {
+fn create_unique(
+    run_dir: &RunDir,
+    dir: &Path,
+    stamp: &str,
+    ext: &str,
+) -> Result<(PathBuf, std::fs::File), String> {
     let mut last_error = String::new();
     for n in 1..100 {
         let name = if n == 1 {
@@ -197,21 +207,12 @@ fn create_unique(dir: &Path, stamp: &str, ext: &str) -> Result<(PathBuf, std::fs
         } else {
             format!("memscope_dump_{stamp}_{n}.{ext}")
         };
-        let path = dir.join(name);
-        match create_new(&path) {
-            Ok(file) => return Ok((path, file)),
+        // The directories on the way (`device_*/dump/`) are made 0750 by the same helper.
+        let relative = dir.join(name);
+        match run_dir.create_file(&relative) {
+            Ok(file) => return Ok((relative, file)),
             Err(e) => last_error = e,
         }
     }
     Err(last_error)
-}
-
-fn create_new(path: &Path) -> Result<std::fs::File, String> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))
 }

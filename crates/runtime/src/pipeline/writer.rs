@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use msmemscope_core::analysis::Analysis;
 use msmemscope_core::symbolize::Symbolizer;
-use std::path::PathBuf;
+use std::path::Path;
+
+use msmemscope_core::run_dir::RunDir;
 
 use super::buffers::{self, Queued};
 use super::sinks::Sinks;
@@ -38,7 +40,7 @@ struct State {
     sinks: Sinks,
     /// Online analyses: they see every row written, and report when the writer stops.
     analyses: Vec<Box<dyn Analysis>>,
-    run_dir: PathBuf,
+    run_dir: Arc<RunDir>,
     pending: Vec<Queued>,
     next_id: u64,
     symbolizer: Option<Symbolizer>,
@@ -52,7 +54,7 @@ impl Writer {
     pub fn start(
         sinks: Sinks,
         analyses: Vec<Box<dyn Analysis>>,
-        run_dir: PathBuf,
+        run_dir: Arc<RunDir>,
     ) -> Option<Writer> {
         let control: Arc<(Mutex<Control>, Condvar)> = Arc::default();
         let theirs = control.clone();
@@ -175,21 +177,20 @@ fn finish_analyses(state: &mut State) {
         let output = analysis.finish();
         console.push_str(&output.console);
         for (relative, content) in output.files {
-            let path = state.run_dir.join(&relative);
-            let written = path
-                .parent()
-                .map_or(Ok(()), |dir| {
-                    std::fs::create_dir_all(dir).map_err(|e| e.to_string())
-                })
-                .and_then(|()| write_new(&path, content.as_bytes()));
+            // Its directories (`leaks/`, …) 0750 like the run directory, through its descriptor.
+            let written = state
+                .run_dir
+                .write_new(Path::new(&relative), content.as_bytes());
             if let Err(e) = written {
                 crate::log::error(&format!("{}: {e}", analysis.name()));
             }
         }
     }
     if !console.is_empty() {
-        let path = state.run_dir.join(ANALYSIS_REPORT);
-        if let Err(e) = write_new(&path, console.as_bytes()) {
+        let written = state
+            .run_dir
+            .write_new(Path::new(ANALYSIS_REPORT), console.as_bytes());
+        if let Err(e) = written {
             crate::log::error(&format!("analysis report: {e}"));
         }
     }
@@ -197,19 +198,6 @@ fn finish_analyses(state: &mut State) {
 
 /// The file the launcher prints after the program ends.
 pub const ANALYSIS_REPORT: &str = msmemscope_core::launch_env::ANALYSIS_REPORT;
-
-fn write_new(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    file.write_all(bytes).map_err(|e| e.to_string())
-}
 
 fn thread_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
