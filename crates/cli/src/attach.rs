@@ -7,6 +7,7 @@
 //! holds nothing in the target.
 
 use std::io::{BufRead, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -139,12 +140,41 @@ pub fn precheck(pid: i32) -> Result<Target, String> {
         ));
     }
     if !has_listener_thread(&proc_dir) {
+        let why = no_listener_reason(pid, uid).unwrap_or_else(|| {
+            "with --load-api-env it starts at the program's first msmemscope start() or config()"
+                .to_string()
+        });
         return Err(format!(
-            "process {pid} has {RUNTIME_LIBRARY} but no control listener ({THREAD_NAME}): with \
-             --load-api-env it starts at the program's first msmemscope start() or config()"
+            "process {pid} has {RUNTIME_LIBRARY} but no control listener ({THREAD_NAME}): {why}"
         ));
     }
     Ok(Target { pid, uid })
+}
+
+/// Why a process with the runtime has no listener, when it can be told from outside: the
+/// control channel switched off in its environment, or its socket directory refused by the
+/// same checks the runtime makes (it does not create the directory, so only an existing one
+/// is judged).
+fn no_listener_reason(pid: i32, uid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    let var = |name: &str| {
+        let prefix = format!("{name}=");
+        environ
+            .split(|&b| b == 0)
+            .find_map(|v| v.strip_prefix(prefix.as_bytes()))
+            .map(|v| std::ffi::OsStr::from_bytes(v).to_os_string())
+    };
+    if var(control_socket::ENV_NO_CONTROL).is_some_and(|v| v == "1") {
+        return Some(format!(
+            "the control channel is switched off ({}=1)",
+            control_socket::ENV_NO_CONTROL
+        ));
+    }
+    let dir = control_socket::socket_dir(uid, var("XDG_RUNTIME_DIR"));
+    std::fs::symlink_metadata(&dir).ok()?;
+    control_socket::check_private_dir(&dir, uid)
+        .err()
+        .map(|reason| format!("its socket directory was refused: {reason}"))
 }
 
 /// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`).
@@ -166,7 +196,7 @@ fn has_listener_thread(proc_dir: &Path) -> bool {
 /// Where the target may have bound its socket: under its `$XDG_RUNTIME_DIR` (as it saw it at
 /// start, from `/proc/PID/environ`) or ours, else `/tmp/msmemscope-{uid}/`.
 fn socket_candidates(target: &Target) -> Vec<PathBuf> {
-    let name = format!("ctrl_{}.sock", target.pid);
+    let name = control_socket::socket_name(target.pid as u32);
     let mut dirs = Vec::new();
     if let Ok(environ) = std::fs::read(format!("/proc/{}/environ", target.pid)) {
         for var in environ.split(|&b| b == 0) {
@@ -282,6 +312,7 @@ fn send(target: &Target, words: &str) -> Result<Reply, String> {
 }
 
 use msmemscope_core::control_frame as frame;
+use msmemscope_core::control_socket;
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,8 @@
 pub mod analysis;
 pub mod config;
 pub mod control_frame;
+// Where the control socket lives; the directory checks shared by the runtime and `--pid`.
+pub mod control_socket;
 pub mod events;
 pub mod host_leak;
 pub mod launch_env;

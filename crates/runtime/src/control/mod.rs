@@ -5,10 +5,12 @@
 //! Safety properties: the socket (mode 0600) lives in a per-user directory only its owner can
 //! write (see [`socket`]); every peer is checked with `SO_PEERCRED` (same uid or root); frames
 //! are versioned and length-checked before anything is allocated for them (see [`frame`]);
-//! reads and writes time out, so a stuck client never holds the listener. The listener runs
-//! with every signal blocked (the program's signals keep going to its own threads) and inside
-//! the reentrancy guard for its whole life, so nothing it allocates is counted as the
-//! program's. One client is served at a time.
+//! connections are non-blocking and multiplexed in the thread's one `poll` loop (with the
+//! signal pipe), each with a whole-request deadline, at most [`MAX_CONNECTIONS`] at once
+//! (one more is answered "busy"), so a slow or stuck client never holds up another. Commands
+//! run one at a time. The listener runs with every signal blocked (the program's signals keep
+//! going to its own threads) and inside the reentrancy guard for its whole life, so nothing it
+//! allocates is counted as the program's.
 //!
 //! Started at runtime start for launched runs, and at the first `start()`/`config()` of the
 //! Python API otherwise (not in every process of a shell that sourced `--load-api-env`).
@@ -35,8 +37,13 @@ use frame::{HeaderCheck, HEADER_LEN};
 
 /// The listener thread's name, as the client looks for it in `/proc/PID/task/*/comm`.
 pub const THREAD_NAME: &str = "msmemscope_ctrl";
-/// How long a read or write on an accepted connection may wait.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client has for one whole request (header and payload), counted from its
+/// connection or from the end of the previous reply; then it is dropped.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a client has to take one whole reply.
+const REPLY_DEADLINE: Duration = Duration::from_secs(30);
+/// Clients connected at once; one more is answered "busy" and closed.
+const MAX_CONNECTIONS: usize = 8;
 /// How long the exit handler waits for a command in progress (a report being written).
 const EXIT_WAIT: Duration = Duration::from_secs(30);
 
@@ -60,7 +67,7 @@ exit                       end the session";
 
 /// Set to `1` to run without the control channel: no listener thread, no attaching. For
 /// programs whose behaviour depends on their own thread count.
-pub const ENV_NO_CONTROL: &str = "MSMEMSCOPE_NO_CONTROL";
+pub use msmemscope_core::control_socket::ENV_NO_CONTROL;
 
 /// Starts the listener once per process. Failures are logged; the program runs on without it.
 /// The same thread serves the signal pipe (`signals`). Without a listener (switched off for
@@ -84,6 +91,7 @@ pub fn start() {
         }
         Err(e) => {
             log::error(&format!("control channel not started: no thread: {e}"));
+            warn_not_attachable(&format!("no thread: {e}"));
             remove_socket();
         }
     }
@@ -119,9 +127,22 @@ fn bind_listener() -> Option<UnixListener> {
         }
         Err(e) => {
             log::error(&format!("control channel not started: {e}"));
+            warn_not_attachable(&e);
             None
         }
     }
+}
+
+/// The one line the program's stderr gets when attaching is impossible for a reason other
+/// than `MSMEMSCOPE_NO_CONTROL=1` (its socket directory refused, no thread): one `write(2)`,
+/// so it is never interleaved with the program's own output.
+fn warn_not_attachable(reason: &str) {
+    let line = format!(
+        "msmemscope: warning: control channel not started, `msmemscope --pid` cannot attach: {}\n",
+        reason.replace('\n', " ")
+    );
+    // SAFETY: writes from a valid buffer of `line.len()` bytes to fd 2 (an error is ignored).
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
 /// Starts the service thread with `pthread_create` rather than `std::thread`: std runs code
@@ -204,24 +225,43 @@ fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Waits for a client on the socket and for the signal pipe, and serves whichever is ready.
+/// Waits for clients, their bytes and the signal pipe in one `poll`, and serves whatever is
+/// ready. Connections are non-blocking and multiplexed here, each with a whole-request
+/// deadline, so a slow client holds one of [`MAX_CONNECTIONS`] slots and nothing else; a
+/// command itself runs to its end on this thread (under [`BUSY`]) before the next is read.
 fn serve(listener: UnixListener) {
     let signal_fd = crate::signals::service_fd();
+    let _ = listener.set_nonblocking(true);
+    let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: signal_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.push(libc::pollfd {
+            fd: signal_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.extend(conns.iter().map(|c| libc::pollfd {
+            fd: c.stream.as_raw_fd(),
+            events: c.events(),
+            revents: 0,
+        }));
+        let now = Instant::now();
+        let timeout = conns
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now))
+            .min()
+            // Rounded up: waking just before a deadline would only poll again.
+            .map_or(-1, |d| {
+                d.as_millis().saturating_add(1).min(60_000) as libc::c_int
+            });
+        // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(50));
@@ -231,24 +271,69 @@ fn serve(listener: UnixListener) {
         if fds[1].revents != 0 {
             crate::signals::on_service_ready();
         }
+        // The connections' bytes first: a request that came in while a command ran is served
+        // even if its deadline passed meanwhile.
+        let mut index = 2;
+        conns.retain_mut(|c| {
+            let revents = fds[index].revents;
+            index += 1;
+            revents == 0 || c.on_ready()
+        });
+        let now = Instant::now();
+        conns.retain_mut(|c| {
+            if c.deadline > now {
+                return true;
+            }
+            // One last look at what arrived since the poll, then the deadline holds.
+            if c.out.is_empty() {
+                if !c.on_ready() {
+                    return false;
+                }
+                if c.deadline > Instant::now() {
+                    return true;
+                }
+            }
+            c.expire();
+            false
+        });
         if fds[0].revents == 0 {
             continue;
         }
-        if CLOSING.load(Ordering::Acquire) {
-            // Exiting: the socket is gone; only a signal can still need this thread.
-            if signal_fd < 0 {
-                return;
-            }
-            let _ = listener.accept();
-            continue;
+        if CLOSING.load(Ordering::Acquire) && signal_fd < 0 {
+            // Exiting: the socket is gone; only a signal could still have needed this thread.
+            return;
         }
+        accept_ready(&listener, &mut conns);
+    }
+}
+
+/// Accepts the connections waiting (a bounded burst): each gets a slot, or "busy" when all
+/// [`MAX_CONNECTIONS`] are taken; while exiting, each is closed at once.
+fn accept_ready(listener: &UnixListener, conns: &mut Vec<Conn>) {
+    for _ in 0..=MAX_CONNECTIONS {
         match listener.accept() {
             Ok((stream, _)) => {
-                // A panic is logged by the hook and ends this connection only.
-                let _ = catch_unwind(AssertUnwindSafe(|| serve_connection(stream)));
+                if CLOSING.load(Ordering::Acquire) {
+                    continue;
+                }
+                if conns.len() >= MAX_CONNECTIONS {
+                    let reason = format!(
+                        "busy: {MAX_CONNECTIONS} other clients are connected to this process; try again"
+                    );
+                    let _ = send_some(&stream, &frame::error_frame(0, &reason));
+                    continue;
+                }
+                if let Some(conn) = Conn::accepted(stream) {
+                    conns.push(conn);
+                }
             }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             // Out of descriptors or similar: back off instead of spinning.
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(50));
+                return;
+            }
         }
     }
 }
@@ -269,91 +354,242 @@ fn check_peer(stream: &UnixStream) -> Result<(), String> {
     }
 }
 
-/// Writes all of `bytes` without raising SIGPIPE when the client has gone (the signal would
-/// stay pending on this thread, which blocks every signal, but `send` avoids it altogether).
-fn send_all(stream: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
+/// Sends what the socket takes now of `bytes`, without waiting and without raising SIGPIPE
+/// when the client has gone (the signal would stay pending on this thread, which blocks every
+/// signal, but `MSG_NOSIGNAL` avoids it altogether). `Ok(n)`: `n` bytes sent, 0 when full.
+fn send_some(stream: &UnixStream, bytes: &[u8]) -> std::io::Result<usize> {
+    loop {
         // SAFETY: sends from a valid buffer of `bytes.len()` bytes on an open socket.
         let n = unsafe {
             libc::send(
                 stream.as_raw_fd(),
                 bytes.as_ptr() as *const libc::c_void,
                 bytes.len(),
-                libc::MSG_NOSIGNAL,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
             )
         };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        if n >= 0 {
+            return Ok(n as usize);
         }
-        bytes = &bytes[n as usize..];
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::Interrupted => continue,
+            std::io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(e),
+        }
     }
-    Ok(())
 }
 
-fn serve_connection(mut stream: UnixStream) {
-    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-    if let Err(reason) = check_peer(&stream) {
-        log::info(&format!("control channel: {reason}"));
-        let _ = send_all(&stream, &frame::error_frame(0, &reason));
-        return;
-    }
-    loop {
-        let mut header = [0u8; HEADER_LEN];
-        if stream.read_exact(&mut header).is_err() {
-            return;
+/// The payload of the frame being read, once its header passed the check.
+enum Payload {
+    /// A request: its bytes (`MAX_PAYLOAD` at most), `got` of them read so far.
+    Keep { buf: Vec<u8>, got: usize },
+    /// A frame of the wrong type: its bytes are skipped, then the reason is answered.
+    Skip { left: usize, reason: String },
+}
+
+/// One accepted client: the frame it is sending, or the reply it is being sent.
+struct Conn {
+    stream: UnixStream,
+    /// Reading: the whole request must be in by then (from the connection, or from the end
+    /// of the previous reply). Writing: the whole reply must be taken by then.
+    deadline: Instant,
+    header: [u8; HEADER_LEN],
+    header_got: usize,
+    /// The header read and checked: its seq and payload.
+    payload: Option<(u16, Payload)>,
+    /// The reply not sent yet (from `out_pos`); while there is one, nothing is read.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Close once `out` is sent (a refusal, a fatal frame error, `exit`).
+    close_after: bool,
+}
+
+impl Conn {
+    /// Checks the peer; `None` when the connection is done with already (refused).
+    fn accepted(stream: UnixStream) -> Option<Conn> {
+        stream.set_nonblocking(true).ok()?;
+        let mut conn = Conn {
+            stream,
+            deadline: Instant::now() + REQUEST_DEADLINE,
+            header: [0; HEADER_LEN],
+            header_got: 0,
+            payload: None,
+            out: Vec::new(),
+            out_pos: 0,
+            close_after: false,
+        };
+        if let Err(reason) = check_peer(&conn.stream) {
+            log::info(&format!("control channel: {reason}"));
+            conn.reply(vec![frame::error_frame(0, &reason)], true);
+            return conn.flush().then_some(conn);
         }
-        let h = frame::Header::parse(&header);
+        Some(conn)
+    }
+
+    fn events(&self) -> libc::c_short {
+        if self.out.is_empty() {
+            libc::POLLIN
+        } else {
+            libc::POLLOUT
+        }
+    }
+
+    /// Does what the socket allows now; `false` once the connection is to be closed. A panic
+    /// (logged by the hook) closes this connection only.
+    fn on_ready(&mut self) -> bool {
+        catch_unwind(AssertUnwindSafe(|| {
+            if self.out.is_empty() {
+                self.read_ready()
+            } else {
+                self.flush()
+            }
+        }))
+        .unwrap_or(false)
+    }
+
+    /// The deadline passed: a client still sending its request is told why before it is
+    /// dropped (if its socket takes it now).
+    fn expire(&mut self) {
+        if self.out.is_empty() {
+            let reason = format!(
+                "timed out: no whole request within {} s",
+                REQUEST_DEADLINE.as_secs()
+            );
+            log::info(&format!("control channel: a client was dropped: {reason}"));
+            let _ = send_some(&self.stream, &frame::error_frame(0, &reason));
+        } else {
+            log::info("control channel: a client was dropped: it did not take its reply in time");
+        }
+    }
+
+    /// Queues a reply; nothing more is read until it is sent.
+    fn reply(&mut self, frames: Vec<Vec<u8>>, close_after: bool) {
+        self.out = frames.concat();
+        self.out_pos = 0;
+        self.close_after = close_after;
+        self.deadline = Instant::now() + REPLY_DEADLINE;
+    }
+
+    /// Sends what the socket takes of the reply; once all is sent, the next request's
+    /// deadline starts (or the connection ends).
+    fn flush(&mut self) -> bool {
+        while self.out_pos < self.out.len() {
+            match send_some(&self.stream, &self.out[self.out_pos..]) {
+                Ok(0) => return true,
+                Ok(n) => self.out_pos += n,
+                Err(_) => return false,
+            }
+        }
+        self.out = Vec::new();
+        self.out_pos = 0;
+        self.deadline = Instant::now() + REQUEST_DEADLINE;
+        !self.close_after
+    }
+
+    /// Reads what has arrived, answering each frame completed; stops when the socket has no
+    /// more or a reply is waiting to be sent.
+    fn read_ready(&mut self) -> bool {
+        let mut skip_buf = [0u8; 4096];
+        loop {
+            let read = match &mut self.payload {
+                None => (&self.stream).read(&mut self.header[self.header_got..]),
+                Some((_, Payload::Keep { buf, got })) => (&self.stream).read(&mut buf[*got..]),
+                Some((_, Payload::Skip { left, .. })) => {
+                    let want = (*left).min(skip_buf.len());
+                    (&self.stream).read(&mut skip_buf[..want])
+                }
+            };
+            let n = match read {
+                // The connection's end (or its reset) before a whole frame.
+                Ok(0) => return false,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            };
+            match &mut self.payload {
+                None => {
+                    self.header_got += n;
+                    if self.header_got == HEADER_LEN {
+                        self.header_complete();
+                    }
+                }
+                Some((_, Payload::Skip { left, .. })) => *left -= n,
+                Some((_, Payload::Keep { got, .. })) => *got += n,
+            }
+            if self.frame_complete() {
+                self.answer();
+            }
+            if !self.out.is_empty() {
+                // Nothing more is read until the reply is sent.
+                return self.flush();
+            }
+        }
+    }
+
+    /// Checks the header just read: a fatal error is answered and ends the connection before
+    /// anything is allocated for the payload.
+    fn header_complete(&mut self) {
+        let h = frame::Header::parse(&self.header);
+        self.header_got = 0;
         match frame::check_request_header(&h) {
             HeaderCheck::Fatal(reason) => {
-                let _ = send_all(&stream, &frame::error_frame(h.seq, &reason));
-                return;
+                self.reply(vec![frame::error_frame(h.seq, &reason)], true);
             }
             HeaderCheck::WrongType(reason) => {
                 // The length is within the limit: skip the payload and go on.
-                let mut skip = (&mut stream).take(h.payload_len as u64);
-                if std::io::copy(&mut skip, &mut std::io::sink()).ok() != Some(h.payload_len as u64)
-                {
-                    return;
-                }
-                if send_all(&stream, &frame::error_frame(h.seq, &reason)).is_err() {
-                    return;
-                }
-                continue;
+                let left = h.payload_len as usize;
+                self.payload = Some((h.seq, Payload::Skip { left, reason }));
             }
-            HeaderCheck::Request => {}
+            // At most MAX_PAYLOAD bytes: the header check came first.
+            HeaderCheck::Request => {
+                let buf = vec![0; h.payload_len as usize];
+                self.payload = Some((h.seq, Payload::Keep { buf, got: 0 }));
+            }
         }
-        // At most MAX_PAYLOAD bytes: the header check came first.
-        let mut payload = vec![0u8; h.payload_len as usize];
-        if stream.read_exact(&mut payload).is_err() {
+    }
+
+    fn frame_complete(&self) -> bool {
+        match &self.payload {
+            None => false,
+            Some((_, Payload::Skip { left, .. })) => *left == 0,
+            Some((_, Payload::Keep { buf, got })) => *got == buf.len(),
+        }
+    }
+
+    /// Answers the frame just read (running its command): queues the reply.
+    fn answer(&mut self) {
+        let Some((seq, payload)) = self.payload.take() else {
             return;
-        }
-        let mut done = false;
-        let frames = match frame::parse_request(&payload) {
-            Err(reason) => vec![frame::error_frame(h.seq, &reason)],
-            Ok(command) => {
-                done = command == "exit";
-                match catch_unwind(|| run_command(&command)) {
-                    Ok(Ok((status, output))) => frame::response_frames(h.seq, status, &output),
-                    Ok(Err(reason)) => vec![frame::error_frame(h.seq, &reason)],
-                    Err(_) => vec![frame::error_frame(
-                        h.seq,
-                        "internal error while running the command (see the runtime log)",
-                    )],
-                }
-            }
         };
-        for f in frames {
-            if send_all(&stream, &f).is_err() {
-                return;
+        match payload {
+            Payload::Skip { reason, .. } => {
+                self.reply(vec![frame::error_frame(seq, &reason)], false)
+            }
+            Payload::Keep { buf, .. } => {
+                let (frames, done) = answer_request(seq, &buf);
+                self.reply(frames, done);
             }
         }
-        if done {
-            return;
+    }
+}
+
+/// The reply frames to one request, and whether the connection ends after them (`exit`).
+fn answer_request(seq: u16, payload: &[u8]) -> (Vec<Vec<u8>>, bool) {
+    match frame::parse_request(payload) {
+        Err(reason) => (vec![frame::error_frame(seq, &reason)], false),
+        Ok(command) => {
+            let done = command == "exit";
+            let frames = match catch_unwind(|| run_command(&command)) {
+                Ok(Ok((status, output))) => frame::response_frames(seq, status, &output),
+                Ok(Err(reason)) => vec![frame::error_frame(seq, &reason)],
+                Err(_) => vec![frame::error_frame(
+                    seq,
+                    "internal error while running the command (see the runtime log)",
+                )],
+            };
+            (frames, done)
         }
     }
 }

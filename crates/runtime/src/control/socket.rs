@@ -2,29 +2,14 @@
 //! directory only its owner can write (`$XDG_RUNTIME_DIR/msmemscope/` when that directory is
 //! ours, else `/tmp/msmemscope-{uid}/`), mode 0700, the socket itself mode 0600.
 
-use std::ffi::OsString;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The directory the socket goes in, before it is checked or created.
-pub fn socket_dir(uid: u32, xdg_runtime_dir: Option<OsString>) -> PathBuf {
-    if let Some(xdg) = xdg_runtime_dir.filter(|x| !x.is_empty()) {
-        let xdg = PathBuf::from(xdg);
-        let ours = std::fs::metadata(&xdg).is_ok_and(|m| m.is_dir() && m.uid() == uid);
-        if xdg.is_absolute() && ours {
-            return xdg.join("msmemscope");
-        }
-    }
-    PathBuf::from(format!("/tmp/msmemscope-{uid}"))
-}
-
-pub fn socket_name(pid: u32) -> String {
-    format!("ctrl_{pid}.sock")
-}
+pub use msmemscope_core::control_socket::{check_private_dir, socket_dir, socket_name};
 
 /// Creates `dir` (mode 0700) or accepts an existing one only if it is a real directory owned
-/// by `uid` that nobody else can write.
+/// by `uid` that nobody else can write ([`check_private_dir`], which `--pid` shares).
 pub fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {
@@ -35,29 +20,7 @@ pub fn ensure_private_dir(dir: &Path, uid: u32) -> Result<(), String> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| format!("cannot inspect {}: {e}", dir.display()))?;
-    if meta.file_type().is_symlink() {
-        return Err(format!("{} is a symlink", dir.display()));
-    }
-    if !meta.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
-    if meta.uid() != uid {
-        return Err(format!(
-            "{} belongs to uid {}, not to uid {uid}",
-            dir.display(),
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} is writable by group or others (mode {:o})",
-            dir.display(),
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
+    check_private_dir(dir, uid)
 }
 
 /// Removes the sockets of processes that are gone without running their exit handlers
@@ -117,6 +80,7 @@ pub fn bind_private(path: &Path, uid: u32) -> Result<UnixListener, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn scratch(tag: &str) -> PathBuf {
         let dir =

@@ -1,0 +1,491 @@
+//! Attach robustness (SPEC §9): the real `msmemscope-cli --pid` against targets that load the
+//! real runtime library (tests/fixtures/attach_target.c, as in tests/attach.rs).
+//!
+//! - A slow client (one byte a second) neither delays another client nor outlives its
+//!   whole-request deadline; beyond the connection bound a client is answered "busy".
+//! - A refused socket directory (0777, a symlink) is said once on the program's stderr, and
+//!   `--pid` names the directory and the reason.
+//!
+//! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
+//! and gcc on PATH.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use msmemscope_core::config::{Analysis, RunConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+const RUNTIME_LIB: &str = "libmsmemscope_runtime.so";
+const WAIT: Duration = Duration::from_secs(30);
+/// The runtime's whole-request deadline (control/mod.rs REQUEST_DEADLINE).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// The runtime's bound on connections served at once (control/mod.rs MAX_CONNECTIONS).
+const MAX_CONNECTIONS: usize = 8;
+
+// ------------------------------------------------------------------------------------------
+// Scratch directories, the fixture build, the target
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "msmemscope-attach-robust-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn runtime_lib() -> PathBuf {
+    Path::new(BIN).parent().unwrap().join(RUNTIME_LIB)
+}
+
+fn fixture() -> &'static Path {
+    static F: OnceLock<PathBuf> = OnceLock::new();
+    F.get_or_init(|| {
+        assert!(
+            runtime_lib().is_file(),
+            "{RUNTIME_LIB} is missing next to {BIN}: run `cargo build --release` first"
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "msmemscope-attach-robust-fixture-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let prog = dir.join("attach_target");
+        let src =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attach_target.c");
+        let out = Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-g"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&prog)
+            .arg("-ldl")
+            .output()
+            .expect("gcc (needed to build the C fixture)");
+        assert!(
+            out.status.success(),
+            "gcc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        prog
+    })
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// A running fixture, killed with its group if dropped.
+struct Target {
+    scratch: Scratch,
+    child: Option<Child>,
+    pid: i32,
+}
+
+impl Target {
+    /// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`, with
+    /// `XDG_RUNTIME_DIR` as given (else unset).
+    fn launched(xdg: Option<&Path>) -> Target {
+        let scratch = Scratch::new("launched");
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--analysis=host-leaks")
+            .arg("-o")
+            .arg(scratch.path().join("out"))
+            .arg(fixture())
+            .arg(scratch.path());
+        Target::spawn(scratch, cmd, xdg)
+    }
+
+    /// `LD_PRELOAD=runtime attach_target DIR api CONFIG` (the program starts host-leaks).
+    fn api(xdg: Option<&Path>) -> Target {
+        let scratch = Scratch::new("api");
+        let config = RunConfig {
+            analysis: vec![Analysis::HostLeaks],
+            output_path: scratch.path().join("out"),
+            ..RunConfig::default()
+        };
+        let config_path = scratch.path().join("config.json");
+        std::fs::write(&config_path, config.to_json()).unwrap();
+        let mut cmd = Command::new(fixture());
+        cmd.arg(scratch.path())
+            .arg("api")
+            .arg(&config_path)
+            .env("LD_PRELOAD", runtime_lib())
+            .env("MSMEMSCOPE_API_ENV", "host");
+        Target::spawn(scratch, cmd, xdg)
+    }
+
+    fn spawn(scratch: Scratch, mut cmd: Command, xdg: Option<&Path>) -> Target {
+        cmd.current_dir(scratch.path())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("MSMEMSCOPE_NO_CONTROL")
+            .env_remove("MSMEMSCOPE_HOST_TOP_N")
+            .env_remove("MSMEMSCOPE_HOST_BEAT_MS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if let Some(xdg) = xdg {
+            cmd.env("XDG_RUNTIME_DIR", xdg);
+        }
+        if !cmd.get_envs().any(|(k, _)| k == "LD_PRELOAD") {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        let child = cmd.spawn().expect("spawn the target");
+        let mut target = Target {
+            scratch,
+            child: Some(child),
+            pid: 0,
+        };
+        target.pid = target.wait_ready(1);
+        target
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(name)
+    }
+
+    fn wait_ready(&mut self, phase: u32) -> i32 {
+        let path = self.file(&format!("ready{phase}"));
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                return text.trim().parse().expect("pid in the ready file");
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                let out = self.child.take().unwrap().wait_with_output().unwrap();
+                panic!(
+                    "the target ended ({status}) before ready{phase}:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            assert!(start.elapsed() < WAIT, "no ready{phase} within {WAIT:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets both phases end; returns the target's output.
+    fn finish(mut self) -> Output {
+        std::fs::write(self.file("go1"), b"").unwrap();
+        self.wait_ready(2);
+        std::fs::write(self.file("go2"), b"").unwrap();
+        let mut child = self.child.take().unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(start.elapsed() < WAIT, "the target did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    fn socket(&self) -> PathBuf {
+        PathBuf::from(format!("/tmp/msmemscope-{}/ctrl_{}.sock", euid(), self.pid))
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling the process group spawn() created.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `msmemscope-cli --pid PID --command WORDS`: (exit code, stdout, stderr).
+fn attach(pid: i32, words: &str) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg("--command")
+        .arg(words)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the client");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn request(payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![1, 1, 0, 0, 5, 0, 0, 0];
+    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: (type, JSON payload).
+fn read_frame(s: &mut UnixStream) -> (u8, serde_json::Value) {
+    let mut h = [0u8; 12];
+    s.read_exact(&mut h).expect("a reply header");
+    assert_eq!(h[0], 1, "reply version");
+    let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+    assert!(len <= 64 * 1024);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).unwrap();
+    (h[1], serde_json::from_slice(&payload).unwrap())
+}
+
+/// Whether the server has closed `s`: end of file or a reset, not a timeout.
+fn closed_by_server(s: &mut UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    match s.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// A slow client, the connection bound
+
+#[test]
+fn a_trickling_client_delays_no_other_and_is_dropped_at_its_deadline() {
+    let t = Target::launched(None);
+    let mut slow = UnixStream::connect(t.socket()).expect("connect to the control socket");
+    let connected = Instant::now();
+    slow.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // One byte a second of a well-formed request (far longer than the deadline allows).
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickler = {
+        let mut writer = slow.try_clone().unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let bytes = request(br#"{"command":"display config"}"#);
+            for byte in bytes {
+                if stop.load(Ordering::Relaxed) || writer.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Another client meanwhile: answered at once.
+    let asked = Instant::now();
+    let (code, out, err) = attach(t.pid, "display config");
+    let took = asked.elapsed();
+    assert_eq!(code, 0, "{err}");
+    assert!(RunConfig::from_json(&out)
+        .expect("the RunConfig JSON")
+        .host_leaks());
+    assert!(
+        took < Duration::from_secs(3),
+        "display config took {took:?}"
+    );
+
+    // A client that sends its request in pieces within the deadline is served too.
+    let mut pieces = UnixStream::connect(t.socket()).unwrap();
+    pieces
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let frame = request(br#"{"command":"help"}"#);
+    for part in [&frame[..5], &frame[5..14], &frame[14..]] {
+        pieces.write_all(part).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (kind, v) = read_frame(&mut pieces);
+    assert_eq!(kind, 2, "{v}");
+    assert!(v["output"].as_str().unwrap().contains("display config"));
+    drop(pieces);
+
+    // The trickling client is told why and dropped at its deadline, not later.
+    let (kind, v) = read_frame(&mut slow);
+    assert_eq!(kind, 3, "{v}");
+    assert_eq!(
+        v["error"],
+        format!(
+            "timed out: no whole request within {} s",
+            REQUEST_DEADLINE.as_secs()
+        )
+    );
+    assert!(
+        closed_by_server(&mut slow),
+        "the slow client's connection stays open"
+    );
+    let dropped_after = connected.elapsed();
+    assert!(
+        dropped_after >= REQUEST_DEADLINE - Duration::from_millis(200)
+            && dropped_after < REQUEST_DEADLINE + Duration::from_secs(3),
+        "dropped after {dropped_after:?}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    trickler.join().unwrap();
+
+    // Still answering; the run ends as usual.
+    let (code, out, _) = attach(t.pid, "help");
+    assert_eq!(code, 0);
+    assert!(out.contains("display memory summary"));
+    let out = t.finish();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("attach_target done\n"));
+}
+
+#[test]
+fn beyond_the_connection_bound_a_client_is_answered_busy() {
+    let t = Target::launched(None);
+    // MAX_CONNECTIONS clients each halfway through a header.
+    let held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let mut s = UnixStream::connect(t.socket()).unwrap();
+            s.write_all(&[1, 1, 0]).unwrap();
+            s
+        })
+        .collect();
+    let (code, out, err) = attach(t.pid, "help");
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "msmemscope: busy: {MAX_CONNECTIONS} other clients are connected to this process; try again\n"
+        )
+    );
+    // Their slots are free again once they go.
+    drop(held);
+    let (code, out, err) = attach(t.pid, "help");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("display host_leak summary"));
+    let out = t.finish();
+    assert!(out.status.success());
+}
+
+// ------------------------------------------------------------------------------------------
+// A refused socket directory
+
+const WARNING: &str =
+    "msmemscope: warning: control channel not started, `msmemscope --pid` cannot attach: ";
+
+/// An `XDG_RUNTIME_DIR` of ours whose `msmemscope` entry is refused: a 0777 directory, or a
+/// symlink to a private directory. Returns (the XDG directory, the refused path, the reason).
+fn refused_xdg(scratch: &Scratch, kind: &str) -> (PathBuf, PathBuf, String) {
+    let xdg = scratch.path().join("xdg");
+    std::fs::create_dir(&xdg).unwrap();
+    std::fs::set_permissions(&xdg, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let dir = xdg.join("msmemscope");
+    let reason = match kind {
+        "open" => {
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            format!(
+                "{} is writable by group or others (mode 777)",
+                dir.display()
+            )
+        }
+        "symlink" => {
+            let private = scratch.path().join("private");
+            std::fs::create_dir(&private).unwrap();
+            std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::symlink(&private, &dir).unwrap();
+            format!("{} is a symlink", dir.display())
+        }
+        _ => unreachable!(),
+    };
+    (xdg, dir, reason)
+}
+
+/// `--pid` on a target whose directory was refused: one line naming it and why.
+fn assert_pid_says_why(pid: i32, reason: &str) {
+    let (code, out, err) = attach(pid, "help");
+    assert_ne!(code, 0);
+    assert_eq!(out, "");
+    assert_eq!(
+        err,
+        format!(
+            "msmemscope: process {pid} has {RUNTIME_LIB} but no control listener \
+             (msmemscope_ctrl): its socket directory was refused: {reason}\n"
+        )
+    );
+}
+
+#[test]
+fn a_refused_socket_directory_is_said_once_and_pid_names_it() {
+    // The plain run, for its output and status.
+    let plain = Target::launched(None).finish();
+    assert!(plain.status.success());
+    let plain_stderr = String::from_utf8_lossy(&plain.stderr).into_owned();
+    assert!(!plain_stderr.contains("warning"), "{plain_stderr}");
+
+    for kind in ["open", "symlink"] {
+        let scratch = Scratch::new(kind);
+        let (xdg, dir, reason) = refused_xdg(&scratch, kind);
+
+        // Launched: the warning first, then the launcher's own lines as in the plain run.
+        let t = Target::launched(Some(&xdg));
+        assert_pid_says_why(t.pid, &reason);
+        assert!(!t.socket().exists(), "no fallback socket in /tmp");
+        let out = t.finish();
+        assert_eq!(out.status.code(), plain.status.code(), "{kind}");
+        assert_eq!(out.stdout, plain.stdout, "{kind}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (first, rest) = stderr.split_once('\n').unwrap();
+        assert_eq!(first, format!("{WARNING}{reason}"), "{kind}");
+        assert_eq!(
+            stderr.matches("msmemscope: warning:").count(),
+            1,
+            "{stderr}"
+        );
+        assert_eq!(
+            rest.lines().count(),
+            plain_stderr.lines().count(),
+            "{kind}: {stderr}"
+        );
+
+        // Preloaded (the program starts the runtime): that one line is all of its stderr.
+        let t = Target::api(Some(&xdg));
+        assert_pid_says_why(t.pid, &reason);
+        let out = t.finish();
+        assert!(out.status.success(), "{kind}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "attach_target done\n",
+            "{kind}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("{WARNING}{reason}\n"),
+            "{kind}"
+        );
+
+        // Nothing of ours was made in or through the refused directory.
+        let inside = if kind == "symlink" {
+            scratch.path().join("private")
+        } else {
+            dir.clone()
+        };
+        assert_eq!(std::fs::read_dir(&inside).unwrap().count(), 0, "{kind}");
+    }
+}
