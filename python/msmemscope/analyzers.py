@@ -12,7 +12,10 @@ in the process that wrote it or anywhere else::
     msmemscope.analyze("inefficient", input_path="dump.csv", idle_threshold=100)
 
 Misuse raises ``TypeError`` (a wrong type) or ``ValueError`` (a bad value, a missing or malformed
-file) with a message naming the argument; an unreadable file raises ``OSError``.
+file) with a message naming the argument; an unreadable file raises ``OSError``. An input must be
+a regular file (a FIFO or a device is refused, not read); a row longer than 16 MiB, a field that
+does not parse (an Attr ``size`` beyond 64 bits included) or rows out of ID order make it
+malformed, named by its line (CSV) or row ID (SQLite).
 """
 
 from __future__ import annotations
@@ -77,7 +80,9 @@ def check_inefficient(
     ``size``, ``device``, ``inefficient_type``; only blocks of at least ``mem_size`` bytes, and
     only ``inefficient_type`` when given. Writes nothing, unless ``output_path`` is given: then
     the result is also written there as CSV (``ID,Ptr,size,Device Id,inefficient_type``, the
-    format of the online analysis's ``inefficient/inefficient_blocks.csv``).
+    format of the online analysis's ``inefficient/inefficient_blocks.csv``); ``ValueError`` when
+    ``output_path`` is the input file itself, a symlink or not a regular file, which are never
+    written.
     """
     return _native.check_inefficient(
         input_path, mem_size, inefficient_type, idle_threshold, output_path=output_path

@@ -3,9 +3,10 @@
 //! (`msmemscope_core::analysis::compare`) and writes `{output}/compare/memory_compare_{ts}.csv`,
 //! whose path it prints on stdout.
 //!
-//! Exit status: 0 written; 2 when an input is unusable (missing, a directory, not a dump, a
-//! malformed row: one line naming the file, and the line or row); 1 when reading or writing
-//! fails (permissions, a full disk).
+//! Exit status: 0 written; 2 when an input is unusable (missing, a directory, not a regular
+//! file, not a dump, a row longer than the reader's cap, a malformed or out-of-order row: one
+//! line naming the file, and the line or row); 1 when reading or writing fails (permissions, a
+//! full disk).
 
 use std::io::{IsTerminal, Write};
 use std::os::unix::fs::OpenOptionsExt;

@@ -307,17 +307,18 @@ fn bad_inputs_are_one_line_each() {
     let msg = refused(&scratch, &["--compare", &input(good, ".")], 2);
     assert!(msg.starts_with("--input-path: . is a directory"), "{msg}");
 
-    // The output cannot be written: an I/O failure, status 1; a symlink is not followed.
+    // An output path under a file cannot hold a directory: a usage error naming the option.
     std::fs::write(dir.join("file"), "").unwrap();
     let msg = refused(
         &scratch,
         &["--compare", &input(good, good), "-o", "file/sub"],
-        1,
+        2,
     );
     assert!(
-        msg.starts_with("cannot create output path file/sub"),
+        msg.starts_with("invalid --output-path \"file/sub\": file is not a directory"),
         "{msg}"
     );
+    // The output cannot be written: an I/O failure, status 1; a symlink is not followed.
     std::fs::create_dir(dir.join("out")).unwrap();
     std::fs::create_dir(dir.join("elsewhere")).unwrap();
     std::os::unix::fs::symlink(dir.join("elsewhere"), dir.join("out/compare")).unwrap();

@@ -3,7 +3,7 @@
 //! `TypeError` or `ValueError` naming the argument; the scans run without the GIL.
 //! `python/msmemscope/analyzers.py` wraps them with the seed's signatures.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use msmemscope_core::analysis::check_leaks::{self as leak_check, CheckLeaksError};
 use msmemscope_core::analysis::decompose;
@@ -157,17 +157,21 @@ pub fn check_inefficient<'py>(
         })?);
     }
     let output = match output_path.filter(|v| !v.is_none()) {
-        Some(v) => Some(path_arg("output_path", v)?),
+        Some(v) => {
+            let out = path_arg("output_path", v)?;
+            // Before the scan, so that a mistake costs no wait; checked again on the open file.
+            if let Ok(meta) = std::fs::symlink_metadata(&out) {
+                refuse_output(&path, &out, &meta)?;
+            }
+            Some(out)
+        }
         None => None,
     };
     let marks = py
         .allow_threads(|| inefficient::check_inefficient(&path, &options))
         .map_err(read_error)?;
     if let Some(out) = output {
-        let text = inefficient::render_csv(&marks);
-        std::fs::write(&out, text).map_err(|e| {
-            PyOSError::new_err(format!("output_path: cannot write {}: {e}", out.display()))
-        })?;
+        write_output(&path, &out, inefficient::render_csv(&marks).as_bytes())?;
     }
     let list = PyList::empty(py);
     for m in &marks {
@@ -180,6 +184,72 @@ pub fn check_inefficient<'py>(
         list.append(d)?;
     }
     Ok(list)
+}
+
+/// Why `output` must not be written: it is a symlink (the file it names could be anything,
+/// the dump included), not a regular file, or the input itself (writing would replace the dump
+/// with the result). `meta` is `output`'s own metadata, not its target's.
+fn refuse_output(input: &Path, output: &Path, meta: &std::fs::Metadata) -> PyResult<()> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = output.display();
+    if meta.file_type().is_symlink() {
+        return Err(PyValueError::new_err(format!(
+            "output_path: {shown} is a symlink; give the path of a regular file"
+        )));
+    }
+    if !meta.is_file() {
+        return Err(PyValueError::new_err(format!(
+            "output_path: {shown} is not a regular file"
+        )));
+    }
+    if let Ok(input_meta) = std::fs::metadata(input) {
+        if (input_meta.dev(), input_meta.ino()) == (meta.dev(), meta.ino()) {
+            return Err(PyValueError::new_err(format!(
+                "output_path: {shown} is the input file; give another path"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the result to `output`, never through a symlink (`O_NOFOLLOW`) nor onto the input:
+/// the file is opened without truncating it, checked on its descriptor, and only then emptied.
+fn write_output(input: &Path, output: &Path, bytes: &[u8]) -> PyResult<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| {
+        PyOSError::new_err(format!(
+            "output_path: cannot write {}: {e}",
+            output.display()
+        ))
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        // A FIFO would block the open until some reader came.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(output);
+    let mut file = match file {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(PyValueError::new_err(format!(
+                "output_path: {} is a symlink; give the path of a regular file",
+                output.display()
+            )))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(PyValueError::new_err(format!(
+                "output_path: {} is not a regular file",
+                output.display()
+            )))
+        }
+        Err(e) => return Err(cannot(e)),
+    };
+    let meta = file.metadata().map_err(cannot)?;
+    refuse_output(input, output, &meta)?;
+    file.set_len(0).map_err(cannot)?;
+    file.write_all(bytes).map_err(cannot)
 }
 
 /// `check_decompose(input_path)`: the per-step table of bytes by owner, as dicts (step, device,

@@ -68,8 +68,9 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
         if !attrs.is_empty() {
             // Checked (an object, well formed) without building it: the writer copies the text.
             let trimmed = attrs.trim();
+            // The same check the dump's readers make, so every row written can be read back.
             if !trimmed.starts_with('{')
-                || serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_err()
+                || msmemscope_core::events::reader::check_attrs(trimmed).is_err()
             {
                 return INVALID;
             }

@@ -188,8 +188,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         })
         .collect();
     let leaks = leaks.finish();
-    let config: Value = std::fs::read_to_string(run.join("config.json"))
-        .ok()
+    let config: Value = read_config(&run.join("config.json"))
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
     let data = json!({
@@ -210,8 +209,42 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     Ok(path)
 }
 
-/// Rows handed from the reading thread at a time.
+/// The run's `config.json` as text, when it is a regular file of a config's size: the page
+/// shows it if it can, and a FIFO or a device in its place must neither block nor fill memory.
+fn read_config(path: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const MAX_CONFIG_BYTES: u64 = 1 << 20;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > MAX_CONFIG_BYTES {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Rows handed from the reading thread at a time, and the bytes after which a batch goes
+/// early: with rows up to the reader's cap, a count alone would not bound what waits in the
+/// channel.
 const BATCH: usize = 4096;
+const BATCH_BYTES: usize = 4 << 20;
+
+/// About what a row holds on the heap.
+fn row_bytes(row: &EventRow) -> usize {
+    128 + row.name.len()
+        + row.python_stack.len()
+        + row.c_stack.len()
+        + row.attrs_json.as_ref().map_or(0, String::len)
+}
 
 /// A dump's rows, parsed on a thread of their own and handed over in batches, so parsing runs
 /// beside the aggregation. An error is the last item; dropping the iterator stops the thread.
@@ -226,10 +259,13 @@ pub fn read_ahead(path: PathBuf) -> impl Iterator<Item = Result<EventRow, ReadEr
             }
         };
         let mut batch = Vec::with_capacity(BATCH);
+        let mut bytes = 0;
         for row in rows {
             let failed = row.is_err();
+            bytes += row.as_ref().map_or(0, row_bytes);
             batch.push(row);
-            if batch.len() == BATCH || failed {
+            if batch.len() == BATCH || bytes >= BATCH_BYTES || failed {
+                bytes = 0;
                 let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                 if tx.send(full).is_err() || failed {
                     return;

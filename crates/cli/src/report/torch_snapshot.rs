@@ -187,49 +187,65 @@ pub fn export(run: &Path) -> Result<PathBuf, Failure> {
     let slots = indices.values().max().map_or(0, |m| m + 1);
 
     let path = run.join(SNAPSHOT_FILE);
-    let file = open_new(&path)?;
-    let io_error = |e: std::io::Error| Failure::io(format!("cannot write {}: {e}", path.display()));
-    let mut p = Pickler::new(BufWriter::with_capacity(1 << 20, file)).map_err(io_error)?;
-    p.dict().map_err(io_error)?;
-    p.str("device_traces").map_err(io_error)?;
-    p.list().map_err(io_error)?;
-
-    let mut live: Vec<BTreeMap<(u64, bool), Live>> = (0..slots).map(|_| BTreeMap::new()).collect();
-    let mut first_file = true;
-    for (slot, blocks) in live.iter_mut().enumerate() {
+    // Written beside it and renamed when complete: a dump refused halfway through leaves no
+    // partial snapshot behind, and an earlier one whole.
+    let partial = run.join(format!("{SNAPSHOT_FILE}.partial"));
+    let file = open_new(&partial)?;
+    let written = (|| -> Result<(), Failure> {
+        let io_error =
+            |e: std::io::Error| Failure::io(format!("cannot write {}: {e}", path.display()));
+        let mut p = Pickler::new(BufWriter::with_capacity(1 << 20, file)).map_err(io_error)?;
+        p.dict().map_err(io_error)?;
+        p.str("device_traces").map_err(io_error)?;
         p.list().map_err(io_error)?;
-        for (dir, dump) in &dumps {
-            let device = device_of(dir);
-            if indices[&device] != slot {
-                continue;
-            }
-            let take_deviceless = first_file;
-            first_file = false;
-            // The sizes of live tensor blocks, for FREE rows that lack one.
-            let mut sizes: HashMap<(EventType, u64), u64> = HashMap::new();
-            for row in super::read_ahead(dump.clone()) {
-                let row = row?;
-                let mine =
-                    row.device == device || (row.device == DeviceId::None && take_deviceless);
-                if !mine {
+
+        let mut live: Vec<BTreeMap<(u64, bool), Live>> =
+            (0..slots).map(|_| BTreeMap::new()).collect();
+        let mut first_file = true;
+        for (slot, blocks) in live.iter_mut().enumerate() {
+            p.list().map_err(io_error)?;
+            for (dir, dump) in &dumps {
+                let device = device_of(dir);
+                if indices[&device] != slot {
                     continue;
                 }
-                write_row(&mut p, &row, &mut sizes, blocks).map_err(io_error)?;
+                let take_deviceless = first_file;
+                first_file = false;
+                // The sizes of live tensor blocks, for FREE rows that lack one.
+                let mut sizes: HashMap<(EventType, u64), u64> = HashMap::new();
+                for row in super::read_ahead(dump.clone()) {
+                    let row = row?;
+                    let mine =
+                        row.device == device || (row.device == DeviceId::None && take_deviceless);
+                    if !mine {
+                        continue;
+                    }
+                    write_row(&mut p, &row, &mut sizes, blocks).map_err(io_error)?;
+                }
+            }
+            p.append().map_err(io_error)?;
+        }
+        p.set_item().map_err(io_error)?;
+
+        p.str("segments").map_err(io_error)?;
+        p.list().map_err(io_error)?;
+        for (slot, blocks) in live.iter().enumerate() {
+            for (&(addr, _), block) in blocks {
+                write_segment(&mut p, slot, addr, block).map_err(io_error)?;
             }
         }
-        p.append().map_err(io_error)?;
+        p.set_item().map_err(io_error)?;
+        p.finish().map_err(io_error)?;
+        Ok(())
+    })();
+    let renamed = written.and_then(|()| {
+        std::fs::rename(&partial, &path)
+            .map_err(|e| Failure::io(format!("cannot write {}: {e}", path.display())))
+    });
+    if let Err(failure) = renamed {
+        let _ = std::fs::remove_file(&partial);
+        return Err(failure);
     }
-    p.set_item().map_err(io_error)?;
-
-    p.str("segments").map_err(io_error)?;
-    p.list().map_err(io_error)?;
-    for (slot, blocks) in live.iter().enumerate() {
-        for (&(addr, _), block) in blocks {
-            write_segment(&mut p, slot, addr, block).map_err(io_error)?;
-        }
-    }
-    p.set_item().map_err(io_error)?;
-    p.finish().map_err(io_error)?;
     Ok(path)
 }
 

@@ -1,13 +1,45 @@
 //! Reading a dump back, row by row: the offline analyses stream their input, so memory grows
 //! with what an analysis keeps (live blocks), never with the file.
+//!
+//! Every offline consumer (the analyses, `--compare`, `report`, `export`) reads through here,
+//! so what makes a dump usable is checked here once, not by each consumer: the input is a
+//! regular file (a FIFO or a device would block or never end), no row is longer than
+//! [`MAX_ROW_BYTES`], every field parses, the Attr values the analyses count with
+//! ([`NUMERIC_ATTRS`]) are 64-bit integers, and IDs ascend strictly (a repeated or reordered
+//! row would be counted twice or out of time order). The iterators stop after their first
+//! error.
 
 use std::io::BufRead;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::csv::HEADER;
 use super::row::{DeviceId, Event, EventRow, EventType};
 
-/// Why a dump cannot be read. Every message names the file, and the line for a bad row.
+/// The longest row a dump may hold, in bytes: a CSV record with its line ends, or the sum of a
+/// SQLite row's values. A real row is at most a few hundred KB: its two stacks hold at most
+/// `MAX_STACK_DEPTH` (1000) frames each, a frame line being a path and a symbol. 16 MiB is
+/// 8 KiB for each of those 2000 lines, room for long C++ symbols and inlined frames, while a
+/// file that is no dump (a multi-GB line) is refused after 16 MiB, and a reader's buffers stay
+/// under twice that.
+pub const MAX_ROW_BYTES: usize = 16 << 20;
+
+/// The Attr keys the analyses read as numbers (`EventRow::attr_u64`): byte counts and ids. A
+/// value that is not an integer from 0 to `u64::MAX` would read as absent, which the analyses
+/// take as 0, so such a row is refused instead.
+pub const NUMERIC_ATTRS: [&str; 8] = [
+    "size",
+    "used",
+    "total",
+    "allocated",
+    "free",
+    "req_size",
+    "allocation_id",
+    "range_id",
+];
+
+/// Why a dump cannot be read. Every message is one line naming the file, and the row for a bad
+/// row.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("{path}: no such file")]
@@ -16,11 +48,23 @@ pub enum ReadError {
     Io { path: PathBuf, message: String },
     #[error("{path}: not a memscope dump: {reason}")]
     NotADump { path: PathBuf, reason: String },
+    /// `line` is the file line for a CSV dump, the row's ID for a SQLite one (its position
+    /// when the ID itself is unreadable).
     #[error("{path}:{line}: malformed row: {reason}")]
     BadRow {
         path: PathBuf,
         line: u64,
         reason: String,
+    },
+    /// `row` counts data rows from 1; `line` is where a CSV row starts.
+    #[error(
+        "{path}{}: row {row} is longer than {MAX_ROW_BYTES} bytes: not a memscope dump",
+        .line.map(|l| format!(":{l}")).unwrap_or_default()
+    )]
+    RowTooLong {
+        path: PathBuf,
+        line: Option<u64>,
+        row: u64,
     },
 }
 
@@ -28,55 +72,156 @@ pub enum ReadError {
 pub fn open(
     path: &Path,
 ) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>>>, ReadError> {
-    if !path.exists() {
-        return Err(ReadError::Missing {
-            path: path.to_path_buf(),
-        });
-    }
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") => Ok(Box::new(DbRows::open(path)?)),
         _ => Ok(Box::new(CsvRows::open(path)?)),
     }
 }
 
+fn io_error(path: &Path, e: &std::io::Error) -> ReadError {
+    ReadError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+fn not_regular(path: &Path, kind: std::fs::FileType) -> ReadError {
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    };
+    ReadError::NotADump {
+        path: path.to_path_buf(),
+        reason: format!("{what}, not a regular file"),
+    }
+}
+
+/// Opens `path` for reading if it is a regular file (symlinks followed). Refused before it is
+/// opened, as opening a FIFO blocks and opening a device can act on it; checked again on the
+/// descriptor in case the path was replaced meanwhile, which `O_NONBLOCK` keeps from blocking.
+fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => io_error(path, &e),
+    })?;
+    if !meta.is_file() {
+        return Err(not_regular(path, meta.file_type()));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ReadError::Missing {
+                path: path.to_path_buf(),
+            },
+            _ => io_error(path, &e),
+        })?;
+    let meta = file.metadata().map_err(|e| io_error(path, &e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, meta.file_type()));
+    }
+    // Linux ignores O_NONBLOCK on regular files, but a network or FUSE file system may not.
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function owns; F_GETFL/F_SETFL take no pointers.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
+/// Rows must come in strictly ascending ID order, the order the writer numbers them in.
+#[derive(Default)]
+struct IdOrder(Option<u64>);
+
+impl IdOrder {
+    fn check(&mut self, id: u64) -> Result<(), String> {
+        match self.0 {
+            Some(last) if id == last => Err(format!("ID {id} repeats the previous row's ID")),
+            Some(last) if id < last => Err(format!(
+                "ID {id} comes after ID {last}: rows must be in ascending ID order"
+            )),
+            _ => {
+                self.0 = Some(id);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// At most 60 characters of `text`, quoted, for a message that must stay one line.
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((end, _)) => format!("{:?}…", &text[..end]),
+        None => format!("{text:?}"),
+    }
+}
+
 /// Streams rows from a CSV dump (RFC 4180; quoted fields may span lines). Byte-oriented: a
-/// record is read whole, split at commas with `memchr` when it has no quotes (most rows), and
-/// unquoted field by field otherwise; Attr stays raw text until an analysis reads a value.
+/// record is read whole (at most [`MAX_ROW_BYTES`]), split at commas with `memchr` when it has
+/// no quotes (most rows), and unquoted field by field otherwise; Attr stays raw text until an
+/// analysis reads a value.
 pub struct CsvRows {
     path: PathBuf,
     input: std::io::BufReader<std::fs::File>,
     line: u64,
+    /// Records read so far, the header included: the number of the data row being read.
+    records: u64,
     /// The current record's bytes (possibly several lines).
     raw: Vec<u8>,
-    /// The current record's text after unquoting, and each field's range in it.
+    /// The current record's text after unquoting, and the range of each of its first 12
+    /// fields in it; `nfields` counts them all.
     text: String,
     fields: Vec<std::ops::Range<usize>>,
+    nfields: usize,
+    order: IdOrder,
+    done: bool,
 }
 
 impl CsvRows {
     pub fn open(path: &Path) -> Result<CsvRows, ReadError> {
-        let file = std::fs::File::open(path).map_err(|e| ReadError::Io {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let file = open_regular(path)?;
         let mut rows = CsvRows {
             path: path.to_path_buf(),
             input: std::io::BufReader::with_capacity(1 << 20, file),
             line: 0,
+            records: 0,
             raw: Vec::with_capacity(256),
             text: String::with_capacity(256),
             fields: Vec::with_capacity(12),
+            nfields: 0,
+            order: IdOrder::default(),
+            done: false,
+        };
+        let not_a_dump = |reason: String| ReadError::NotADump {
+            path: path.to_path_buf(),
+            reason,
         };
         match rows.next_record() {
-            Ok(true) if rows.field_strs().collect::<Vec<_>>().join(",") == HEADER => Ok(rows),
-            Ok(true) => Err(ReadError::NotADump {
-                path: path.to_path_buf(),
-                reason: format!("the header is not {HEADER}"),
-            }),
-            Ok(false) => Err(ReadError::NotADump {
-                path: path.to_path_buf(),
-                reason: "the file is empty".into(),
-            }),
+            Ok(true) if rows.nfields == 12 && rows.field_strs().eq(HEADER.split(',')) => Ok(rows),
+            Ok(true) => Err(not_a_dump(format!("the header is not {HEADER}"))),
+            Ok(false) => Err(not_a_dump("the file is empty".into())),
+            Err(ReadError::RowTooLong { .. }) => Err(not_a_dump(format!(
+                "its first line is longer than {MAX_ROW_BYTES} bytes"
+            ))),
+            Err(ReadError::BadRow { reason, .. }) => {
+                Err(not_a_dump(format!("its first line: {reason}")))
+            }
             Err(e) => Err(e),
         }
     }
@@ -85,19 +230,55 @@ impl CsvRows {
         self.fields.iter().map(|r| &self.text[r.clone()])
     }
 
+    /// Appends the next line, with its `\n`, to `raw`; the bytes appended (0 at the end of the
+    /// file). Never lets `raw` grow past [`MAX_ROW_BYTES`]: a line without end (a sparse or
+    /// binary file) is refused after that much, not read whole.
+    fn read_line(&mut self) -> Result<usize, ReadError> {
+        let mut appended = 0;
+        loop {
+            let buf = match self.input.fill_buf() {
+                Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error(&self.path, &e)),
+            };
+            if buf.is_empty() {
+                return Ok(appended);
+            }
+            let (take, ends) = match memchr::memchr(b'\n', buf) {
+                Some(i) => (i + 1, true),
+                None => (buf.len(), false),
+            };
+            if self.raw.len() + take > MAX_ROW_BYTES {
+                return Err(ReadError::RowTooLong {
+                    path: self.path.clone(),
+                    line: None,
+                    row: self.records,
+                });
+            }
+            self.raw.extend_from_slice(&buf[..take]);
+            self.input.consume(take);
+            appended += take;
+            if ends {
+                return Ok(appended);
+            }
+        }
+    }
+
     /// Reads the next record; false at the end.
     fn next_record(&mut self) -> Result<bool, ReadError> {
         self.raw.clear();
+        let first_line = self.line + 1;
         let mut quotes = 0usize;
         loop {
             let start = self.raw.len();
-            let n = self
-                .input
-                .read_until(b'\n', &mut self.raw)
-                .map_err(|e| ReadError::Io {
-                    path: self.path.clone(),
-                    message: e.to_string(),
-                })?;
+            let n = self.read_line().map_err(|e| match e {
+                ReadError::RowTooLong { path, row, .. } => ReadError::RowTooLong {
+                    path,
+                    line: Some(first_line),
+                    row,
+                },
+                e => e,
+            })?;
             if n == 0 {
                 if self.raw.is_empty() {
                     return Ok(false);
@@ -114,24 +295,30 @@ impl CsvRows {
                 break;
             }
         }
+        self.records += 1;
         while matches!(self.raw.last(), Some(b'\n' | b'\r')) {
             self.raw.pop();
         }
         self.text.clear();
         self.fields.clear();
+        self.nfields = 0;
         let raw = std::str::from_utf8(&self.raw).map_err(|_| ReadError::BadRow {
             path: self.path.clone(),
             line: self.line,
             reason: "not UTF-8".into(),
         })?;
         if quotes == 0 {
-            self.text.push_str(raw);
-            let mut start = 0;
-            for comma in memchr::memchr_iter(b',', raw.as_bytes()) {
-                self.fields.push(start..comma);
-                start = comma + 1;
+            // Counted first, so that a row of a million commas costs no million ranges.
+            self.nfields = memchr::memchr_iter(b',', raw.as_bytes()).count() + 1;
+            if self.nfields == 12 {
+                self.text.push_str(raw);
+                let mut start = 0;
+                for comma in memchr::memchr_iter(b',', raw.as_bytes()) {
+                    self.fields.push(start..comma);
+                    start = comma + 1;
+                }
+                self.fields.push(start..raw.len());
             }
-            self.fields.push(start..raw.len());
             return Ok(true);
         }
         // Quoted fields: copy the runs between quotes, undoubling `""`.
@@ -163,7 +350,10 @@ impl CsvRows {
                 self.text.push_str(&raw[i..end]);
                 i = end;
             }
-            self.fields.push(start..self.text.len());
+            self.nfields += 1;
+            if self.fields.len() < 12 {
+                self.fields.push(start..self.text.len());
+            }
             if i >= b.len() {
                 break;
             }
@@ -180,11 +370,15 @@ impl CsvRows {
         }
     }
 
-    fn parse(&self) -> Result<EventRow, ReadError> {
-        if self.fields.len() != 12 {
-            return Err(self.bad(format!("{} fields, expected 12", self.fields.len())));
+    fn parse(&mut self) -> Result<EventRow, ReadError> {
+        if self.nfields != 12 {
+            return Err(self.bad(format!("{} fields, expected 12", self.nfields)));
         }
-        parse_fields(self.field_strs()).map_err(|reason| self.bad(reason))
+        let row = parse_fields(self.field_strs()).map_err(|reason| self.bad(reason))?;
+        self.order
+            .check(row.id)
+            .map_err(|reason| self.bad(reason))?;
+        Ok(row)
     }
 }
 
@@ -192,11 +386,20 @@ impl Iterator for CsvRows {
     type Item = Result<EventRow, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        match self.next_record() {
-            Ok(true) => Some(self.parse()),
-            Ok(false) => None,
-            Err(e) => Some(Err(e)),
+        if self.done {
+            return None;
         }
+        let item = match self.next_record() {
+            Ok(true) => self.parse(),
+            Ok(false) => {
+                self.done = true;
+                return None;
+            }
+            Err(e) => Err(e),
+        };
+        // After a bad row the rest cannot be trusted (nor, after a row too long, found).
+        self.done = item.is_err();
+        Some(item)
     }
 }
 
@@ -207,10 +410,11 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
         .parse::<u64>()
         .map_err(|_| "ID is not a number".to_string())?;
     let event_text = next();
-    let event = Event::parse(event_text).ok_or_else(|| format!("unknown Event {event_text:?}"))?;
+    let event =
+        Event::parse(event_text).ok_or_else(|| format!("unknown Event {}", excerpt(event_text)))?;
     let type_text = next();
-    let event_type =
-        EventType::parse(type_text).ok_or_else(|| format!("unknown Event Type {type_text:?}"))?;
+    let event_type = EventType::parse(type_text)
+        .ok_or_else(|| format!("unknown Event Type {}", excerpt(type_text)))?;
     let name = next();
     let mut row = EventRow::new(event, event_type, if name == "N/A" { "" } else { name });
     row.id = id;
@@ -224,22 +428,26 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
         .parse()
         .map_err(|_| "Thread Id is not a number".to_string())?;
     let device = next();
-    row.device = DeviceId::parse(device).ok_or_else(|| format!("bad Device Id {device:?}"))?;
+    row.device =
+        DeviceId::parse(device).ok_or_else(|| format!("bad Device Id {}", excerpt(device)))?;
     let ptr = next();
     row.ptr = match ptr {
         "N/A" | "" => None,
-        p => Some(
-            u64::from_str_radix(p.trim_start_matches("0x"), 16)
-                .map_err(|_| format!("bad Ptr {p:?}"))?,
-        ),
+        p => {
+            let hex = p.strip_prefix("0x").unwrap_or(p);
+            // `from_str_radix` alone would take a sign.
+            let value = (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| u64::from_str_radix(hex, 16).ok())
+                .flatten();
+            Some(value.ok_or_else(|| format!("bad Ptr {}", excerpt(p)))?)
+        }
     };
     let attrs = next();
     if !attrs.is_empty() && attrs != "{}" {
         // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
-        // `parse_attrs` builds the map for the rest.
-        if !attrs.starts_with('{') || !attrs.ends_with('}') {
-            return Err(format!("Attr is not a JSON object: {attrs}"));
-        }
+        // `parse_attrs` builds the map for the rest; checked here so that both read what the
+        // row says.
+        check_attrs(attrs)?;
         row.attrs_json = Some(attrs.to_string());
     }
     row.python_stack = next().to_string();
@@ -247,80 +455,385 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
     Ok(row)
 }
 
+/// Checks that Attr is one JSON object whose [`NUMERIC_ATTRS`] are integers from 0 to
+/// `u64::MAX`, each given once and spelled without escapes (`attr_u64` reads the raw text, so
+/// it must find them as written); the reason names the key. Public so that a producer can
+/// refuse at emit time what the readers would refuse later.
+pub fn check_attrs(attrs: &str) -> Result<(), String> {
+    use serde::Deserializer as _;
+    let mut de = serde_json::Deserializer::from_str(attrs);
+    let checked = de
+        .deserialize_map(AttrCheck)
+        .and_then(|r| de.end().map(|_| r));
+    let not_u64 = |key: &str, written: &str| {
+        format!(
+            "Attr {key:?} is not an integer from 0 to {}: {}",
+            u64::MAX,
+            excerpt(written)
+        )
+    };
+    match checked {
+        Ok(Ok(seen)) => {
+            // `attr_u64` reads the digits as written: `-0`, which JSON takes for 0, would be
+            // nothing to it.
+            for (index, key) in NUMERIC_ATTRS.iter().enumerate() {
+                if seen & (1 << index) == 0 {
+                    continue;
+                }
+                let written = super::row::raw_number(attrs, key).unwrap_or_default();
+                if written.is_empty() || !written.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(not_u64(key, written));
+                }
+            }
+            Ok(())
+        }
+        Ok(Err(bad)) => Err(match bad {
+            BadAttr::Twice(key) => format!("Attr {key:?} is given twice"),
+            BadAttr::Escaped(key) => format!("Attr {key:?} is written with escapes"),
+            BadAttr::NotU64(key, value) => {
+                // The number as written: a too-large one parses as a float, which would
+                // print differently.
+                let written = value
+                    .is_number()
+                    .then(|| super::row::raw_number(attrs, key))
+                    .flatten()
+                    .map_or_else(|| value.to_string(), str::to_owned);
+                not_u64(key, &written)
+            }
+        }),
+        Err(e) => Err(format!(
+            "Attr is not a JSON object ({e}): {}",
+            excerpt(attrs)
+        )),
+    }
+}
+
+enum BadAttr {
+    Twice(&'static str),
+    Escaped(&'static str),
+    NotU64(&'static str, serde_json::Value),
+}
+
+/// Walks an Attr object once, parsing only the values of [`NUMERIC_ATTRS`].
+struct AttrCheck;
+
+impl<'de> serde::de::Visitor<'de> for AttrCheck {
+    /// The [`NUMERIC_ATTRS`] present, as a bit set by index.
+    type Value = Result<u32, BadAttr>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = 0u32;
+        let mut bad = None;
+        while let Some(key) = map.next_key::<AttrKey>()? {
+            let AttrKey::Numeric { index, escaped } = key else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                continue;
+            };
+            let name = NUMERIC_ATTRS[index];
+            let value: serde_json::Value = map.next_value()?;
+            if bad.is_some() {
+                continue;
+            }
+            if escaped {
+                bad = Some(BadAttr::Escaped(name));
+            } else if seen & (1 << index) != 0 {
+                bad = Some(BadAttr::Twice(name));
+            } else if value.as_u64().is_none() {
+                bad = Some(BadAttr::NotU64(name, value));
+            }
+            seen |= 1 << index;
+        }
+        Ok(bad.map_or(Ok(seen), Err))
+    }
+}
+
+/// An Attr key: one of [`NUMERIC_ATTRS`] (and whether its text had escapes), or another.
+enum AttrKey {
+    Numeric { index: usize, escaped: bool },
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for AttrKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<AttrKey, D::Error> {
+        struct KeyVisitor;
+        impl KeyVisitor {
+            fn key(text: &str, escaped: bool) -> AttrKey {
+                NUMERIC_ATTRS
+                    .iter()
+                    .position(|k| *k == text)
+                    .map_or(AttrKey::Other, |index| AttrKey::Numeric { index, escaped })
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for KeyVisitor {
+            type Value = AttrKey;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+
+            // serde_json hands a key over borrowed exactly when its text has no escapes.
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<AttrKey, E> {
+                Ok(KeyVisitor::key(v, false))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<AttrKey, E> {
+                Ok(KeyVisitor::key(v, true))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
 /// Streams rows from a SQLite dump, in ID order.
 pub struct DbRows {
     path: PathBuf,
-    rows: std::vec::IntoIter<Vec<String>>,
     conn: rusqlite::Connection,
-    last_id: i64,
+    /// Rows fetched and not yet handed out; a page ends at its first bad row.
+    page: std::collections::VecDeque<Fetched>,
+    /// The ID of the last row fetched, as stored (the next page starts there).
+    last_id: Option<rusqlite::types::Value>,
+    /// Rows handed out so far.
+    rows: u64,
+    order: IdOrder,
+    done: bool,
 }
 
+/// One row of a page: its 12 values as text, or why it is unusable.
+enum Fetched {
+    Row(Vec<String>),
+    /// The row's ID where it is a number, and what is wrong.
+    Bad(Option<u64>, String),
+    TooLong,
+    Failed(ReadError),
+}
+
+/// Rows per page, and the bytes after which a page ends early: keyset pagination keeps
+/// memory bounded by what a page holds.
 const PAGE: i64 = 50_000;
+const PAGE_BYTES: usize = 8 << 20;
+
+/// The columns read, in the CSV's order: the header's names.
+fn select_columns() -> String {
+    HEADER
+        .split(',')
+        .map(|c| format!("\"{c}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 impl DbRows {
     pub fn open(path: &Path) -> Result<DbRows, ReadError> {
+        // SQLite would open a FIFO and block in it.
+        drop(open_regular(path)?);
         let conn =
             rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .map_err(|e| ReadError::Io {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                })?;
-        let ok: Result<i64, _> = conn.query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name = 'memscope_dump'",
-            [],
-            |r| r.get(0),
-        );
-        if ok.ok() != Some(1) {
-            return Err(ReadError::NotADump {
-                path: path.to_path_buf(),
-                reason: "no table memscope_dump".into(),
-            });
+                .map_err(|e| sqlite_error(path, e))?;
+        // SQLite then refuses (SQLITE_TOOBIG) to load any longer value, instead of allocating
+        // it: a damaged or hostile file cannot make a row cost more than the cap.
+        // SAFETY: the handle is this open connection's; sqlite3_limit only sets a number.
+        unsafe {
+            rusqlite::ffi::sqlite3_limit(
+                conn.handle(),
+                rusqlite::ffi::SQLITE_LIMIT_LENGTH,
+                MAX_ROW_BYTES as i32,
+            );
+        }
+        let not_a_dump = |reason: String| ReadError::NotADump {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master \
+                 WHERE name = 'memscope_dump' AND type IN ('table', 'view')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sqlite_error(path, e))?;
+        if tables != 1 {
+            return Err(not_a_dump("no table memscope_dump".into()));
+        }
+        let columns: Vec<String> = conn
+            .prepare("SELECT name FROM pragma_table_info('memscope_dump')")
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<_, _>>()
+            })
+            .map_err(|e| sqlite_error(path, e))?;
+        // SQLite matches column names without regard to ASCII case, and so does the query.
+        if let Some(missing) = HEADER
+            .split(',')
+            .find(|c| !columns.iter().any(|have| have.eq_ignore_ascii_case(c)))
+        {
+            return Err(not_a_dump(format!(
+                "table memscope_dump lacks column \"{missing}\""
+            )));
         }
         Ok(DbRows {
             path: path.to_path_buf(),
-            rows: Vec::new().into_iter(),
             conn,
-            last_id: i64::MIN,
+            page: Default::default(),
+            last_id: None,
+            rows: 0,
+            order: IdOrder::default(),
+            done: false,
         })
     }
 
-    /// The next page of rows (keyset pagination keeps memory bounded).
-    fn fetch(&mut self) -> Result<(), ReadError> {
-        let err = |e: rusqlite::Error| ReadError::Io {
-            path: self.path.clone(),
-            message: e.to_string(),
+    /// The next page, keyset-paginated by ID. A page starts at the last ID fetched, inclusive,
+    /// and skips that one row: a second row with the same ID is then read, not jumped over,
+    /// and refused as a repeat.
+    fn fetch(&mut self) {
+        let columns = select_columns();
+        let (sql, params) = match &self.last_id {
+            Some(last) => (
+                format!(
+                    "SELECT {columns} FROM memscope_dump WHERE \"ID\" >= ?1 ORDER BY \"ID\" LIMIT ?2"
+                ),
+                vec![last.clone(), rusqlite::types::Value::Integer(PAGE + 1)],
+            ),
+            None => (
+                format!("SELECT {columns} FROM memscope_dump ORDER BY \"ID\" LIMIT ?1"),
+                vec![rusqlite::types::Value::Integer(PAGE)],
+            ),
         };
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT * FROM memscope_dump WHERE \"ID\" > ?1 ORDER BY \"ID\" LIMIT ?2",
-            )
-            .map_err(err)?;
-        let page: Vec<Vec<String>> = stmt
-            .query_map(rusqlite::params![self.last_id, PAGE], |r| {
-                (0..12)
-                    .map(|i| {
-                        let v: rusqlite::types::Value = r.get(i)?;
-                        Ok(match v {
-                            rusqlite::types::Value::Integer(n) => n.to_string(),
-                            rusqlite::types::Value::Text(t) => t,
-                            rusqlite::types::Value::Real(f) => f.to_string(),
-                            _ => String::new(),
-                        })
-                    })
-                    .collect()
-            })
-            .map_err(err)?
-            .collect::<Result<_, _>>()
-            .map_err(|e| ReadError::Io {
-                path: self.path.clone(),
-                message: e.to_string(),
-            })?;
-        if let Some(last) = page.last() {
-            self.last_id = last[0].parse().unwrap_or(self.last_id);
+        let failed = |e| Fetched::Failed(sqlite_error(&self.path, e));
+        let mut statement = match self.conn.prepare_cached(&sql) {
+            Ok(s) => s,
+            Err(e) => return self.page.push_back(failed(e)),
+        };
+        let mut rows = match statement.query(rusqlite::params_from_iter(params)) {
+            Ok(rows) => rows,
+            Err(e) => return self.page.push_back(failed(e)),
+        };
+        let mut skip = self.last_id.clone();
+        let mut bytes = 0;
+        let mut page = std::collections::VecDeque::new();
+        loop {
+            let row = match rows.next() {
+                Ok(Some(row)) => row,
+                Ok(None) => break,
+                Err(e) if is_too_big(&e) => {
+                    page.push_back(Fetched::TooLong);
+                    break;
+                }
+                Err(e) => {
+                    page.push_back(failed(e));
+                    break;
+                }
+            };
+            let id = match row.get_ref(0) {
+                Ok(v) => stored_value(v),
+                Err(e) => {
+                    page.push_back(failed(e));
+                    break;
+                }
+            };
+            if skip.take().is_some_and(|last| Some(last) == id) {
+                continue;
+            }
+            let fetched = read_values(row).map_err(|f| match f {
+                Fetched::Bad(_, reason) => Fetched::Bad(id.as_ref().and_then(id_number), reason),
+                f => f,
+            });
+            // A row without an ID to resume from is refused when handed out: nothing after
+            // it is needed, and the next page could not start past it.
+            let stop = fetched.is_err() || id.is_none();
+            match fetched {
+                Ok((values, len)) => {
+                    bytes += len;
+                    page.push_back(Fetched::Row(values));
+                }
+                Err(f) => page.push_back(f),
+            }
+            if stop {
+                break;
+            }
+            self.last_id = id;
+            if bytes >= PAGE_BYTES {
+                break;
+            }
         }
-        self.rows = page.into_iter();
-        Ok(())
+        self.page = page;
+    }
+}
+
+/// A row's values as the CSV's text, and their total length.
+fn read_values(row: &rusqlite::Row) -> Result<(Vec<String>, usize), Fetched> {
+    use rusqlite::types::ValueRef;
+    let mut values = Vec::with_capacity(12);
+    let mut len = 0;
+    for (i, column) in HEADER.split(',').enumerate() {
+        let value = match row.get_ref(i) {
+            Ok(v) => v,
+            Err(e) if is_too_big(&e) => return Err(Fetched::TooLong),
+            Err(e) => return Err(Fetched::Bad(None, format!("{column}: {e}"))),
+        };
+        let text = match value {
+            ValueRef::Null => String::new(),
+            ValueRef::Integer(n) => n.to_string(),
+            ValueRef::Real(f) => f.to_string(),
+            ValueRef::Text(t) => match std::str::from_utf8(t) {
+                Ok(t) => t.to_owned(),
+                Err(_) => return Err(Fetched::Bad(None, format!("{column} is not UTF-8"))),
+            },
+            ValueRef::Blob(_) => {
+                return Err(Fetched::Bad(None, format!("{column} is a BLOB, not text")))
+            }
+        };
+        len += text.len();
+        if len > MAX_ROW_BYTES {
+            return Err(Fetched::TooLong);
+        }
+        values.push(text);
+    }
+    Ok((values, len))
+}
+
+/// An ID as stored, to start the next page at; `None` for one no page could start at (it is
+/// refused as not a number anyway).
+fn stored_value(v: rusqlite::types::ValueRef) -> Option<rusqlite::types::Value> {
+    use rusqlite::types::{Value, ValueRef};
+    match v {
+        ValueRef::Integer(n) => Some(Value::Integer(n)),
+        ValueRef::Real(f) => Some(Value::Real(f)),
+        ValueRef::Text(t) => std::str::from_utf8(t).ok().map(|t| Value::Text(t.into())),
+        ValueRef::Null | ValueRef::Blob(_) => None,
+    }
+}
+
+fn id_number(v: &rusqlite::types::Value) -> Option<u64> {
+    match v {
+        rusqlite::types::Value::Integer(n) => u64::try_from(*n).ok(),
+        rusqlite::types::Value::Text(t) => t.parse().ok(),
+        _ => None,
+    }
+}
+
+fn is_too_big(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::TooBig)
+}
+
+/// A damaged file or one that is not SQLite is bad input; anything else (permissions, locks,
+/// the disk) is an I/O failure.
+fn sqlite_error(path: &Path, e: rusqlite::Error) -> ReadError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => ReadError::NotADump {
+            path: path.to_path_buf(),
+            reason: "not an SQLite database".into(),
+        },
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => ReadError::NotADump {
+            path: path.to_path_buf(),
+            reason: format!("a damaged SQLite database ({e})"),
+        },
+        _ => ReadError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
     }
 }
 
@@ -328,22 +841,40 @@ impl Iterator for DbRows {
     type Item = Result<EventRow, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut record = self.rows.next();
-        if record.is_none() {
-            if let Err(e) = self.fetch() {
-                return Some(Err(e));
-            }
-            record = self.rows.next();
+        if self.done {
+            return None;
         }
-        let record = record?;
-        let id = record[0].clone();
-        Some(
-            parse_fields(record.iter().map(String::as_str)).map_err(|reason| ReadError::BadRow {
+        if self.page.is_empty() {
+            self.fetch();
+        }
+        let Some(fetched) = self.page.pop_front() else {
+            self.done = true;
+            return None;
+        };
+        self.rows += 1;
+        let position = self.rows;
+        let bad = |line: u64, reason: String| ReadError::BadRow {
+            path: self.path.clone(),
+            line,
+            reason,
+        };
+        let item = match fetched {
+            Fetched::Row(values) => {
+                let line = values[0].parse().unwrap_or(position);
+                parse_fields(values.iter().map(String::as_str))
+                    .and_then(|row| self.order.check(row.id).map(|_| row))
+                    .map_err(|reason| bad(line, reason))
+            }
+            Fetched::Bad(id, reason) => Err(bad(id.unwrap_or(position), reason)),
+            Fetched::TooLong => Err(ReadError::RowTooLong {
                 path: self.path.clone(),
-                line: id.parse().unwrap_or(0),
-                reason,
+                line: None,
+                row: position,
             }),
-        )
+            Fetched::Failed(e) => Err(e),
+        };
+        self.done = item.is_err();
+        Some(item)
     }
 }
 
@@ -403,5 +934,402 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("not a memscope dump"));
+    }
+
+    /// Removes the test's large files, which would otherwise pile up in the temporary directory.
+    fn remove(paths: &[&Path]) {
+        for path in paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// The first error of a dump, as its message.
+    fn first_error(path: &Path) -> String {
+        match open(path) {
+            Err(e) => e.to_string(),
+            Ok(rows) => rows
+                .filter_map(Result::err)
+                .next()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+        }
+    }
+
+    const MALLOC: &str = "2,MALLOC,PTA,N/A,5,1,1,cpu,0x10,\"{\"\"size\"\":64}\",,";
+
+    #[test]
+    fn a_line_without_end_is_refused_at_the_cap() {
+        let path = temp(
+            "sparse.csv",
+            &format!("{HEADER}\n1,MSTX,Mark,a,5,1,1,N/A,N/A,{{}},,\n"),
+        );
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(3 << 30).unwrap();
+        drop(file);
+        let err = first_error(&path);
+        assert_eq!(
+            err,
+            format!(
+                "{}:3: row 2 is longer than 16777216 bytes: not a memscope dump",
+                path.display()
+            )
+        );
+        remove(&[&path]);
+        // A header that long is no header.
+        let path = temp("sparse_header.csv", "");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: not a memscope dump: its first line is longer than 16777216 bytes",
+                path.display()
+            )
+        );
+        remove(&[&path]);
+        // A quoted field that never closes is capped the same way, across lines.
+        let mut text = format!("{HEADER}\n1,MSTX,Mark,\"a");
+        text.push_str(&"\n".repeat(MAX_ROW_BYTES));
+        let path = temp("open_quote.csv", &text);
+        assert!(
+            first_error(&path)
+                .ends_with(":2: row 1 is longer than 16777216 bytes: not a memscope dump"),
+            "{}",
+            first_error(&path)
+        );
+        remove(&[&path]);
+        // A row of exactly the cap, its line end included, is read; one byte more is not.
+        let stack = MAX_ROW_BYTES - MALLOC.len() - 1;
+        let long = format!("{MALLOC}{}\n", "x".repeat(stack));
+        let path = temp("at_cap.csv", &format!("{HEADER}\n{long}"));
+        let row = open(&path).unwrap().next().unwrap().unwrap();
+        assert_eq!(row.c_stack.len(), stack);
+        remove(&[&path]);
+        let long = format!("{MALLOC}{}\n", "x".repeat(stack + 1));
+        let path = temp("over_cap.csv", &format!("{HEADER}\n{long}"));
+        assert!(first_error(&path)
+            .ends_with(":2: row 1 is longer than 16777216 bytes: not a memscope dump"));
+        remove(&[&path]);
+    }
+
+    #[test]
+    fn non_regular_files_are_refused() {
+        let dir = temp("x", "").parent().unwrap().to_path_buf();
+        let fifo = dir.join("fifo.csv");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for name in ["fifo.csv", "fifo.db"] {
+            let path = dir.join(name);
+            if name.ends_with(".db") {
+                let _ = std::fs::remove_file(&path);
+                std::os::unix::fs::symlink(&fifo, &path).unwrap();
+            }
+            assert_eq!(
+                first_error(&path),
+                format!(
+                    "{}: not a memscope dump: a FIFO, not a regular file",
+                    path.display()
+                )
+            );
+        }
+        let zero = dir.join("zero.csv");
+        let _ = std::fs::remove_file(&zero);
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        assert_eq!(
+            first_error(&zero),
+            format!(
+                "{}: not a memscope dump: a character device, not a regular file",
+                zero.display()
+            )
+        );
+        assert_eq!(
+            first_error(&dir),
+            format!(
+                "{}: not a memscope dump: a directory, not a regular file",
+                dir.display()
+            )
+        );
+    }
+
+    #[test]
+    fn values_that_do_not_fit_are_refused() {
+        let cases = [
+            (
+                r#"{""size"":18446744073709551616}"#,
+                r#"Attr "size" is not an integer from 0 to 18446744073709551615: "18446744073709551616""#,
+            ),
+            (
+                r#"{""size"":-1}"#,
+                r#"Attr "size" is not an integer from 0 to 18446744073709551615: "-1""#,
+            ),
+            (
+                r#"{""used"":1.5}"#,
+                r#"Attr "used" is not an integer from 0 to 18446744073709551615: "1.5""#,
+            ),
+            (
+                r#"{""total"":""7""}"#,
+                r#"Attr "total" is not an integer from 0 to 18446744073709551615: "\"7\"""#,
+            ),
+            (
+                r#"{""size"":1,""size"":2}"#,
+                r#"Attr "size" is given twice"#,
+            ),
+            (
+                r#"{""si\u007ae"":1}"#,
+                r#"Attr "size" is written with escapes"#,
+            ),
+            (
+                r#"{""size"":1"#,
+                r#"Attr is not a JSON object (EOF while parsing an object at line 1 column 9): "{\"size\":1""#,
+            ),
+            (
+                r#"{""size"":1}x"#,
+                r#"Attr is not a JSON object (trailing characters at line 1 column 11): "{\"size\":1}x""#,
+            ),
+        ];
+        for (attr, reason) in cases {
+            let path = temp(
+                "overflow.csv",
+                &format!("{HEADER}\n1,MALLOC,PTA,N/A,5,1,1,cpu,0x10,\"{attr}\",,\n"),
+            );
+            assert_eq!(
+                first_error(&path),
+                format!("{}:2: malformed row: {reason}", path.display())
+            );
+        }
+        // The largest value, and keys that are not counted, are fine.
+        let path = temp("max.csv", &format!("{HEADER}\n1,MALLOC,PTA,N/A,5,1,1,cpu,0x10,\"{{\"\"size\"\":18446744073709551615,\"\"owner\"\":-1.5}}\",,\n"));
+        let row = open(&path).unwrap().next().unwrap().unwrap();
+        assert_eq!(row.attr_u64("size"), Some(u64::MAX));
+        for (ptr, reason) in [
+            ("0x", "bad Ptr \"0x\""),
+            ("0x+1", "bad Ptr \"0x+1\""),
+            ("0x10000000000000000", "bad Ptr \"0x10000000000000000\""),
+        ] {
+            let path = temp(
+                "ptr.csv",
+                &format!("{HEADER}\n1,MALLOC,PTA,N/A,5,1,1,cpu,{ptr},{{}},,\n"),
+            );
+            assert_eq!(
+                first_error(&path),
+                format!("{}:2: malformed row: {reason}", path.display())
+            );
+        }
+    }
+
+    #[test]
+    fn ids_must_ascend() {
+        let row = |id: u64| format!("{id},MSTX,Mark,a,5,1,1,N/A,N/A,{{}},,\n");
+        let path = temp(
+            "dup.csv",
+            &format!("{HEADER}\n{}{}{}", row(1), row(2), row(2)),
+        );
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}:4: malformed row: ID 2 repeats the previous row's ID",
+                path.display()
+            )
+        );
+        let path = temp(
+            "order.csv",
+            &format!("{HEADER}\n{}{}{}", row(1), row(3), row(2)),
+        );
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}:4: malformed row: ID 2 comes after ID 3: rows must be in ascending ID order",
+                path.display()
+            )
+        );
+        // The iterator stops at its first error.
+        let path = temp(
+            "stop.csv",
+            &format!("{HEADER}\n{}{}{}", row(2), row(1), row(3)),
+        );
+        assert_eq!(open(&path).unwrap().count(), 2);
+    }
+
+    fn db(name: &str, schema: &str, rows: &[&[rusqlite::types::Value]]) -> PathBuf {
+        let path = temp(name, "");
+        std::fs::remove_file(&path).unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(schema).unwrap();
+        for row in rows {
+            let marks = vec!["?"; row.len()].join(",");
+            conn.execute(
+                &format!("INSERT INTO memscope_dump VALUES ({marks})"),
+                rusqlite::params_from_iter(row.iter()),
+            )
+            .unwrap();
+        }
+        path
+    }
+
+    fn db_row(id: i64, attr: &str, stack: rusqlite::types::Value) -> Vec<rusqlite::types::Value> {
+        use rusqlite::types::Value;
+        let t = |s: &str| Value::Text(s.into());
+        vec![
+            Value::Integer(id),
+            t("MALLOC"),
+            t("PTA"),
+            t("N/A"),
+            Value::Integer(5),
+            Value::Integer(1),
+            Value::Integer(1),
+            t("cpu"),
+            t("0x10"),
+            t(attr),
+            stack,
+            t(""),
+        ]
+    }
+
+    const LOOSE: &str = "CREATE TABLE memscope_dump (\"ID\", \"Event\", \"Event Type\", \"Name\", \"Timestamp(ns)\", \"Process Id\", \"Thread Id\", \"Device Id\", \"Ptr\", \"Attr\", \"Call Stack(Python)\", \"Call Stack(C)\")";
+
+    #[test]
+    fn sqlite_dumps_are_checked_like_csv() {
+        use rusqlite::types::Value;
+        let path = db(
+            "schema.db",
+            "CREATE TABLE memscope_dump (\"ID\" INTEGER, \"Event\" TEXT)",
+            &[],
+        );
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: not a memscope dump: table memscope_dump lacks column \"Event Type\"",
+                path.display()
+            )
+        );
+        let path = db("none.db", "CREATE TABLE other (a)", &[]);
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: not a memscope dump: no table memscope_dump",
+                path.display()
+            )
+        );
+        let path = temp("text.db", &format!("{HEADER}\n"));
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: not a memscope dump: not an SQLite database",
+                path.display()
+            )
+        );
+
+        let big = "{\"size\":18446744073709551616}";
+        let path = db(
+            "overflow.db",
+            crate::events::db::CREATE_TABLE,
+            &[&db_row(1, big, Value::Null)],
+        );
+        assert_eq!(
+            first_error(&path),
+            format!("{}:1: malformed row: Attr \"size\" is not an integer from 0 to 18446744073709551615: \"18446744073709551616\"", path.display())
+        );
+        let path = db(
+            "utf8.db",
+            LOOSE,
+            &[
+                &db_row(1, "{}", Value::Null),
+                &db_row(2, "{}", Value::Text(String::new())),
+            ],
+        );
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute(
+                "UPDATE memscope_dump SET \"Name\" = CAST(x'ff00' AS TEXT) WHERE \"ID\" = 2",
+                [],
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            first_error(&path),
+            format!("{}:2: malformed row: Name is not UTF-8", path.display())
+        );
+        let path = db(
+            "blob.db",
+            LOOSE,
+            &[&db_row(7, "{}", Value::Blob(vec![1, 2]))],
+        );
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}:7: malformed row: Call Stack(Python) is a BLOB, not text",
+                path.display()
+            )
+        );
+
+        // A value over the cap is refused by SQLite before it is loaded.
+        let huge = Value::Text("x".repeat(MAX_ROW_BYTES + 1));
+        let path = db(
+            "long.db",
+            crate::events::db::CREATE_TABLE,
+            &[&db_row(1, "{}", Value::Null), &db_row(2, "{}", huge)],
+        );
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: row 2 is longer than 16777216 bytes: not a memscope dump",
+                path.display()
+            )
+        );
+        remove(&[&path]);
+        // So is a row whose values add up past it.
+        let half = || Value::Text("x".repeat(MAX_ROW_BYTES / 2 + 1));
+        let mut row = db_row(1, "{}", half());
+        row[11] = half();
+        let path = db("sum.db", crate::events::db::CREATE_TABLE, &[&row]);
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}: row 1 is longer than 16777216 bytes: not a memscope dump",
+                path.display()
+            )
+        );
+        remove(&[&path]);
+    }
+
+    #[test]
+    fn sqlite_repeats_are_found_across_pages() {
+        use rusqlite::types::Value;
+        // Two 5 MiB rows end a page (PAGE_BYTES); the repeat of the second starts the next.
+        let stack = || Value::Text("x".repeat(5 << 20));
+        let rows = [
+            db_row(1, "{}", stack()),
+            db_row(2, "{}", stack()),
+            db_row(2, "{}", Value::Null),
+            db_row(3, "{}", Value::Null),
+        ];
+        let refs: Vec<&[Value]> = rows.iter().map(Vec::as_slice).collect();
+        let path = db("repeat.db", LOOSE, &refs);
+        assert_eq!(
+            first_error(&path),
+            format!(
+                "{}:2: malformed row: ID 2 repeats the previous row's ID",
+                path.display()
+            )
+        );
+        remove(&[&path]);
+        // Without the repeat every row is read once, in ID order.
+        let rows = [
+            db_row(3, "{}", stack()),
+            db_row(1, "{}", stack()),
+            db_row(2, "{}", stack()),
+            db_row(4, "{}", Value::Null),
+        ];
+        let refs: Vec<&[Value]> = rows.iter().map(Vec::as_slice).collect();
+        let path = db("pages.db", LOOSE, &refs);
+        let ids: Vec<u64> = open(&path).unwrap().map(|r| r.unwrap().id).collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        remove(&[&path]);
     }
 }

@@ -257,8 +257,9 @@ impl EventRow {
     }
 }
 
-/// The text right after `"key":` in a flat JSON object, or `None`. Only matches `key` in key
-/// position (after `{` or `,`), so a string value equal to the key is not mistaken for it.
+/// The text right after `"key":` in a JSON object, or `None`. Only matches `key` in key
+/// position (after `{` or `,`) of the object itself, so neither a string value equal to the key
+/// nor a nested object's key of that name is mistaken for it.
 fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
     let bytes = raw.as_bytes();
     let mut from = 0;
@@ -270,7 +271,7 @@ fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
             continue;
         }
         let before = raw[..start - 1].trim_end();
-        if !(before.ends_with('{') || before.ends_with(',')) {
+        if !(before.ends_with('{') || before.ends_with(',')) || !at_top_level(bytes, start - 1) {
             continue;
         }
         let after = raw[end + 1..].trim_start();
@@ -279,6 +280,42 @@ fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
         }
     }
     None
+}
+
+/// Whether byte `at` of a JSON object's text, a key's opening quote, lies in the object itself
+/// rather than in an object or array nested in it.
+fn at_top_level(bytes: &[u8], at: usize) -> bool {
+    // The usual flat object opens no bracket after its own: nothing to track. (A key's quote
+    // follows `{` or `,` unescaped, so it is never inside a string.)
+    if memchr::memchr2(b'{', b'[', &bytes[1.min(at)..at]).is_none() {
+        return true;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0i64, false, false);
+    for &b in &bytes[..at] {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            _ => {}
+        }
+    }
+    depth == 1 && !in_string
+}
+
+/// The text of a number value of `key` as written (up to the next `,` or `}`), for messages.
+pub(super) fn raw_number<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
+    let value = raw_value(raw, key)?;
+    let end = value.find([',', '}']).unwrap_or(value.len());
+    Some(value[..end].trim_end())
 }
 
 /// `0x%016x`, as the seed prints pointers.
