@@ -172,6 +172,19 @@ impl Beats {
         now_ns.saturating_sub(self.start_ns) as f64 / (self.beat_ms as f64 * 1e6)
     }
 
+    /// Gives back the series of a closed window whose report is written (up to `MAX_SERIES`
+    /// series of `SERIES_CAPACITY` points). `false` when the store could not be locked before
+    /// `deadline`. The window takes no beat afterwards (`Ledger::take_beat` checks first).
+    pub fn release(&self, deadline: std::time::Instant) -> bool {
+        let Some(mut store) = super::block_table::lock_until(&self.store, deadline) else {
+            return false;
+        };
+        let taken = std::mem::take(&mut *store);
+        drop(store);
+        drop(taken);
+        true
+    }
+
     /// Drops the series of recycled stacks: their ids will name other stacks.
     pub fn forget(&self, ids: &[u32]) {
         if let Ok(mut store) = self.store.lock() {

@@ -54,20 +54,23 @@ impl BlockTable {
         self.shards[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Removes `ptr`'s block, calling `on_removed` with it under the shard lock.
-    #[inline]
-    pub fn remove(&self, ptr: usize, on_removed: impl FnOnce(&Block)) -> Option<Block> {
-        let mut shard = self.shard(ptr);
-        let block = shard.remove(&ptr)?;
-        // Still under the shard lock: a recycling pass sees either the block or what
-        // `on_removed` recorded about it.
-        on_removed(&block);
-        Some(block)
-    }
-
-    /// Puts back a block removed by a `realloc` that then failed.
-    pub fn restore(&self, ptr: usize, block: Block) {
-        self.shard(ptr).insert(ptr, block);
+    /// Empties every shard, each under its lock, and frees the maps once the lock is dropped.
+    /// Returns whether every shard was visited before `deadline`: only then has every hook that
+    /// was inside a shard when the sweep began left it (see `Ledger::release`).
+    pub fn release(&self, deadline: std::time::Instant) -> bool {
+        let mut all = true;
+        for shard in self.shards.iter() {
+            let taken = match lock_until(shard, deadline) {
+                Some(mut guard) => std::mem::replace(&mut *guard, HashMap::with_hasher(FastHash)),
+                None => {
+                    all = false;
+                    continue;
+                }
+            };
+            // Freed outside the lock: hooks waiting for this shard do not wait for the free.
+            drop(taken);
+        }
+        all
     }
 
     /// Visits every shard, waiting for each lock until `deadline` (then skipping it). Returns the

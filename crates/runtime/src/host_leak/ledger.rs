@@ -1,14 +1,52 @@
 //! One window's ledger: the only place host allocations are accounted while the window is open.
 //! Nothing leaves the process until the window closes.
+//!
+//! # Closing: freezing, then giving the memory back
+//!
+//! A hook finds the ledger through `window::active()` and may go on using a ledger it loaded
+//! just before the window closed, for as long as it is descheduled. Counting the hooks in and
+//! out would cost every allocation a shared write, so instead the ledger is split by how it is
+//! reached:
+//!
+//! - The header (this struct: settings, flags, striped counters, the locks themselves) is
+//!   everything a hook touches without holding one of the ledger's locks. It is never freed
+//!   (about 26 KiB per window, with the shard arrays).
+//! - The tables (block-table maps, overflow map, stack index and free slots, the stack
+//!   counters' mappings, the beat series) are the memory that grows with the program. Each is
+//!   touched only while holding a lock: the tables behind a block shard lock (the block map,
+//!   and the stack index and counters that `insert`, `take` and `restore` use under it), the
+//!   overflow lock, or `gate` (beats and dead-stack recycling, which read the counters with no
+//!   shard held). Whoever takes one of these locks checks `closed` (or finds an emptied map)
+//!   before touching a table.
+//!
+//! Once `window::close` has swapped the ledger out, [`Ledger::freeze`] sets `closed`, then
+//! takes the overflow lock, `gate` and every block shard lock once. A hook inside a shard when
+//! the sweep reaches it is waited for; one that takes the shard later sees `closed` (the store
+//! happens before the sweep's unlock, which happens before that hook's lock) and changes
+//! nothing. So after the sweep the ledger is still: the report is built from one state.
+//!
+//! After the report is written, [`Ledger::release`] takes `gate` (kept to the end), empties
+//! every block shard under its lock, and the overflow map, stack index, free slots and beat
+//! series under theirs (nothing reads those without their lock, so emptying them is safe
+//! whatever else happens). Only if `gate` and every shard lock were had before the deadline
+//! are the stack counters unmapped: by then every earlier holder has left and every later one
+//! sees `closed`. Otherwise they stay mapped (leaked, never faulted on).
+//!
+//! The hot path pays one relaxed load of `closed` under a shard lock it already holds: no
+//! atomic read-modify-write, no fence. Non-hook readers: `window` serialises the interim
+//! snapshot with close; the attach channel's live-block count (`live_now`) only takes shard and
+//! overflow locks, so it finds empty maps.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
 use msmemscope_core::host_leak::CountBytes;
 
 use super::beats::Beats;
-use super::block_table::{Block, BlockTable};
+use super::block_table::{lock_until, Block, BlockTable};
 use super::hashing::mix;
 use super::overflow::OverflowLedger;
 use super::settings::WindowSettings;
@@ -19,6 +57,9 @@ use crate::unwind::{with_stack, CapturedStack};
 
 /// After a recycling pass that freed nothing, wait this long before scanning again.
 const RECYCLE_RETRY_MS: u64 = 50;
+
+/// How long the closing beat waits for a beat or recycling pass in progress.
+const CLOSING_BEAT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub struct Ledger {
     pub settings: WindowSettings,
@@ -45,6 +86,13 @@ pub struct Ledger {
     snapshot_running: AtomicBool,
     snapshot_arrivals: AtomicU64,
     snapshot_arrival_bytes: AtomicU64,
+    /// Set when the window closes ([`Ledger::freeze`], before its report is built); from then
+    /// on no hook changes the ledger, and after the report its tables are given back (module
+    /// comment). Read under the lock that guards the table about to be touched.
+    closed: AtomicBool,
+    /// Held by beats and dead-stack recycling (the counter readers that hold no block shard),
+    /// and taken by [`Ledger::freeze`] and [`Ledger::release`] to wait them out.
+    gate: Mutex<()>,
 }
 
 /// What a free took out of the ledger, before the real `free`/`realloc` ran.
@@ -83,7 +131,55 @@ impl Ledger {
             snapshot_running: AtomicBool::new(false),
             snapshot_arrivals: AtomicU64::new(0),
             snapshot_arrival_bytes: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            gate: Mutex::new(()),
         }
+    }
+
+    fn lock_gate(&self) -> MutexGuard<'_, ()> {
+        self.gate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the accounting of a window that is closing, before its report is built: from now
+    /// on hooks that loaded this ledger before the window closed change nothing, and once this
+    /// returns none is still changing anything, so the report sees one consistent state (a
+    /// site's allocated - freed is its unfreed). Waits for each lock until `deadline`; `false`
+    /// when some holder did not leave by then.
+    pub fn freeze(&self, deadline: Instant) -> bool {
+        self.closed.store(true, Ordering::Release);
+        let overflow = self.overflow.close(deadline);
+        // A beat or recycling pass under way finishes; later ones see `closed`.
+        let gate = lock_until(&self.gate, deadline).is_some();
+        // Each shard's holder leaves, and later holders see `closed` (module comment).
+        let shards = self.blocks.for_each_shard(deadline, |_| {}) == 0;
+        overflow && gate && shards
+    }
+
+    /// Gives back the tables of a window whose report is written (see the module comment for
+    /// why no hook can touch them afterwards). The header stays: hooks that loaded this ledger
+    /// before the window closed may still read it. Waits for each lock until `deadline`; returns
+    /// whether everything was given back (else the counters' mappings stay).
+    pub fn release(&self, deadline: Instant) -> bool {
+        // Normally set by `freeze` already.
+        self.closed.store(true, Ordering::Release);
+        // Kept to the end: a beat or recycling pass that started before `closed` was set has
+        // finished, and one after it sees `closed` once it has the gate.
+        let gate = lock_until(&self.gate, deadline);
+        let swept = self.blocks.release(deadline);
+        let mut all = self.overflow.release(deadline);
+        all &= self.stacks.release_index(deadline);
+        all &= self.beats.release(deadline);
+        if gate.is_some() && swept {
+            // SAFETY: counters are used only under a block shard lock or `gate`, by a thread that
+            // checked `closed` after taking it (or by close and the snapshot, which `window`
+            // serialises with this call). `gate` is held, and every shard was locked after
+            // `closed` was set, so every earlier holder has left and every later one sees it.
+            unsafe { self.stacks.release_counters() };
+        } else {
+            all = false;
+        }
+        drop(gate);
+        all && swept
     }
 
     /// An interim snapshot starts walking the ledger (one at a time: the control channel
@@ -137,7 +233,7 @@ impl Ledger {
     }
 
     /// How long `block` has lived, in milliseconds.
-    #[inline]
+    #[inline(always)]
     fn lifetime_ms(&self, block: &Block) -> u64 {
         (self.window_ms(realtime_ns()) as u64).saturating_sub(block.alloc_ms as u64)
     }
@@ -187,8 +283,28 @@ impl Ledger {
         }
     }
 
-    /// Samples every stack's live memory into the beat series.
+    /// Samples every stack's live memory into the beat series. A program thread skips the beat
+    /// when another is taking one (or recycling); the closing sample waits for its turn.
     pub fn take_beat(&self, beat: f64, closing: bool) {
+        let _gate = if closing {
+            // A thread frozen inside a beat or a recycling pass must not hold the report: the
+            // closing sample is then left out, as the aggregation leaves out a busy shard.
+            match lock_until(&self.gate, Instant::now() + CLOSING_BEAT_WAIT) {
+                Some(gate) => gate,
+                None => return,
+            }
+        } else {
+            match self.gate.try_lock() {
+                Ok(gate) => gate,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        // The counters may be unmapped once the window closed (see the module comment). The
+        // closing sample is taken by close itself, between `freeze` and `release`.
+        if !closing && self.closed.load(Ordering::Relaxed) {
+            return;
+        }
         let mut live = Vec::new();
         self.stacks.for_each_live(|id, cb| live.push((id, cb)));
         self.beats.record(beat, &mut live, closing);
@@ -203,6 +319,10 @@ impl Ledger {
         let mut may_recycle = true;
         loop {
             let mut shard = self.blocks.shard(ptr);
+            // Under the shard lock: the window's tables are still there (module comment).
+            if self.closed.load(Ordering::Relaxed) {
+                return ts;
+            }
             if self.blocks.is_full(&shard, ptr) {
                 drop(shard);
                 self.truncation
@@ -268,7 +388,8 @@ impl Ledger {
         if last != 0 && now.saturating_sub(last) < RECYCLE_RETRY_MS {
             return 0;
         }
-        if !self.stacks.begin_recycling() {
+        let _gate = self.lock_gate();
+        if self.closed.load(Ordering::Relaxed) || !self.stacks.begin_recycling() {
             return 0;
         }
         let mut live = vec![false; self.stacks.slots_in_use_bound()];
@@ -300,17 +421,33 @@ impl Ledger {
 
     /// Takes `ptr` out of the ledger. Must run before the real `free`/`realloc`, so that no
     /// other thread can be handed the same address while it is still recorded as live.
-    #[inline]
+    // Always inlined: the hooks' free path shares the thread-local lookups with it.
+    #[inline(always)]
     pub fn take(&self, ptr: usize) -> Taken {
         if self.stopped.load(Ordering::Relaxed) {
             return Taken::Ignored;
         }
-        let removed = self.blocks.remove(ptr, |block| {
-            self.stacks
-                .count_free(block.stack, block.size, self.lifetime_ms(block));
-        });
-        if let Some(block) = removed {
-            return Taken::Block(block);
+        // One unlock site for every path: the unlock and its wake-up path are inlined once.
+        let removed = {
+            let mut shard = self.blocks.shard(ptr);
+            // A closing window is frozen (see `freeze`): the block stays in its report.
+            if self.closed.load(Ordering::Relaxed) {
+                Err(())
+            } else {
+                let block = shard.remove(&ptr);
+                if let Some(block) = &block {
+                    // Still under the shard lock: a recycling pass sees either the block or
+                    // its free.
+                    self.stacks
+                        .count_free(block.stack, block.size, self.lifetime_ms(block));
+                }
+                Ok(block)
+            }
+        };
+        match removed {
+            Err(()) => return Taken::Ignored,
+            Ok(Some(block)) => return Taken::Block(block),
+            Ok(None) => {}
         }
         if let Some(size) = self.overflow.remove(ptr) {
             return Taken::Overflow(size);
@@ -343,6 +480,11 @@ impl Ledger {
     pub fn restore(&self, ptr: usize, taken: Taken, block_generation: u64) {
         match taken {
             Taken::Block(mut block) => {
+                // The counters are touched under the shard lock, as in `insert` and `take`.
+                let mut shard = self.blocks.shard(ptr);
+                if self.closed.load(Ordering::Relaxed) {
+                    return;
+                }
                 self.stacks
                     .uncount_free(block.stack, block.size, self.lifetime_ms(&block));
                 // The block was out of the table while its stack may have been recycled.
@@ -351,10 +493,154 @@ impl Ledger {
                     self.stacks
                         .count_alloc(UNKNOWN_STACK, block.size, self.alloc_ns(&block));
                 }
-                self.blocks.restore(ptr, block)
+                shard.insert(ptr, block);
             }
             Taken::Overflow(size) => self.overflow.restore(ptr, size),
             Taken::NotFound { .. } | Taken::Ignored => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msmemscope_core::config::HostLeakMode;
+
+    fn settings() -> WindowSettings {
+        WindowSettings {
+            mode: HostLeakMode::Summary,
+            block_size_threshold: 0,
+            sample_rate: 1,
+            sample_rate_requested: 1,
+            block_cap: 1 << 16,
+            overflow_cap: 1 << 10,
+            stack_cap: 1 << 12,
+            top_n: 10,
+            beat_ms: 10,
+        }
+    }
+
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(30)
+    }
+
+    /// Real blocks: a free of a block the ledger does not know reads its usable size.
+    fn blocks(n: usize) -> Vec<usize> {
+        // SAFETY: plain glibc allocations (the hooks are not exported in unit tests).
+        (0..n)
+            .map(|_| unsafe { libc::malloc(64) } as usize)
+            .collect()
+    }
+
+    fn free_all(ptrs: &[usize]) {
+        for &p in ptrs {
+            // SAFETY: each came from `blocks` and is freed once.
+            unsafe { libc::free(p as *mut libc::c_void) };
+        }
+    }
+
+    fn live_blocks(ledger: &Ledger) -> u64 {
+        ledger.live_now(far()).0.count
+    }
+
+    #[test]
+    fn a_frozen_ledger_ignores_late_hooks_and_a_released_one_is_empty() {
+        let ledger = Ledger::new(settings(), 1);
+        let ptrs = blocks(8);
+        for &p in &ptrs[..4] {
+            ledger.on_alloc(p, 64);
+        }
+        assert_eq!(live_blocks(&ledger), 4);
+        let taken = ledger.take(ptrs[0]);
+        assert!(matches!(taken, Taken::Block(_)));
+        assert!(ledger.freeze(far()));
+        // Hooks that loaded the ledger before it closed change nothing: no block, no free.
+        for &p in &ptrs[4..] {
+            ledger.on_alloc(p, 64);
+        }
+        assert!(matches!(ledger.take(ptrs[1]), Taken::Ignored));
+        ledger.take_beat(1.0, false);
+        // A realloc whose real call failed after the window closed puts nothing back.
+        ledger.restore(ptrs[0], taken, ledger.stacks.generation());
+        assert_eq!(live_blocks(&ledger), 3);
+        let (stacks, unknown, _) = ledger.stacks.collect(far());
+        let allocated: u64 =
+            stacks.iter().map(|s| s.counts.allocated.count).sum::<u64>() + unknown.allocated.count;
+        let freed: u64 =
+            stacks.iter().map(|s| s.counts.freed.count).sum::<u64>() + unknown.freed.count;
+        assert_eq!((allocated, freed), (4, 1));
+        // The closing sample is still taken between freeze and release.
+        ledger.take_beat(1.0, true);
+        assert_eq!(ledger.beats.summary().beats_taken, 1);
+
+        assert!(ledger.release(far()));
+        assert_eq!(live_blocks(&ledger), 0);
+        ledger.on_alloc(ptrs[4], 64);
+        ledger.take_beat(2.0, false);
+        assert!(matches!(ledger.take(ptrs[2]), Taken::Ignored));
+        assert_eq!(live_blocks(&ledger), 0);
+        let (stacks, unknown, unread) = ledger.stacks.collect(far());
+        assert!(stacks.is_empty());
+        assert_eq!(unknown.allocated.count, 0);
+        assert_eq!(unread, 0);
+        assert_eq!(ledger.beats.summary().series, 0);
+        // Twice is harmless.
+        assert!(ledger.release(far()));
+        free_all(&ptrs);
+    }
+
+    #[test]
+    fn release_races_hooks_on_other_threads() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        for _ in 0..20 {
+            // Leaked, as a window's ledger is: the threads may still read its header.
+            let ledger: &'static Ledger = Box::leak(Box::new(Ledger::new(settings(), 1)));
+            let go = Arc::new(AtomicBool::new(true));
+            let threads: Vec<_> = (0..3)
+                .map(|_| {
+                    let go = go.clone();
+                    std::thread::spawn(move || {
+                        let ptrs = blocks(64);
+                        while go.load(Ordering::Relaxed) {
+                            for &p in &ptrs {
+                                ledger.on_alloc(p, 64);
+                            }
+                            for &p in &ptrs {
+                                let taken = ledger.take(p);
+                                ledger.settle_free(p, taken);
+                            }
+                            let beat = ledger.beats.beat_at(realtime_ns());
+                            ledger.take_beat(beat, false);
+                        }
+                        free_all(&ptrs);
+                    })
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            assert!(ledger.freeze(far()));
+            let frozen = live_blocks(ledger);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            assert_eq!(
+                live_blocks(ledger),
+                frozen,
+                "a late hook changed a frozen ledger"
+            );
+            assert!(ledger.release(far()));
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            assert_eq!(live_blocks(ledger), 0, "a late hook grew a released table");
+            go.store(false, Ordering::Relaxed);
+            for t in threads {
+                t.join().unwrap();
+            }
+        }
+    }
+
+    /// What stays of a closed window: the header, whose size the tests of repeated windows
+    /// allow for.
+    #[test]
+    fn the_header_is_small() {
+        let size = std::mem::size_of::<Ledger>();
+        assert!(size < 40 * 1024, "Ledger header is {size} bytes");
     }
 }

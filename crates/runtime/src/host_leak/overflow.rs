@@ -16,6 +16,9 @@ struct Inner {
     live: HashMap<usize, u64, FastHash>,
     allocations: CountBytes,
     frees: CountBytes,
+    /// Set when the window closes: nothing changes any more (a hook may still reach here after
+    /// the window closed; it must neither change the report nor grow a released map).
+    closed: bool,
 }
 
 pub struct OverflowLedger {
@@ -47,6 +50,10 @@ impl OverflowLedger {
     /// Stores a block; `false` when the ledger is full.
     pub fn insert(&self, ptr: usize, size: u64) -> bool {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.closed {
+            // The window is closed: nothing to account, and no reason to stop.
+            return true;
+        }
         if inner.live.len() >= self.cap && !inner.live.contains_key(&ptr) {
             return false;
         }
@@ -63,6 +70,9 @@ impl OverflowLedger {
             return None;
         }
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.closed {
+            return None;
+        }
         let size = inner.live.remove(&ptr)?;
         inner.frees.add(size);
         Some(size)
@@ -71,9 +81,35 @@ impl OverflowLedger {
     /// Puts back a block removed by a failed `realloc` (its free is undone).
     pub fn restore(&self, ptr: usize, size: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.closed {
+            return;
+        }
         inner.live.insert(ptr, size);
         inner.frees.count -= 1;
         inner.frees.bytes -= size;
+    }
+
+    /// Freezes the ledger (the window is closing). `false` when the lock could not be had
+    /// before `deadline`.
+    pub fn close(&self, deadline: Instant) -> bool {
+        let Some(mut inner) = lock_until(&self.inner, deadline) else {
+            return false;
+        };
+        inner.closed = true;
+        true
+    }
+
+    /// Gives the map back (the window closed and its report is written). `false` when the lock
+    /// could not be had before `deadline` (the map then stays).
+    pub fn release(&self, deadline: Instant) -> bool {
+        let Some(mut inner) = lock_until(&self.inner, deadline) else {
+            return false;
+        };
+        inner.closed = true;
+        let live = std::mem::take(&mut inner.live);
+        drop(inner);
+        drop(live);
+        true
     }
 
     pub fn collect(&self, deadline: Instant) -> Option<OverflowState> {

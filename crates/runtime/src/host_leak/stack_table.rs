@@ -167,6 +167,18 @@ impl StripedCounters {
         total
     }
 
+    /// Unmaps every stripe.
+    ///
+    /// # Safety
+    /// As [`ZeroedArray::release`]: no thread is using a counter or will use one it looked up
+    /// before this call.
+    unsafe fn release(&self) {
+        for stripe in &self.stripes {
+            // SAFETY: the caller's guarantee, for each stripe.
+            unsafe { stripe.release() };
+        }
+    }
+
     fn reset(&self, slot: usize) {
         for stripe in &self.stripes {
             if let Some(c) = stripe.get(slot) {
@@ -364,6 +376,44 @@ impl StackTable {
             .fetch_add(freed_slots.len() as u64, Ordering::Relaxed);
         self.generation.fetch_add(1, Ordering::AcqRel);
         freed_slots
+    }
+
+    /// Empties the index and the list of free slots, each under its own lock (nothing reads
+    /// them without it, so this is safe at any time). Returns whether every lock was had before
+    /// `deadline`.
+    pub fn release_index(&self, deadline: Instant) -> bool {
+        let mut all = true;
+        for shard in self.index.iter() {
+            match lock_until(shard, deadline) {
+                Some(mut index) => {
+                    let taken = std::mem::replace(&mut *index, HashMap::with_hasher(FastHash));
+                    drop(index);
+                    drop(taken);
+                }
+                None => all = false,
+            }
+        }
+        match lock_until(&self.free_slots, deadline) {
+            Some(mut free) => {
+                let taken = std::mem::take(&mut *free);
+                drop(free);
+                drop(taken);
+            }
+            None => all = false,
+        }
+        all
+    }
+
+    /// Unmaps the counters (the big lazily committed tables). Afterwards every counter
+    /// operation finds no slot and does nothing, and no new stack can be interned.
+    ///
+    /// # Safety
+    /// No thread may be counting, summing or resetting a counter, nor do so later with a
+    /// counter reference taken before this call: see `Ledger::release` for how the closed
+    /// window makes sure.
+    pub unsafe fn release_counters(&self) {
+        // SAFETY: the caller's guarantee.
+        unsafe { self.counters.release() };
     }
 
     /// Slots handed out so far: the size of a liveness map.

@@ -1,6 +1,11 @@
 //! The detection window's lifecycle. At most one window is open per process; hooks find its
 //! ledger through one atomic pointer, so a closed window costs them a single load.
 //!
+//! A closed window gives its tables back once its report is written (`Ledger::release`; the
+//! module comment of `ledger` has the protocol), so a program that opens and closes windows
+//! over and over keeps only each ledger's small header. The header is never freed: a hook that
+//! loaded the pointer just before it was swapped out may still be reading it.
+//!
 //! ```text
 //!   (no window) --open--> Open --close--> (no window, report written)
 //!        ^                  |
@@ -9,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::aggregate;
@@ -18,6 +24,13 @@ use crate::log;
 
 static ACTIVE: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
 static LAST_STAGE: AtomicU32 = AtomicU32::new(0);
+/// Held by `close` from the swap to the release, and by `snapshot` while it walks: a snapshot
+/// reads the stack counters with no shard lock, so it must not overlap a release.
+static WALKS: Mutex<()> = Mutex::new(());
+
+/// How long releasing a closed window's tables waits for each lock. A hook holds one only for
+/// a table operation; past this the tables that could not be swept stay (and are logged).
+const RELEASE_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long window-close aggregation may wait for ledger locks (SPEC §8).
 pub const AGGREGATION_DEADLINE: Duration = Duration::from_secs(120);
@@ -30,8 +43,9 @@ pub const SNAPSHOT_DEADLINE: Duration = Duration::from_secs(2);
 #[inline(always)]
 pub fn active() -> Option<&'static Ledger> {
     let ptr = ACTIVE.load(Ordering::Acquire);
-    // SAFETY: a published ledger is leaked and never freed (a hook on another thread may still
-    // hold it after the window closed), so the reference stays valid.
+    // SAFETY: a published ledger's header is leaked and never freed (a hook on another thread
+    // may still hold it after the window closed), so the reference stays valid; only its
+    // tables are given back, under the protocol in `ledger`.
     unsafe { ptr.as_ref() }
 }
 
@@ -60,12 +74,32 @@ pub fn open(settings: WindowSettings) -> Option<u32> {
 /// Closes the open window and writes its report into `run_dir/host_leak/`. Returns the path
 /// of the overview, or `None` when no window was open or writing failed (logged).
 pub fn close(run_dir: &Path) -> Option<PathBuf> {
+    let _walks = WALKS.lock().unwrap_or_else(|e| e.into_inner());
     let ptr = ACTIVE.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: see `active`: ledgers are never freed.
+    // SAFETY: see `active`: ledger headers are never freed.
     let ledger = unsafe { ptr.as_ref() }?;
     let deadline = Instant::now() + AGGREGATION_DEADLINE;
+    // Hooks that loaded the ledger before the swap stop changing it, so the report is exact.
+    if !ledger.freeze(deadline) {
+        log::error(&format!(
+            "host-leak window {}: a ledger lock was still held at close",
+            ledger.stage
+        ));
+    }
     let (report, details) = aggregate::build_report(ledger, deadline, false);
-    match aggregate::write_report(run_dir, &report, details.as_deref()) {
+    let written = aggregate::write_report(run_dir, &report, details.as_deref());
+    // Freed before the tables go, so the close never holds both (the report owns copies).
+    drop(details);
+    drop(report);
+    if !ledger.release(Instant::now() + RELEASE_DEADLINE) {
+        log::error(&format!(
+            "host-leak window {}: ledger locks still held after {} s; part of its tables stay \
+             allocated",
+            ledger.stage,
+            RELEASE_DEADLINE.as_secs()
+        ));
+    }
+    match written {
         Ok(path) => {
             log::info(&format!(
                 "host-leak window {} closed: {}",
@@ -89,6 +123,9 @@ pub fn close(run_dir: &Path) -> Option<PathBuf> {
 /// lock at a time, adds no point to the beat series, and writes no file. Allocations that
 /// arrive during the walk are counted and reported as the snapshot's freeze note.
 pub fn snapshot() -> Option<String> {
+    let _walks = WALKS.lock().unwrap_or_else(|e| e.into_inner());
+    // Loaded under the lock: `close` swaps the pointer out under it too, so this ledger is not
+    // released before the walk ends.
     let ledger = active()?;
     ledger.begin_snapshot();
     let (mut report, _) = aggregate::build_report(ledger, Instant::now() + SNAPSHOT_DEADLINE, true);
