@@ -649,9 +649,10 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
     }
     if let Some(pid) = pid {
         // The process's options were set when it started: one given here would be ignored.
-        if let Some(ignored) = options.iter().find(|o| {
-            matches!(o.kind, Kind::Config(_) | Kind::InputPath) || o.kind == Kind::Report
-        }) {
+        if let Some(ignored) = options
+            .iter()
+            .find(|o| matches!(o.kind, Kind::Config(_) | Kind::InputPath) || o.kind == Kind::Report)
+        {
             return Err(UsageError(format!(
                 "{} is not used with --pid: the running process keeps the options it started with",
                 ignored.spelled
