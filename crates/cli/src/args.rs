@@ -648,6 +648,11 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
         return Err(UsageError("--command needs --pid PID".to_owned()));
     }
     if let Some(pid) = pid {
+        if compare {
+            return Err(UsageError(
+                "--pid cannot be combined with --compare".to_owned(),
+            ));
+        }
         // The process's options were set when it started: one given here would be ignored.
         if let Some(ignored) = options
             .iter()
@@ -667,11 +672,6 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
                     msmemscope_core::control_frame::COMMAND_WORDS.join(", ")
                 )));
             }
-        }
-        if compare {
-            return Err(UsageError(
-                "--pid cannot be combined with --compare".to_owned(),
-            ));
         }
         if let Some(first) = program.first() {
             return Err(UsageError(format!(
