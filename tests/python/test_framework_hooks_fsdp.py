@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -235,6 +236,9 @@ def test_fsdp2_under_torchrun_traced_from_python(tmp_path):
         r.read(dump)
         assert FSDP2_OWNERS <= r.malloc_owners(), f"{dump}: {sorted(r.malloc_owners())}"
         live = r.live_at_mark("fsdp-check")
-        param_bytes = int(r.printed("KNOWN param_bytes"))
+        # The workers share torchrun's stdout, so their lines may interleave mid-line.
+        known = re.search(r"KNOWN param_bytes (\d+)", proc.stdout)
+        assert known, proc.stdout
+        param_bytes = int(known.group(1))
         assert _sum(live, "PTA@fsdp2@sharded_weight") == param_bytes // WORLD
         assert _sum(live, "PTA@fsdp2@gradient") == param_bytes // WORLD
