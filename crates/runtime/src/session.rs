@@ -123,15 +123,6 @@ pub fn existing_run_dir() -> Option<Arc<RunDir>> {
     with_state(|s| s.dir.clone())
 }
 
-/// The run directory for a file about to be written under `path`: the held one when `path` is
-/// its path, else `path` opened anew without following a symlink.
-pub fn run_dir_at(path: &std::path::Path) -> Result<Arc<RunDir>, String> {
-    match existing_run_dir() {
-        Some(dir) if dir.path() == path => Ok(dir),
-        _ => RunDir::open(path).map(Arc::new),
-    }
-}
-
 /// Why `configure` changed nothing.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ConfigureError {
@@ -196,7 +187,7 @@ pub fn start() -> Result<Started, StartError> {
         return Err(StartError::NoHostHooks);
     }
     // The report is written at close: a directory that cannot be made is said now.
-    run_dir().map_err(StartError::NoRunDir)?;
+    run_dir_handle().map_err(StartError::NoRunDir)?;
     crate::lifecycle::mark_own_code();
     let caps = match origin() {
         Origin::Launched => caps,
@@ -227,7 +218,7 @@ pub fn stop() -> Result<Stopped, String> {
     let _ops = lock(&OPS);
     if let Some(ledger) = window::active() {
         let stage = ledger.stage;
-        let dir = run_dir()?;
+        let dir = run_dir_handle()?;
         return Ok(Stopped::Window(stage, window::close(&dir)));
     }
     if pipeline::is_tracing() {
@@ -291,7 +282,7 @@ pub fn finish() {
     crate::control::shutdown();
     let _ops = lock(&OPS);
     if let Some(ledger) = window::active() {
-        match run_dir() {
+        match run_dir_handle() {
             Ok(dir) => {
                 window::close(&dir);
             }

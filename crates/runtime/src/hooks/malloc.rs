@@ -43,9 +43,12 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
         match Entered::try_enter() {
             Some(_entered) => {
                 caught(|| {
-                    // An entry for this address is stale: its free passed where no hook saw it.
-                    own_blocks::remove(ptr as usize);
-                    ledger.on_alloc(ptr as usize, size)
+                    // An entry for this address is stale (its free passed where no hook saw
+                    // it). It only matters for a block the ledger does not hold, whose free
+                    // would find it: looked up off the common path, for those alone.
+                    if !ledger.on_alloc(ptr as usize, size) {
+                        own_blocks::remove(ptr as usize);
+                    }
                 });
             }
             // glibc allocating for the runtime: see own_blocks.
@@ -187,8 +190,9 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         if own {
             own_blocks::insert(new as usize);
         } else {
-            own_blocks::remove(new as usize);
-            ledger.on_alloc(new as usize, size);
+            if !ledger.on_alloc(new as usize, size) {
+                own_blocks::remove(new as usize);
+            }
         }
     });
     drop(entered);

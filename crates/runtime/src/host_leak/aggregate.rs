@@ -14,6 +14,7 @@ use msmemscope_core::host_leak::{
     BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta, SizeHistogram,
     WindowSpan,
 };
+use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::symbolize::Symbolizer;
 
 use super::beats;
@@ -316,14 +317,13 @@ fn dladdr_name(address: u64) -> Option<String> {
 /// `run_dir/host_leak/` (mode 0750), through the run directory's held descriptor, never
 /// following a symlink. Returns the overview's path.
 pub fn write_report(
-    run_dir: &Path,
+    run_dir: &RunDir,
     report: &HostLeakReport,
     details: Option<&[BlockDetail]>,
 ) -> std::io::Result<PathBuf> {
-    let held = crate::session::run_dir_at(run_dir).map_err(std::io::Error::other)?;
     let dir = Path::new("host_leak");
     let write = |name: String, bytes: &[u8]| -> std::io::Result<()> {
-        held.create_file_io(&dir.join(name))?.write_all(bytes)
+        run_dir.create_file_io(&dir.join(name))?.write_all(bytes)
     };
     let overview = format!("leak_overview_{}.txt", report.stage);
     write(overview.clone(), render_overview(report).as_bytes())?;
@@ -340,5 +340,5 @@ pub fn write_report(
             render_block_detail(details).as_bytes(),
         )?;
     }
-    Ok(run_dir.join(dir).join(overview))
+    Ok(run_dir.path().join(dir).join(overview))
 }

@@ -259,18 +259,18 @@ impl Ledger {
 
     /// Records a successful allocation. Runs with the reentrancy guard held.
     #[inline]
-    pub fn on_alloc(&self, ptr: usize, size: usize) {
+    pub fn on_alloc(&self, ptr: usize, size: usize) -> bool {
         let size = size as u64;
         if size < self.settings.block_size_threshold {
             self.untracked_below_threshold.add(size);
-            return;
+            return false;
         }
         if !self.sampled(ptr) {
             self.untracked_sampled.add(size);
-            return;
+            return false;
         }
         if self.stopped.load(Ordering::Relaxed) {
-            return;
+            return false;
         }
         let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
         if self.snapshot_running.load(Ordering::Relaxed) {
@@ -281,6 +281,7 @@ impl Ledger {
         if let Some(beat) = self.beats.due(ts) {
             self.take_beat(beat as f64, false);
         }
+        true
     }
 
     /// Samples every stack's live memory into the beat series. A program thread skips the beat

@@ -12,7 +12,7 @@
 //!        +----fork child----+   (the child drops the window without touching its locks)
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -21,6 +21,7 @@ use super::aggregate;
 use super::ledger::Ledger;
 use super::settings::WindowSettings;
 use crate::log;
+use msmemscope_core::run_dir::RunDir;
 
 static ACTIVE: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
 static LAST_STAGE: AtomicU32 = AtomicU32::new(0);
@@ -73,7 +74,7 @@ pub fn open(settings: WindowSettings) -> Option<u32> {
 
 /// Closes the open window and writes its report into `run_dir/host_leak/`. Returns the path
 /// of the overview, or `None` when no window was open or writing failed (logged).
-pub fn close(run_dir: &Path) -> Option<PathBuf> {
+pub fn close(run_dir: &RunDir) -> Option<PathBuf> {
     let _walks = WALKS.lock().unwrap_or_else(|e| e.into_inner());
     let ptr = ACTIVE.swap(std::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: see `active`: ledger headers are never freed.
