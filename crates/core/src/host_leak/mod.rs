@@ -3,6 +3,7 @@
 
 pub mod buckets;
 pub mod detail_csv;
+pub mod knobs;
 pub mod lsi;
 pub mod model;
 pub mod overview;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use msmemscope_core::host_leak::lsi::{Series as LsiSeries, SeriesPoint, WARMUP_BEATS};
-use msmemscope_core::host_leak::CountBytes;
+use msmemscope_core::host_leak::{knobs, CountBytes};
 
 /// Stacks sampled per beat.
 pub const TOP_K: usize = 256;
@@ -20,10 +20,6 @@ pub const TOP_K: usize = 256;
 pub const MAX_SERIES: usize = 1024;
 /// Points per series before its resolution is halved.
 pub const SERIES_CAPACITY: usize = 128;
-/// Default beat length; `MSMEMSCOPE_HOST_BEAT_MS` changes it (10 ms to 60 s).
-pub const DEFAULT_BEAT_MS: u64 = 1000;
-pub const ENV_BEAT_MS: &str = "MSMEMSCOPE_HOST_BEAT_MS";
-
 #[derive(Clone, Copy, Debug)]
 struct Point {
     /// Beats since the window opened (fractional for the closing sample).
@@ -104,7 +100,7 @@ impl Beats {
     pub fn new(start_ns: u64, beat_ms: u64) -> Beats {
         Beats {
             start_ns,
-            beat_ms: beat_ms.clamp(10, 60_000),
+            beat_ms: knobs::BEAT_MS.resolve(Some(beat_ms)),
             next_beat: AtomicU64::new(1),
             store: Mutex::new(Store::default()),
         }

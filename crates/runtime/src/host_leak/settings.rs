@@ -1,16 +1,7 @@
 //! What a window runs with, snapshotted when it opens (changes apply from the next window).
 
 use msmemscope_core::config::{HostLeakMode, RunConfig};
-use msmemscope_core::host_leak::{
-    DEFAULT_BLOCK_CAP, DEFAULT_OVERFLOW_CAP, DEFAULT_STACK_CAP, DEFAULT_TOP_N, MAX_TOP_N,
-};
-
-/// Environment variables that lower the ledger's caps (for tests and for users who need a
-/// smaller footprint) and set the TOP N of the report.
-pub const ENV_BLOCK_CAP: &str = "MSMEMSCOPE_HOST_BLOCK_CAP";
-pub const ENV_OVERFLOW_CAP: &str = "MSMEMSCOPE_HOST_OVERFLOW_CAP";
-pub const ENV_STACK_CAP: &str = "MSMEMSCOPE_HOST_STACK_CAP";
-pub const ENV_TOP_N: &str = "MSMEMSCOPE_HOST_TOP_N";
+use msmemscope_core::host_leak::knobs;
 
 #[derive(Clone, Debug)]
 pub struct WindowSettings {
@@ -25,59 +16,41 @@ pub struct WindowSettings {
     pub beat_ms: u64,
 }
 
-/// The environment's overrides, read once at start (the runtime then removes them from the
-/// target's environment).
+/// The environment's overrides (`msmemscope_core::host_leak::knobs`: lower caps for tests and
+/// for users who need a smaller footprint, the report's TOP N, the beat), read once at start.
 #[derive(Clone, Debug, Default)]
 pub struct CapOverrides {
     pub block_cap: Option<u64>,
     pub overflow_cap: Option<u64>,
     pub stack_cap: Option<u64>,
-    pub top_n: Option<usize>,
+    pub top_n: Option<u64>,
     pub beat_ms: Option<u64>,
 }
 
 impl CapOverrides {
     pub fn from_env() -> CapOverrides {
-        let num = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
         CapOverrides {
-            block_cap: num(ENV_BLOCK_CAP).filter(|&n| n > 0),
-            overflow_cap: num(ENV_OVERFLOW_CAP),
-            stack_cap: num(ENV_STACK_CAP),
-            top_n: num(ENV_TOP_N).map(|n| n as usize),
-            beat_ms: num(super::beats::ENV_BEAT_MS),
+            block_cap: knobs::BLOCK_CAP.read_env(),
+            overflow_cap: knobs::OVERFLOW_CAP.read_env(),
+            stack_cap: knobs::STACK_CAP.read_env(),
+            top_n: knobs::TOP_N.read_env(),
+            beat_ms: knobs::BEAT_MS.read_env(),
         }
     }
 }
 
 impl WindowSettings {
     pub fn new(config: &RunConfig, caps: &CapOverrides) -> WindowSettings {
-        // Overrides may only lower the caps: the defaults are the safety valves of SPEC §8.
         WindowSettings {
             mode: config.host_leak_mode,
             block_size_threshold: config.block_size_threshold,
             sample_rate: config.sample_rate.max(1),
             sample_rate_requested: config.sample_rate_requested.max(1),
-            block_cap: caps
-                .block_cap
-                .unwrap_or(DEFAULT_BLOCK_CAP)
-                .min(DEFAULT_BLOCK_CAP),
-            overflow_cap: caps
-                .overflow_cap
-                .unwrap_or(DEFAULT_OVERFLOW_CAP)
-                .min(DEFAULT_OVERFLOW_CAP),
-            stack_cap: caps
-                .stack_cap
-                .unwrap_or(DEFAULT_STACK_CAP)
-                .min(DEFAULT_STACK_CAP),
-            top_n: caps.top_n.unwrap_or(DEFAULT_TOP_N).clamp(1, MAX_TOP_N),
-            beat_ms: caps
-                .beat_ms
-                .unwrap_or(super::beats::DEFAULT_BEAT_MS)
-                .clamp(10, 60_000),
+            block_cap: knobs::BLOCK_CAP.resolve(caps.block_cap),
+            overflow_cap: knobs::OVERFLOW_CAP.resolve(caps.overflow_cap),
+            stack_cap: knobs::STACK_CAP.resolve(caps.stack_cap),
+            top_n: knobs::TOP_N.resolve(caps.top_n) as usize,
+            beat_ms: knobs::BEAT_MS.resolve(caps.beat_ms),
         }
     }
 }
