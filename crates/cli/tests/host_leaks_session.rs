@@ -19,6 +19,7 @@ struct Programs {
     windows: PathBuf,
     sigterm: PathBuf,
     ctor_main: PathBuf,
+    fork_term: PathBuf,
 }
 
 fn programs() -> &'static Programs {
@@ -36,13 +37,10 @@ fn programs() -> &'static Programs {
             &out("windows"),
             "-ldl",
         ]);
-        gcc(&[
-            "-O2",
-            "-g",
-            src("sigterm.c").to_str().unwrap(),
-            "-o",
-            &out("sigterm"),
-        ]);
+        for name in ["sigterm", "fork_term"] {
+            let source = src(&format!("{name}.c"));
+            gcc(&["-O2", "-g", source.to_str().unwrap(), "-o", &out(name)]);
+        }
         gcc(&[
             "-shared",
             "-fPIC",
@@ -67,6 +65,7 @@ fn programs() -> &'static Programs {
             windows: dir.join("windows"),
             sigterm: dir.join("sigterm"),
             ctor_main: dir.join("ctor_main"),
+            fork_term: dir.join("fork_term"),
         }
     })
 }
@@ -211,4 +210,15 @@ fn the_programs_own_sigterm_handler_still_runs() {
     // Its handler calls _exit(3): no exit handlers, so no report, and the status is its own.
     assert_eq!(status.code(), Some(3), "{status:?}");
     drop(scratch);
+}
+
+#[test]
+fn sigterm_to_a_forked_child_ends_the_child_and_leaves_the_run_alone() {
+    let p = programs();
+    let run = run_tool_cmd(&[], &[], p.fork_term.to_str().unwrap(), &[]);
+    // The child died of SIGTERM (the program checks); the parent's run ended normally.
+    assert_exited(&run.out, 0, "fork_term");
+    assert_eq!(run.stdout(), "child terminated\n");
+    let ov = run.overview();
+    assert_eq!(ov.total_unfreed, (1, 555));
 }

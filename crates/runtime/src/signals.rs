@@ -31,10 +31,10 @@ static PIPE_WRITE_PENDING: AtomicI32 = AtomicI32::new(-1);
 /// Set once a signal is being taken through the end of the run: exit handlers that run
 /// meanwhile wait for the signal instead of ending the process with another status.
 static TERMINATING: AtomicBool = AtomicBool::new(false);
-/// Set in a forked child, which has no service thread: there the default runs at once.
-static IN_CHILD: AtomicBool = AtomicBool::new(false);
 static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
-/// The process whose dispositions are recorded here.
+/// The process whose dispositions are recorded here and whose service thread reads the pipe.
+/// A forked child keeps our handlers (dispositions are inherited) but has no such thread, and
+/// its pipe end is the parent's: there the default runs at once.
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
 type SigactionFn =
@@ -118,7 +118,8 @@ fn take_over(real: SigactionFn, i: usize, sig: c_int) -> bool {
 extern "C" fn on_signal(sig: c_int) {
     // Only async-signal-safe calls here.
     let fd = PIPE_WRITE.load(Ordering::Acquire);
-    if fd < 0 || IN_CHILD.load(Ordering::Relaxed) {
+    // SAFETY: getpid is async-signal-safe and has no preconditions.
+    if fd < 0 || unsafe { libc::getpid() } != OWNER_PID.load(Ordering::Relaxed) {
         default_now(sig);
         return;
     }
@@ -176,12 +177,6 @@ pub fn on_service_ready() {
 /// Whether a terminating signal is being taken through the end of the run.
 pub fn is_terminating() -> bool {
     TERMINATING.load(Ordering::Acquire)
-}
-
-/// In a forked child: our handlers stay installed (dispositions are inherited), but there is
-/// no service thread to read the pipe, so they act as the default at once.
-pub fn forget_after_fork() {
-    IN_CHILD.store(true, Ordering::Relaxed);
 }
 
 /// `sigaction` as the program sees it: our handler reads as the default it stands for.
