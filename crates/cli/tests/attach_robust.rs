@@ -15,13 +15,16 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use msmemscope_core::config::{Analysis, RunConfig};
 
-const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
+mod common;
+use common::host_leak::{fixture_src, gcc};
+use common::{Scratch, BIN};
+
 const RUNTIME_LIB: &str = "libmsmemscope_runtime.so";
 const WAIT: Duration = Duration::from_secs(30);
 /// The runtime's whole-request deadline (control/mod.rs REQUEST_DEADLINE).
@@ -32,31 +35,11 @@ const MAX_CONNECTIONS: usize = 8;
 // ------------------------------------------------------------------------------------------
 // Scratch directories, the fixture build, the target
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "msmemscope-attach-robust-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A scratch directory only its owner can enter.
+fn private_scratch(tag: &str) -> Scratch {
+    let scratch = Scratch::new(&format!("attach-robust-{tag}"));
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    scratch
 }
 
 fn runtime_lib() -> PathBuf {
@@ -77,21 +60,16 @@ fn fixture() -> &'static Path {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let prog = dir.join("attach_target");
-        let src =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attach_target.c");
-        let out = Command::new("gcc")
-            .args(["-O2", "-fomit-frame-pointer", "-g"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&prog)
-            .arg("-ldl")
-            .output()
-            .expect("gcc (needed to build the C fixture)");
-        assert!(
-            out.status.success(),
-            "gcc failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let src = fixture_src("attach_target.c");
+        gcc(&[
+            "-O2",
+            "-fomit-frame-pointer",
+            "-g",
+            src.to_str().unwrap(),
+            "-o",
+            prog.to_str().unwrap(),
+            "-ldl",
+        ]);
         prog
     })
 }
@@ -112,7 +90,7 @@ impl Target {
     /// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`, with
     /// `XDG_RUNTIME_DIR` as given (else unset).
     fn launched(xdg: Option<&Path>) -> Target {
-        let scratch = Scratch::new("launched");
+        let scratch = private_scratch("launched");
         let mut cmd = Command::new(BIN);
         cmd.arg("--analysis=host-leaks")
             .arg("-o")
@@ -124,7 +102,7 @@ impl Target {
 
     /// `LD_PRELOAD=runtime attach_target DIR api CONFIG` (the program starts host-leaks).
     fn api(xdg: Option<&Path>) -> Target {
-        let scratch = Scratch::new("api");
+        let scratch = private_scratch("api");
         let config = RunConfig {
             analysis: vec![Analysis::HostLeaks],
             output_path: scratch.path().join("out"),
@@ -440,7 +418,7 @@ fn a_refused_socket_directory_is_said_once_and_pid_names_it() {
     assert!(!plain_stderr.contains("warning"), "{plain_stderr}");
 
     for kind in ["open", "symlink"] {
-        let scratch = Scratch::new(kind);
+        let scratch = private_scratch(kind);
         let (xdg, dir, reason) = refused_xdg(&scratch, kind);
 
         // Launched: the warning first, then the launcher's own lines as in the plain run.
