@@ -58,16 +58,7 @@ fn cli(scratch: &Scratch, tool_args: &[&str], target_args: &[&str]) -> Command {
         .args(target_args)
         .current_dir(scratch.path())
         .env_remove("LD_PRELOAD");
-    for k in [
-        "MSMEMSCOPE_HOST_BLOCK_CAP",
-        "MSMEMSCOPE_HOST_OVERFLOW_CAP",
-        "MSMEMSCOPE_HOST_STACK_CAP",
-        "MSMEMSCOPE_HOST_TOP_N",
-        "MSMEMSCOPE_HOST_BEAT_MS",
-        "MSMEMSCOPE_NO_CONTROL",
-    ] {
-        cmd.env_remove(k);
-    }
+    clear_runtime_knobs(&mut cmd);
     cmd
 }
 

@@ -158,16 +158,7 @@ pub fn run_tool_cmd(tool_args: &[&str], env: &[(&str, &str)], prog: &str, target
         .args(target)
         .current_dir(scratch.path())
         .env_remove("LD_PRELOAD");
-    for k in [
-        "MSMEMSCOPE_HOST_BLOCK_CAP",
-        "MSMEMSCOPE_HOST_OVERFLOW_CAP",
-        "MSMEMSCOPE_HOST_STACK_CAP",
-        "MSMEMSCOPE_HOST_TOP_N",
-        "MSMEMSCOPE_HOST_BEAT_MS",
-        "MSMEMSCOPE_NO_CONTROL",
-    ] {
-        cmd.env_remove(k);
-    }
+    clear_runtime_knobs(&mut cmd);
     cmd.env("MSMEMSCOPE_HOST_TOP_N", "1024");
     for (k, v) in env {
         cmd.env(k, v);
@@ -547,4 +538,13 @@ pub fn assert_exited(out: &Output, code: i32, what: &str) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Removes the `MSMEMSCOPE_HOST_*` knobs and `MSMEMSCOPE_NO_CONTROL` from `cmd`'s environment,
+/// so a run sees only what its test sets.
+pub fn clear_runtime_knobs(cmd: &mut Command) {
+    for knob in msmemscope_core::host_leak::knobs::ALL {
+        cmd.env_remove(knob.name);
+    }
+    cmd.env_remove("MSMEMSCOPE_NO_CONTROL");
 }
