@@ -29,14 +29,18 @@ def _proc_kb(path: str, key: str) -> int:
 def _cpu_stats() -> dict:
     tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
     state = getattr(tracker, "_tracker", None) if tracker else None
-    used = getattr(state, "used", {}) if state else {}
-    peak = getattr(state, "peak", {}) if state else {}
-    allocated = int(used.get("cpu", 0))
+    if hasattr(state, "usage"):  # the native capture
+        allocated, max_allocated = state.usage("cpu")
+    else:
+        used = getattr(state, "used", {}) if state else {}
+        peak = getattr(state, "peak", {}) if state else {}
+        allocated = int(used.get("cpu", 0))
+        max_allocated = int(peak.get("cpu", allocated))
     return {
         "reserved": _proc_kb("/proc/self/status", "VmRSS:"),
         "max_reserved": _proc_kb("/proc/self/status", "VmHWM:"),
         "allocated": allocated,
-        "max_allocated": int(peak.get("cpu", allocated)),
+        "max_allocated": max_allocated,
         "total": _proc_kb("/proc/meminfo", "MemTotal:"),
         "free": _proc_kb("/proc/meminfo", "MemAvailable:"),
     }

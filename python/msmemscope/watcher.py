@@ -110,7 +110,7 @@ def _tracked_storage(addr: int):
     tracker = getattr(tracker_module, "_tracker", None)
     if tracker is None:
         return None
-    for ref in list(tracker.live.values()):
+    for ref in list(getattr(tracker, "live", {}).values()):
         size = getattr(ref, "size", 0)
         ptr = getattr(ref, "ptr", 0)
         if size and ptr <= addr < ptr + size:
@@ -120,6 +120,17 @@ def _tracked_storage(addr: int):
     return None
 
 
+def _live_block(addr: int):
+    """``(start, size, device)`` of the live block holding ``addr`` when the native capture
+    tracks the blocks, or None."""
+    import sys
+
+    tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = getattr(tracker_module, "_tracker", None)
+    live_block = getattr(tracker, "live_block", None)
+    return live_block(addr) if live_block is not None else None
+
+
 def _freed_block(addr: int):
     """``(start, size, device)`` of a freed tracked block holding ``addr``, or None."""
     import sys
@@ -127,6 +138,8 @@ def _freed_block(addr: int):
     tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
     tracker = getattr(tracker_module, "_tracker", None)
     freed = getattr(tracker, "freed", None)
+    if hasattr(freed, "block"):  # the native capture keeps them
+        return freed.block(addr)
     if not freed:
         return None
     with tracker.lock:  # weakref callbacks (FREEs) may add to it from any thread
@@ -157,7 +170,16 @@ def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> 
         return _watch.Block(
             name, 0, device, length, storage=storage, offset=offset, dumps=dump_nums
         )
-    freed = _freed_block(addr)
+    live = _live_block(addr)
+    if live is not None:  # the native capture: a block, no storage object to read through
+        start, size, device = live
+        room = start + size - addr
+        if length > room:
+            raise ValueError(
+                f"length {length} runs past the end of the tensor storage holding 0x{addr:x}: "
+                f"the storage ({size} bytes at 0x{start:x}) has {room} bytes from that address"
+            )
+    freed = None if live is not None else _freed_block(addr)
     if freed is not None:
         start, size, device = freed
         raise ValueError(

@@ -46,13 +46,18 @@ needs_runtime_abi = pytest.mark.skipif(
 )
 
 
+# Kept for the programs the tests start: the test command's second pass runs the PyTorch tests
+# again with MSMEMSCOPE_TORCH_CAPTURE=python (the dispatch-mode fallback).
+KEPT_VARIABLES = ("MSMEMSCOPE_TORCH_CAPTURE",)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without anything that would load a runtime library."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("LD_PRELOAD", "MSMEMSCOPE_RUNTIME_LIB", "PYTHONPATH")
-        and not k.startswith("MSMEMSCOPE_")
+        and (not k.startswith("MSMEMSCOPE_") or k in KEPT_VARIABLES)
     }
     env.update(extra)
     return env

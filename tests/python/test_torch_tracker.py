@@ -341,7 +341,9 @@ def test_install_in_process_and_errors_never_reach_the_program(tmp_path: Path) -
     print("D", d.untyped_storage().data_ptr())
     msmemscope.stop()
     """
-    res = run_python(code, env=clean_env(OMP_NUM_THREADS="1"), cwd=tmp_path)
+    # The dispatch mode's error path: its emits go through `tracker.nat`.
+    env = clean_env(OMP_NUM_THREADS="1", MSMEMSCOPE_TORCH_CAPTURE="python")
+    res = run_python(code, env=env, cwd=tmp_path)
     out = ok(res)
     assert "C 12.0" in out
     assert res.stderr.count("msmemscope: tracker error: RuntimeError: boom") == 1, res.stderr

@@ -165,6 +165,14 @@ fn tracing() -> PyResult<bool> {
     Ok(unsafe { (rt.tracing)() } == 1)
 }
 
+/// The addresses of the runtime's `msmemscope_emit` and `msmemscope_tracing`, for an in-process
+/// producer that calls the C ABI without Python (the native PyTorch capture).
+#[pyfunction]
+fn abi_entry_points() -> PyResult<(usize, usize)> {
+    let rt = require_runtime()?;
+    Ok((rt.emit as usize, rt.tracing as usize))
+}
+
 /// Whether the runtime's malloc hooks are the process's malloc (the library was preloaded).
 #[pyfunction]
 fn host_hooks_active() -> PyResult<bool> {
@@ -237,6 +245,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(tracing, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(emit::emit, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_mark, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_range_start, m)?)?;

@@ -68,6 +68,22 @@ class _State:
 
 _state = _State()
 
+# The native capture library (native_tracker), when it records the allocations: it decides each
+# block's category at allocation, so it is told the context here, once per hook.
+_native = None
+
+
+def attach_native(lib) -> None:
+    """Points the owner context at the native capture library."""
+    global _native
+    _native = lib
+    _sync_labels()
+
+
+def _sync_labels() -> None:
+    if _native is not None:
+        _native.msmemscope_torch_labels("@".join(current_user_labels()).encode())
+
 
 def decompose_enabled() -> bool:
     """Whether the decompose analysis is configured (framework categories are recorded)."""
@@ -116,10 +132,15 @@ def scope(category: str):
     if stack is None:
         stack = _state.scopes.stack = []
     stack.append(category)
+    native = _native
+    if native is not None:
+        native.msmemscope_torch_scope_push(category.encode())
     try:
         yield
     finally:
         stack.pop()
+        if native is not None:
+            native.msmemscope_torch_scope_pop()
 
 
 def relabel(tensor, category: str) -> None:
@@ -157,6 +178,7 @@ def push_user_label(label: str) -> None:
             f"(active: {', '.join(dict.fromkeys(labels))}); cannot add {label!r}"
         )
     labels.append(label)
+    _sync_labels()
 
 
 def pop_user_label(label: str) -> None:
@@ -166,6 +188,7 @@ def pop_user_label(label: str) -> None:
     for i in range(len(labels) - 1, -1, -1):
         if labels[i] == label:
             del labels[i]
+            _sync_labels()
             return
     raise ValueError(f"describer: no active region is labelled {label!r}")
 
@@ -266,11 +289,15 @@ def _module_pre_forward(module, args):
 @_never_raises
 def _optimizer_pre_step(optimizer, args, kwargs):
     _state.in_optimizer += 1
+    if _native is not None:
+        _native.msmemscope_torch_optimizer(1)
 
 
 @_never_raises
 def _optimizer_post_step(optimizer, args, kwargs):
     _state.in_optimizer = max(0, _state.in_optimizer - 1)
+    if _native is not None:
+        _native.msmemscope_torch_optimizer(-1)
     for group in optimizer.param_groups:
         for param in group["params"]:
             _relabel_quietly(param, WEIGHT)
@@ -313,4 +340,6 @@ def disable_decompose() -> None:
             handle.remove()
     _state.hooked_params = WeakIdKeyDictionary()
     _state.seen_modules = weakref.WeakSet()
+    if _native is not None and _state.in_optimizer:
+        _native.msmemscope_torch_optimizer(-_state.in_optimizer)
     _state.in_optimizer = 0

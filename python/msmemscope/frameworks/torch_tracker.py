@@ -580,6 +580,8 @@ def reload_config() -> None:
     if _tracker is None:
         return
     _tracker.cfg = cfg = _Config(_tracker.nat.current_config())
+    if isinstance(_tracker, _native_tracker_type()):
+        _tracker.configure(cfg)
     if cfg.decompose:
         owners.enable_decompose()
     else:
@@ -599,6 +601,54 @@ def _framework_hooks(decompose: bool) -> None:
         toggle()
 
 
+CAPTURE_VARIABLE = "MSMEMSCOPE_TORCH_CAPTURE"
+_CAPTURES = ("native", "python")
+
+
+def _native_tracker_type():
+    module = sys.modules.get(f"{__package__}.native_tracker")
+    return module.NativeTracker if module is not None else ()
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"msmemscope: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _make_tracker(nat):
+    """The native capture unless ``MSMEMSCOPE_TORCH_CAPTURE=python`` or it cannot be built here;
+    then the dispatch mode, with one warning line naming why."""
+    choice = os.environ.get(CAPTURE_VARIABLE, "native").strip().lower() or "native"
+    if choice not in _CAPTURES:
+        _warn(
+            f"warning: {CAPTURE_VARIABLE}={choice!r} is not one of {', '.join(_CAPTURES)}; "
+            "using native"
+        )
+        choice = "native"
+    if choice == "native":
+        from . import native_build, native_tracker
+
+        try:
+            lib = native_tracker.load_library(nat, notice=_warn)
+            return native_tracker.NativeTracker(nat, lib)
+        except (native_build.Unavailable, OSError, AttributeError, RuntimeError) as exc:
+            _warn(
+                f"warning: native PyTorch capture unavailable: {exc}; using the Python dispatch "
+                "mode (allocations inside an op are not seen; torch.compile runs eagerly)"
+            )
+    return _Tracker(nat)
+
+
+def capture() -> str | None:
+    """``native`` or ``python``: how PyTorch events are taken (None before :func:`install`)."""
+    if _tracker is None:
+        return None
+    return "native" if isinstance(_tracker, _native_tracker_type()) else "python"
+
+
 def install() -> None:
     """Starts PyTorch tracking on this thread and on threads started from now on. Idempotent:
     a second call only re-reads the configuration and makes sure this thread has the mode."""
@@ -607,16 +657,20 @@ def install() -> None:
         if _tracker is None:
             from .._runtime import native
 
-            _tracker = _Tracker(native())
-            _mode = MemscopeDispatchMode(_tracker)
+            _tracker = _make_tracker(native())
+            if capture() == "python":
+                _mode = MemscopeDispatchMode(_tracker)
         reload_config()
-        _tracker.enabled = True
-        _enter_on_this_thread(_mode)
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
         from . import cuda_allocator
 
         cuda_allocator.attach_oom_observer()
         # --- end ---
+        if _mode is None:  # native: every thread is covered by the library
+            _tracker.start()
+            return
+        _tracker.enabled = True
+        _enter_on_this_thread(_mode)
         if threading.getprofile() is not _thread_start_hook:
             _prev_thread_profile = threading.getprofile()
             threading.setprofile(_thread_start_hook)
@@ -626,7 +680,10 @@ def uninstall() -> None:
     """Stops PyTorch tracking: the mode leaves this thread's mode stack (when it is on top) and
     turns inert everywhere; storages already tracked still get their FREE rows."""
     with _install_lock:
-        if _tracker is None or _mode is None:
+        if _tracker is None:
+            return
+        if _mode is None:
+            _tracker.stop()
             return
         _tracker.enabled = False
         if threading.getprofile() is _thread_start_hook:

@@ -1,0 +1,846 @@
+// msmemscope's native PyTorch capture: allocator events and ATen ops, inside the process, with
+// no Python on the path of an event.
+//
+// - Allocations: PyTorch hands every allocator event of a thread to the PROFILER_STATE entry of
+//   that thread's c10::ThreadLocalDebugInfo when its memoryProfilingEnabled() is true (the CPU
+//   allocator's profiled reporter, the CUDA caching allocator). Our entry derives from
+//   ProfilerStateBase with a disabled config, because PyTorch reads any PROFILER_STATE entry as
+//   one (profilerEnabled(), profilerType()): to PyTorch it is "no profiler running", and a user's
+//   own torch.profiler still starts on top of it.
+// - Ops: a global RecordFunction callback (scope FUNCTION) writes ATEN_START/ATEN_END; with
+//   access events it reads the inputs and outputs and the op's schema (alias annotations).
+//   The same callback puts our entry on threads that do not have it yet (threads that existed
+//   before tracking, threads PyTorch or the program starts later).
+// - Owners: the Python side sets the per-thread framework scope, the optimizer flag and the
+//   describer labels (one call per hook); the owner of a block is decided here at allocation.
+//
+// Every event goes to the runtime library's C ABI (msmemscope_emit), whose address the Python
+// side hands to msmemscope_torch_init. Nothing here throws into PyTorch or the program: every
+// entry point catches everything.
+
+#include <ATen/record_function.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/List.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// pyframes.cpp: this thread's Python frames, innermost first.
+std::string msmemscope_python_stack(int depth, const std::vector<std::string>& skip);
+
+namespace torch::autograd {
+// Declared here rather than through graph_task.h (which pulls in the whole autograd engine).
+TORCH_API int get_current_graph_task_id();
+}  // namespace torch::autograd
+
+namespace {
+
+// --- the runtime's C ABI (crates/core/src/events/abi.rs, ABI_VERSION 1) -----------------------
+constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kDeviceNone = 0;
+constexpr uint32_t kDeviceCpu = 1;
+constexpr uint32_t kDeviceCuda = 2;
+
+struct StrRef {
+  const char* ptr;
+  size_t len;
+};
+
+struct EventRecord {
+  uint32_t event;
+  uint32_t event_type;
+  StrRef name;
+  uint32_t device_kind;
+  uint32_t device_index;
+  uint32_t has_ptr;
+  uint64_t ptr;
+  StrRef attrs_json;
+  StrRef python_stack;
+  uint32_t want_c_stack;
+};
+
+using EmitFn = int (*)(const EventRecord*);
+using TracingFn = int (*)();
+
+// Event and type codes, handed in by the Python side (the runtime's numbering).
+struct Codes {
+  uint32_t ev_malloc, ev_free, ev_access, ev_op_launch, ev_system, ev_oom;
+  uint32_t ty_pta, ty_read, ty_write, ty_aten_start, ty_aten_end, ty_owner, ty_oom_trigger;
+};
+
+struct Config {
+  bool alloc = true, free = true, launch = true, access = false, decompose = false;
+  bool c_stack = false;
+  int python_depth = 0;
+};
+
+EmitFn g_emit = nullptr;
+TracingFn g_tracing = nullptr;
+Codes g_codes{};
+Config g_cfg{};
+std::atomic<bool> g_enabled{false};
+at::CallbackHandle g_callback = 0;
+
+// Counts for the benchmark's cost per event.
+std::atomic<uint64_t> g_allocs{0}, g_frees{0}, g_ops{0};
+
+StrRef str(const std::string& s) { return StrRef{s.data(), s.size()}; }
+StrRef str(const char* s) { return StrRef{s, s ? std::strlen(s) : 0}; }
+
+void device_of(c10::Device d, uint32_t* kind, uint32_t* index) {
+  if (d.is_cpu()) {
+    *kind = kDeviceCpu;
+    *index = 0;
+  } else if (d.is_cuda()) {
+    *kind = kDeviceCuda;
+    *index = d.has_index() ? static_cast<uint32_t>(d.index()) : 0;
+  } else {
+    *kind = kDeviceNone;
+    *index = 0;
+  }
+}
+
+bool tracing() { return g_enabled.load(std::memory_order_relaxed) && g_tracing && g_tracing(); }
+
+int emit(uint32_t event, uint32_t type, StrRef name, uint32_t dev_kind, uint32_t dev_index,
+         bool has_ptr, uint64_t ptr, StrRef attrs, StrRef stack, bool c_stack) {
+  EventRecord r{event, type, name, dev_kind, dev_index, has_ptr ? 1u : 0u, ptr, attrs, stack,
+                c_stack ? 1u : 0u};
+  return g_emit ? g_emit(&r) : -1;
+}
+
+// --- Python frames (--call-stack python:N) ----------------------------------------------------
+std::vector<std::string> g_skip_prefixes;
+
+std::string python_stack(int depth) {
+  if (depth <= 0) return std::string();
+  return msmemscope_python_stack(depth, g_skip_prefixes);
+}
+
+// --- owners -----------------------------------------------------------------------------------
+thread_local std::vector<std::string> tl_scopes;  // framework categories entered on this thread
+std::atomic<int> g_in_optimizer{0};
+std::mutex g_labels_mutex;
+std::string g_labels;  // the describer's active labels, "a@b", outermost first
+
+std::string category_for_new() {
+  if (!tl_scopes.empty()) return tl_scopes.back();
+  if (!g_cfg.decompose) return std::string();
+  if (g_in_optimizer.load(std::memory_order_relaxed) > 0) return "optimizer_state";
+  if (torch::autograd::get_current_graph_task_id() != -1) return "temporary";
+  return "activation";
+}
+
+std::string owner_text(const std::string& category, const std::string& labels) {
+  std::string out = "PTA";
+  if (!category.empty()) out += "@" + category;
+  if (!labels.empty()) out += "@" + labels;
+  return out;
+}
+
+// --- the live blocks --------------------------------------------------------------------------
+struct Block {
+  uint64_t aid;
+  uint64_t size;
+  uint32_t dev_kind, dev_index;
+  bool adopted;  // made before tracking; its FREE comes from the Python side
+  std::string category;
+  std::string labels;  // this block's user labels, "a@b"
+};
+
+struct Freed {
+  uint64_t addr, size;
+  uint32_t dev_kind, dev_index;
+};
+
+constexpr size_t kFreedKept = 4096;
+
+// One lock for the table, the counters and the writing of the rows, so that the rows of one
+// address are written in the order the allocator reported them, whatever the thread.
+std::mutex g_mutex;
+std::unordered_map<uint64_t, Block> g_live;
+std::deque<Freed> g_freed;
+uint64_t g_next_aid = 1;
+struct DeviceUse {
+  uint64_t used = 0, peak = 0;
+};
+std::unordered_map<uint64_t, DeviceUse> g_use;  // (kind << 32 | index) -> bytes
+
+uint64_t device_key(uint32_t kind, uint32_t index) { return (uint64_t(kind) << 32) | index; }
+
+int block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t used,
+                long long total, const std::string* owner) {
+  int n = std::snprintf(buf, cap,
+                        "{\"allocation_id\":%" PRIu64 ",\"addr\":\"0x%016" PRIx64
+                        "\",\"size\":%" PRIu64,
+                        b.aid, ptr, b.size);
+  if (used != UINT64_MAX) n += std::snprintf(buf + n, cap - n, ",\"used\":%" PRIu64, used);
+  if (total >= 0) n += std::snprintf(buf + n, cap - n, ",\"total\":%lld", total);
+  if (owner != nullptr) n += std::snprintf(buf + n, cap - n, ",\"owner\":\"%s\"", owner->c_str());
+  n += std::snprintf(buf + n, cap - n, "}");
+  return n;
+}
+
+// Called with g_mutex held.
+void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_index,
+                   uint64_t used, long long total, std::string category, bool adopted,
+                   const std::string& stack) {
+  Block b{g_next_aid++, size, dev_kind, dev_index, adopted, std::move(category), {}};
+  {
+    std::lock_guard<std::mutex> l(g_labels_mutex);
+    b.labels = g_labels;
+  }
+  DeviceUse& u = g_use[device_key(dev_kind, dev_index)];
+  u.used += size;
+  if (u.used > u.peak) u.peak = u.used;
+  if (used == UINT64_MAX) used = u.used;
+  if (g_cfg.alloc) {
+    std::string owner = owner_text(b.category, b.labels);
+    char attrs[512];
+    int n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, &owner);
+    emit(g_codes.ev_malloc, g_codes.ty_pta, str("N/A"), dev_kind, dev_index, true, ptr,
+         StrRef{attrs, size_t(n)}, str(stack), g_cfg.c_stack);
+  }
+  g_live[ptr] = std::move(b);
+}
+
+// Called with g_mutex held.
+void record_free(std::unordered_map<uint64_t, Block>::iterator it, uint64_t used,
+                 long long total) {
+  uint64_t ptr = it->first;
+  Block& b = it->second;
+  DeviceUse& u = g_use[device_key(b.dev_kind, b.dev_index)];
+  u.used = u.used >= b.size ? u.used - b.size : 0;
+  if (used == UINT64_MAX) used = u.used;
+  g_freed.push_back(Freed{ptr, b.size, b.dev_kind, b.dev_index});
+  if (g_freed.size() > kFreedKept) g_freed.pop_front();
+  if (g_cfg.free) {
+    char attrs[256];
+    int n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, nullptr);
+    emit(g_codes.ev_free, g_codes.ty_pta, str("N/A"), b.dev_kind, b.dev_index, true, ptr,
+         StrRef{attrs, size_t(n)}, StrRef{nullptr, 0}, false);
+  }
+  g_live.erase(it);
+}
+
+// --- ops --------------------------------------------------------------------------------------
+// The ops running on this thread, innermost last (the OOM row names the innermost).
+constexpr int kOpDepth = 64;
+thread_local const char* tl_op_name[kOpDepth];
+thread_local const char* tl_op_overload[kOpDepth];
+thread_local int tl_op_depth = 0;
+
+// Whether a FUNCTION-scope RecordFunction is a dispatcher op (`namespace::name`): PyTorch also
+// opens FUNCTION-scope records named in prose ("autograd::engine::evaluate_function: ...",
+// "detach"), which are not ops and which the dump does not list.
+bool is_op_name(const char* name) {
+  const char* sep = std::strstr(name, "::");
+  if (sep == nullptr || sep == name || sep[2] == '\0') return false;
+  for (const char* p = name; *p; ++p) {
+    char c = *p;
+    bool word = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '_' || c == '.';
+    if (!word && !(p >= sep && p < sep + 2)) return false;
+  }
+  return true;
+}
+
+// `aten::addmm.default`, as the dump names ops.
+void op_name(char* buf, size_t cap, const char* name, const char* overload) {
+  if (overload != nullptr && *overload) {
+    std::snprintf(buf, cap, "%s.%s", name, overload);
+  } else {
+    std::snprintf(buf, cap, "%s.default", name);
+  }
+}
+
+struct OpSchema {
+  std::vector<bool> written;  // per argument: the schema marks it written (Tensor(a!))
+  std::vector<bool> fresh;    // per return: a new tensor (no alias annotation)
+};
+
+std::mutex g_schema_mutex;
+std::unordered_map<std::string, std::shared_ptr<const OpSchema>> g_schemas;
+
+std::shared_ptr<const OpSchema> schema_of(const at::RecordFunction& fn, const std::string& key) {
+  {
+    std::lock_guard<std::mutex> l(g_schema_mutex);
+    auto it = g_schemas.find(key);
+    if (it != g_schemas.end()) return it->second;
+  }
+  auto s = std::make_shared<OpSchema>();
+  auto schema = fn.operator_schema();
+  if (schema) {
+    for (const auto& a : schema->arguments()) {
+      s->written.push_back(a.alias_info() != nullptr && a.alias_info()->isWrite());
+    }
+    for (const auto& r : schema->returns()) s->fresh.push_back(r.alias_info() == nullptr);
+  }
+  std::lock_guard<std::mutex> l(g_schema_mutex);
+  return g_schemas.emplace(key, std::move(s)).first->second;
+}
+
+const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::ComplexFloat: return "complex64";
+    case c10::ScalarType::ComplexDouble: return "complex128";
+    case c10::ScalarType::ComplexHalf: return "complex32";
+    default: return c10::toString(t);
+  }
+}
+
+void access_row(const char* name, const at::Tensor& t, bool write) {
+  if (!t.defined() || !t.has_storage()) return;
+  uint32_t kind, index;
+  device_of(t.device(), &kind, &index);
+  if (kind == kDeviceNone) return;
+  std::string attrs = "{\"dtype\":\"";
+  attrs += dtype_name(t.scalar_type());
+  attrs += "\",\"shape\":[";
+  bool first = true;
+  for (auto d : t.sizes()) {
+    if (!first) attrs.push_back(',');
+    first = false;
+    attrs += std::to_string(d);
+  }
+  attrs += "]}";
+  uint64_t ptr = reinterpret_cast<uint64_t>(t.storage().data_ptr().get());
+  emit(g_codes.ev_access, write ? g_codes.ty_write : g_codes.ty_read, str(name), kind, index,
+       true, ptr, str(attrs), StrRef{nullptr, 0}, false);
+}
+
+void access_value(const char* name, const c10::IValue& v, bool write) {
+  if (v.isTensor()) {
+    access_row(name, v.toTensor(), write);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) access_row(name, t, write);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) access_row(name, e.toTensor(), write);
+    }
+  }
+}
+
+class Reporter;
+std::shared_ptr<Reporter> g_reporter;
+
+// Puts our entry on this thread when no PROFILER_STATE entry is there (a user's profiler has
+// its own: its session sees this thread's allocations until it ends).
+void ensure_on_this_thread();
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  try {
+    ensure_on_this_thread();
+    if (!is_op_name(fn.name())) return nullptr;
+    if (tl_op_depth < kOpDepth) {
+      tl_op_name[tl_op_depth] = fn.name();
+      tl_op_overload[tl_op_depth] = fn.overload_name();
+    }
+    ++tl_op_depth;
+    if (!tracing()) return nullptr;
+    g_ops.fetch_add(1, std::memory_order_relaxed);
+    char name[256];
+    op_name(name, sizeof name, fn.name(), fn.overload_name());
+    if (g_cfg.launch) {
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, str(name), kDeviceNone, 0, false, 0,
+           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+    }
+    if (g_cfg.access && fn.needsInputs()) {
+      auto schema = schema_of(fn, name);
+      auto inputs = fn.inputs();
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        bool write = i < schema->written.size() && schema->written[i];
+        access_value(name, inputs[i], write);
+      }
+    }
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  try {
+    if (!is_op_name(fn.name())) return;
+    if (tl_op_depth > 0) --tl_op_depth;
+    if (!tracing()) return;
+    char name[256];
+    op_name(name, sizeof name, fn.name(), fn.overload_name());
+    if (g_cfg.access && fn.needsOutputs()) {
+      auto schema = schema_of(fn, name);
+      const auto& outputs = fn.outputs();
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (i < schema->fresh.size() && schema->fresh[i]) access_value(name, outputs[i], true);
+      }
+    }
+    if (g_cfg.launch) {
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, str(name), kDeviceNone, 0, false, 0,
+           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+    }
+  } catch (...) {
+  }
+}
+
+// --- the CPU allocator ------------------------------------------------------------------------
+// PyTorch's CPU allocator tells the thread's reporter about a free only when the freeing thread
+// has one, and a block is often freed elsewhere (a collective's worker thread drops the last
+// reference, a DataLoader thread...): a reporter would miss those frees and call the blocks
+// leaked. Wrapping the allocator puts our deleter on every block it hands out, so each free is
+// seen on whatever thread it happens. The block, its context and its device are unchanged.
+c10::Allocator* g_cpu_inner = nullptr;
+c10::DeleterFnPtr g_cpu_inner_deleter = nullptr;
+bool g_cpu_wrapped = false;
+
+void cpu_delete(void* p) {
+  try {
+    uint64_t addr = reinterpret_cast<uint64_t>(p);
+    std::lock_guard<std::mutex> l(g_mutex);
+    auto it = g_live.find(addr);
+    if (it != g_live.end() && !it->second.adopted) {
+      g_frees.fetch_add(1, std::memory_order_relaxed);
+      record_free(it, UINT64_MAX, -1);
+    }
+  } catch (...) {
+  }
+  g_cpu_inner_deleter(p);  // after the ledger let go of the address
+}
+
+void cpu_oom(size_t n, const c10::Error& e) {
+  try {
+    if (!tracing()) return;
+    char op[256] = "";
+    int depth = tl_op_depth < kOpDepth ? tl_op_depth : kOpDepth;
+    if (depth > 0) op_name(op, sizeof op, tl_op_name[depth - 1], tl_op_overload[depth - 1]);
+    std::string message = e.what_without_backtrace();
+    size_t nl = message.find('\n');
+    if (nl != std::string::npos) message.resize(nl);
+    std::string escaped;
+    for (char c : message) {
+      if (c == '"' || c == '\\') escaped.push_back('\\');
+      if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+    }
+    std::string attrs = "{\"func\":\"" + std::string(op) + "\",\"req_size\":" + std::to_string(n) +
+                        ",\"error\":\"" + escaped + "\"}";
+    std::string stack = python_stack(g_cfg.python_depth);
+    emit(g_codes.ev_oom, g_codes.ty_oom_trigger, str(op), kDeviceCpu, 0, false, 0, str(attrs),
+         str(stack), true);
+  } catch (...) {
+  }
+}
+
+class CpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr d;
+    try {
+      d = g_cpu_inner->allocate(n);
+    } catch (const c10::Error& e) {
+      cpu_oom(n, e);
+      throw;
+    }
+    void* p = d.get();
+    if (!g_enabled.load(std::memory_order_relaxed) || p == nullptr || d.get_context() != p ||
+        d.get_deleter() != g_cpu_inner_deleter || !tracing()) {
+      return d;  // not traced now, or not the plain shape this wrapper knows
+    }
+    try {
+      g_allocs.fetch_add(1, std::memory_order_relaxed);
+      std::string stack = python_stack(g_cfg.python_depth);
+      std::string category = category_for_new();
+      std::lock_guard<std::mutex> l(g_mutex);
+      if (!d.compare_exchange_deleter(g_cpu_inner_deleter, &cpu_delete)) return d;
+      record_malloc(reinterpret_cast<uint64_t>(p), n, kDeviceCpu, 0, UINT64_MAX, -1,
+                    std::move(category), false, stack);
+      return d;
+    } catch (...) {
+      return d;
+    }
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    c10::DeleterFnPtr inner = g_cpu_inner->raw_deleter();
+    return inner == g_cpu_inner_deleter ? &cpu_delete : inner;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    g_cpu_inner->copy_data(dest, src, count);
+  }
+};
+
+CpuAllocator g_cpu_allocator;
+
+// Installs the wrapper over the current CPU allocator, once; false when that allocator does not
+// hand out plain blocks (its own context) or another allocator of higher priority stays.
+bool wrap_cpu_allocator() {
+  if (g_cpu_wrapped) return true;
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current == nullptr || current == &g_cpu_allocator || current->raw_deleter() == nullptr) {
+    return false;
+  }
+  g_cpu_inner = current;
+  g_cpu_inner_deleter = current->raw_deleter();
+  c10::SetCPUAllocator(&g_cpu_allocator, 0);
+  g_cpu_wrapped = c10::GetCPUAllocator() == &g_cpu_allocator;
+  return g_cpu_wrapped;
+}
+
+class Reporter final : public torch::profiler::impl::ProfilerStateBase {
+ public:
+  Reporter()
+      : ProfilerStateBase(
+            torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)) {}
+
+  // Only the CPU allocator's profiled reporter asks; other allocators (CUDA's caching
+  // allocator, the file-mapping one) report regardless. CPU blocks come from our wrapper of the
+  // CPU allocator (below) unless it could not be installed.
+  bool memoryProfilingEnabled() const override {
+    return g_enabled.load(std::memory_order_relaxed) && !g_cpu_wrapped;
+  }
+
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
+
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t total_allocated,
+                         size_t total_reserved, c10::Device device) override {
+    try {
+      if (alloc_size == 0 || !g_enabled.load(std::memory_order_relaxed)) return;
+      uint32_t kind, index;
+      device_of(device, &kind, &index);
+      if (kind == kDeviceNone) return;
+      uint64_t addr = reinterpret_cast<uint64_t>(ptr);
+      long long total = kind == kDeviceCpu ? -1 : static_cast<long long>(total_reserved);
+      if (alloc_size > 0) {
+        if (!tracing()) return;
+        g_allocs.fetch_add(1, std::memory_order_relaxed);
+        std::string stack = python_stack(g_cfg.python_depth);
+        std::string category = category_for_new();
+        // The CPU allocator's running total counts every block since capture began, traced or
+        // not, so on CPU `used` is the sum of the blocks the rows list; on CUDA it is the
+        // caching allocator's own allocated bytes.
+        uint64_t used = kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated);
+        std::lock_guard<std::mutex> l(g_mutex);
+        record_malloc(addr, uint64_t(alloc_size), kind, index, used, total,
+                      std::move(category), false, stack);
+      } else {
+        std::lock_guard<std::mutex> l(g_mutex);
+        auto it = g_live.find(addr);
+        if (it == g_live.end() || it->second.adopted) return;  // allocated before tracking
+        g_frees.fetch_add(1, std::memory_order_relaxed);
+        record_free(it, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated), total);
+      }
+    } catch (...) {
+    }
+  }
+
+  void reportOutOfMemory(int64_t alloc_size, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
+    try {
+      if (!tracing()) return;
+      uint32_t kind, index;
+      device_of(device, &kind, &index);
+      if (kind == kDeviceCpu && g_cpu_wrapped) return;  // the wrapper reports it, with the text
+      char op[256] = "";
+      int depth = tl_op_depth < kOpDepth ? tl_op_depth : kOpDepth;
+      if (depth > 0) op_name(op, sizeof op, tl_op_name[depth - 1], tl_op_overload[depth - 1]);
+      const char* what = kind == kDeviceCpu
+                             ? "can't allocate memory: the CPU allocator failed a request"
+                             : "out of memory: the CUDA caching allocator failed a request";
+      char attrs[512];
+      int n = std::snprintf(attrs, sizeof attrs,
+                            "{\"func\":\"%s\",\"req_size\":%lld,\"error\":\"%s of %lld bytes "
+                            "(allocated %zu, reserved %zu)\"}",
+                            op, static_cast<long long>(alloc_size), what,
+                            static_cast<long long>(alloc_size), total_allocated, total_reserved);
+      std::string stack = python_stack(g_cfg.python_depth > 0 ? g_cfg.python_depth : 0);
+      emit(g_codes.ev_oom, g_codes.ty_oom_trigger, str(op), kind, index, false, 0,
+           StrRef{attrs, size_t(n)}, str(stack), true);
+    } catch (...) {
+    }
+  }
+};
+
+void ensure_on_this_thread() {
+  if (!g_enabled.load(std::memory_order_relaxed) || !g_reporter) return;
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr) return;
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, g_reporter);
+}
+
+}  // namespace
+
+// --- the C ABI the Python side calls (ctypes) -------------------------------------------------
+#pragma GCC visibility push(default)
+extern "C" {
+
+// 0: ready; -1: the runtime's ABI version differs from this file's.
+int msmemscope_torch_init(void* emit_fn, void* tracing_fn, uint32_t abi_version,
+                          const uint32_t* codes, size_t ncodes) {
+  try {
+    if (abi_version != kAbiVersion || ncodes != sizeof(Codes) / sizeof(uint32_t)) return -1;
+    g_emit = reinterpret_cast<EmitFn>(emit_fn);
+    g_tracing = reinterpret_cast<TracingFn>(tracing_fn);
+    std::memcpy(&g_codes, codes, sizeof(Codes));
+    return 0;
+  } catch (...) {
+    return -2;
+  }
+}
+
+void msmemscope_torch_configure(int alloc, int free, int launch, int access, int decompose,
+                                int python_depth, int c_stack) {
+  g_cfg.alloc = alloc != 0;
+  g_cfg.free = free != 0;
+  g_cfg.launch = launch != 0;
+  g_cfg.access = access != 0;
+  g_cfg.decompose = decompose != 0;
+  g_cfg.python_depth = python_depth;
+  g_cfg.c_stack = c_stack != 0;
+}
+
+// Frames whose file starts with one of these (newline-separated) are skipped at the top.
+void msmemscope_torch_skip_prefixes(const char* joined) {
+  try {
+    g_skip_prefixes.clear();
+    std::string s = joined ? joined : "";
+    size_t start = 0;
+    while (start < s.size()) {
+      size_t end = s.find('\n', start);
+      if (end == std::string::npos) end = s.size();
+      if (end > start) g_skip_prefixes.push_back(s.substr(start, end - start));
+      start = end + 1;
+    }
+  } catch (...) {
+  }
+}
+
+// Starts capture on this thread and registers the op callback (once). 0 on success.
+int msmemscope_torch_install() {
+  try {
+    if (!g_emit) return -1;
+    if (!g_reporter) g_reporter = std::make_shared<Reporter>();
+    wrap_cpu_allocator();
+    g_enabled.store(true);
+    if (g_callback == 0) {
+      bool needs = g_cfg.access;
+      g_callback = at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                             .needsInputs(needs)
+                                             .needsOutputs(needs)
+                                             .scopes({at::RecordScope::FUNCTION}));
+    }
+    ensure_on_this_thread();
+    return 0;
+  } catch (...) {
+    return -2;
+  }
+}
+
+// The op callback is registered again (its needs follow the access setting).
+void msmemscope_torch_reregister() {
+  try {
+    if (g_callback == 0) return;
+    at::removeCallback(g_callback);
+    bool needs = g_cfg.access;
+    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                           .needsInputs(needs)
+                                           .needsOutputs(needs)
+                                           .scopes({at::RecordScope::FUNCTION}));
+  } catch (...) {
+  }
+}
+
+// Stops capture everywhere: the op callback is removed; our thread entries stay, inert.
+void msmemscope_torch_uninstall() {
+  try {
+    g_enabled.store(false);
+    if (g_callback != 0) {
+      at::removeCallback(g_callback);
+      g_callback = 0;
+    }
+  } catch (...) {
+  }
+}
+
+void msmemscope_torch_scope_push(const char* category) {
+  try {
+    tl_scopes.emplace_back(category ? category : "");
+  } catch (...) {
+  }
+}
+
+void msmemscope_torch_scope_pop() {
+  if (!tl_scopes.empty()) tl_scopes.pop_back();
+}
+
+void msmemscope_torch_optimizer(int delta) {
+  int now = g_in_optimizer.fetch_add(delta) + delta;
+  if (now < 0) g_in_optimizer.store(0);
+}
+
+void msmemscope_torch_labels(const char* joined) {
+  try {
+    std::lock_guard<std::mutex> l(g_labels_mutex);
+    g_labels = joined ? joined : "";
+  } catch (...) {
+  }
+}
+
+// A new owner for the live block at `ptr`: `category` (or null: unchanged) and/or one more user
+// `label` (or null). Returns 0 when an OWNER row was written, 1 when nothing changed, -1 when no
+// live block starts at `ptr`, -2 when the block already has `max_labels` labels (they are copied
+// to `labels_out`).
+int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* label,
+                               int unless_framework, int max_labels, char* labels_out,
+                               size_t cap) {
+  try {
+    std::lock_guard<std::mutex> l(g_mutex);
+    auto it = g_live.find(ptr);
+    if (it == g_live.end()) return -1;
+    Block& b = it->second;
+    std::string cat = b.category;
+    std::string labels = b.labels;
+    if (category != nullptr && !(unless_framework && b.category.find('@') != std::string::npos)) {
+      cat = category;
+    }
+    if (label != nullptr) {
+      std::string wanted = label;
+      bool present = false;
+      int count = 0;
+      size_t start = 0;
+      while (start <= labels.size() && !labels.empty()) {
+        size_t end = labels.find('@', start);
+        if (end == std::string::npos) end = labels.size();
+        if (labels.compare(start, end - start, wanted) == 0 && end - start == wanted.size()) {
+          present = true;
+        }
+        ++count;
+        start = end + 1;
+      }
+      if (!present) {
+        if (count >= max_labels) {
+          std::snprintf(labels_out, cap, "%s", labels.c_str());
+          return -2;
+        }
+        labels = labels.empty() ? wanted : labels + "@" + wanted;
+      }
+    }
+    if (cat == b.category && labels == b.labels) return 1;
+    b.category = cat;
+    b.labels = labels;
+    if (!g_cfg.alloc) return 1;
+    std::string owner = owner_text(cat, labels);
+    char attrs[512];
+    int n = block_attrs(attrs, sizeof attrs, b, ptr, UINT64_MAX, -1, &owner);
+    emit(g_codes.ev_system, g_codes.ty_owner, str(owner), b.dev_kind, b.dev_index, true, ptr,
+         StrRef{attrs, size_t(n)}, StrRef{nullptr, 0}, false);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// A block made before tracking (the allocator never reported it) gets its MALLOC row now; the
+// Python side reports its end with msmemscope_torch_release (a weak reference to its storage).
+// Returns 0 when recorded, 1 when not (not tracing, or a live block already starts there).
+int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_index,
+                           const char* category) {
+  try {
+    if (!tracing() || size == 0) return 1;
+    std::string cat = category ? category : category_for_new();
+    std::string stack = python_stack(g_cfg.python_depth);
+    std::lock_guard<std::mutex> l(g_mutex);
+    if (g_live.count(ptr) != 0) return 1;
+    record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, std::move(cat), true, stack);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+void msmemscope_torch_release(uint64_t ptr) {
+  try {
+    std::lock_guard<std::mutex> l(g_mutex);
+    auto it = g_live.find(ptr);
+    if (it != g_live.end() && it->second.adopted) record_free(it, UINT64_MAX, -1);
+  } catch (...) {
+  }
+}
+
+// The newest freed block holding `addr`: 1 and its start, size and device; 0 when none.
+int msmemscope_torch_freed_block(uint64_t addr, uint64_t* start, uint64_t* size,
+                                 uint32_t* dev_kind, uint32_t* dev_index) {
+  try {
+    std::lock_guard<std::mutex> l(g_mutex);
+    for (auto it = g_freed.rbegin(); it != g_freed.rend(); ++it) {
+      if (it->addr <= addr && addr < it->addr + it->size) {
+        *start = it->addr;
+        *size = it->size;
+        *dev_kind = it->dev_kind;
+        *dev_index = it->dev_index;
+        return 1;
+      }
+    }
+  } catch (...) {
+  }
+  return 0;
+}
+
+// The live block holding `addr`: 1 and its start, size and device; 0 when none. A scan (the
+// watcher asks once per registered address).
+int msmemscope_torch_live_block(uint64_t addr, uint64_t* start, uint64_t* size,
+                                uint32_t* dev_kind, uint32_t* dev_index) {
+  try {
+    std::lock_guard<std::mutex> l(g_mutex);
+    for (const auto& [ptr, b] : g_live) {
+      if (ptr <= addr && addr < ptr + b.size) {
+        *start = ptr;
+        *size = b.size;
+        *dev_kind = b.dev_kind;
+        *dev_index = b.dev_index;
+        return 1;
+      }
+    }
+  } catch (...) {
+  }
+  return 0;
+}
+
+// Live tracked bytes and their peak on one device.
+void msmemscope_torch_usage(uint32_t dev_kind, uint32_t dev_index, uint64_t* used,
+                            uint64_t* peak) {
+  std::lock_guard<std::mutex> l(g_mutex);
+  auto it = g_use.find(device_key(dev_kind, dev_index));
+  *used = it == g_use.end() ? 0 : it->second.used;
+  *peak = it == g_use.end() ? 0 : it->second.peak;
+}
+
+// Allocations, frees and ops recorded so far.
+void msmemscope_torch_counts(uint64_t* out) {
+  out[0] = g_allocs.load();
+  out[1] = g_frees.load();
+  out[2] = g_ops.load();
+}
+
+}  // extern "C"
+#pragma GCC visibility pop

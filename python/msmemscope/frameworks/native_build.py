@@ -1,0 +1,153 @@
+"""Building and caching the native PyTorch capture (``native/*.cpp``).
+
+The library is compiled against the PyTorch the program imports — its headers ship in the torch
+wheel — with a plain C++ compiler call, once per (source, torch version, C++ ABI, Python
+version), and cached under ``$MSMEMSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/msmemscope``, else
+``~/.cache/msmemscope``. The first use prints one line while it builds; processes that start
+at once (the ranks of a job) wait on one lock and one build. A compiler or headers that are
+missing raise :class:`Unavailable` with what is missing; the tracker then falls back to the
+Python dispatch mode.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+__all__ = ["Unavailable", "cache_dir", "library"]
+
+_NATIVE = Path(__file__).resolve().parent / "native"
+# capture.cpp: the PyTorch side; pyframes.cpp: Python frames (built with the interpreter's
+# internal headers, kept apart so that capture.cpp sees only the public C API).
+SOURCES = (_NATIVE / "capture.cpp", _NATIVE / "pyframes.cpp")
+_BUILD_TIMEOUT_S = 600
+
+
+class Unavailable(Exception):
+    """The native capture cannot be built here; the message names what is missing."""
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("MSMEMSCOPE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "msmemscope"
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise Unavailable("no C++ compiler (g++, c++ or clang++; or set CXX)")
+
+
+def _key(torch, cxx: str) -> str:
+    """What the built library depends on: this source, the torch build, its C++ ABI, Python."""
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.read_bytes())
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    h.update(f"{torch.__version__}|{torch.__file__}|{abi}|{sys.version}|{cxx}".encode())
+    return f"torch-{torch.__version__.replace('+', '_')}-abi{abi}-{h.hexdigest()[:16]}"
+
+
+def _command(torch, cxx: str, out: Path) -> list[str]:
+    root = Path(torch.__file__).resolve().parent
+    include = root / "include"
+    lib = root / "lib"
+    if not (include / "ATen" / "record_function.h").is_file():
+        raise Unavailable(f"PyTorch's C++ headers are not installed ({include} has no ATen/)")
+    py_include = sysconfig.get_paths()["include"]
+    if not (Path(py_include) / "Python.h").is_file():
+        raise Unavailable(f"Python's C headers are not installed ({py_include}/Python.h)")
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    return [
+        cxx,
+        "-O2",
+        # As PyTorch's own extension builds: its newer headers need C++20; older ones accept it.
+        "-std=c++20",
+        "-shared",
+        "-fPIC",
+        "-fvisibility=hidden",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-isystem",
+        str(include),
+        "-isystem",
+        str(include / "torch" / "csrc" / "api" / "include"),
+        "-isystem",
+        py_include,
+        *(str(source) for source in SOURCES),
+        "-o",
+        str(out),
+        f"-L{lib}",
+        f"-Wl,-rpath,{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+    ]
+
+
+def library(torch, notice=None) -> Path:
+    """The path of the built library for this torch, building it when it is not cached."""
+    cxx = _compiler()
+    directory = cache_dir() / _key(torch, cxx)
+    target = directory / "libmsmemscope_torch.so"
+    if target.is_file():
+        return target
+    failed = directory / "build.failed"
+    if failed.is_file():  # one failed build per key: later processes do not compile again
+        raise Unavailable(f"{failed.read_text().strip()} (delete {directory} to retry)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise Unavailable(f"cannot create the cache directory {directory}: {exc}") from None
+    with open(directory / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():  # another process built it meanwhile
+            return target
+        if notice is not None:
+            notice(
+                f"building the native PyTorch capture for torch {torch.__version__} "
+                f"(once; cached in {directory})"
+            )
+        partial = directory / f".libmsmemscope_torch.{os.getpid()}.so"
+        cmd = _command(torch, cxx, partial)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise Unavailable(f"the C++ compiler failed to run: {exc}") from None
+        if proc.returncode != 0:
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
+            (directory / "build.log").write_text(" ".join(cmd) + "\n" + proc.stderr)
+            why = first.strip() or f"exit {proc.returncode}"
+            names = " and ".join(s.name for s in SOURCES)
+            log = directory / "build.log"
+            reason = f"compiling {names} failed ({why}; full log in {log})"
+            failed.write_text(reason + "\n")
+            raise Unavailable(reason)
+        os.replace(partial, target)
+    return target
+
+
+def main() -> int:
+    """``python -m msmemscope.frameworks.native_build``: builds (or finds) the library."""
+    import torch
+
+    try:
+        path = library(torch, notice=lambda m: print(f"msmemscope: {m}", file=sys.stderr))
+    except Unavailable as exc:
+        print(f"msmemscope: native PyTorch capture unavailable: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
