@@ -1,153 +1,422 @@
-"""PyTorch tracking overhead on a CPU training loop (SPEC §10: lower than MemTracker).
+"""PyTorch tracking overhead on real CPU training steps, against torch.profiler and MemTracker.
 
-One run measures, in interleaved rounds, the steps/s of the same CPU MLP + Adam training loop:
+One run measures, in interleaved rounds, the steps/s of real CPU training steps
+(``torch.set_num_threads(1)``, ``torch.manual_seed(0)``) on three workloads:
+
+- ``mlp``: MLP 256-512-256-10 (Linear/ReLU), batch 64, cross-entropy, Adam;
+- ``gpt2``: transformers ``GPT2LMHeadModel`` (2 layers, n_embd 128, 2 heads, vocab 1000,
+  128 positions, random init, no download), batch 4 x 64 token ids, LM loss, AdamW;
+- ``cnn``: Conv2d 3->16 k3, ReLU, MaxPool2d(2), Conv2d 16->32 k3, ReLU, AdaptiveAvgPool2d(1),
+  Linear 32->10 on a batch of 32 x 3 x 32 x 32, cross-entropy, SGD with momentum;
+
+under six modes:
 
 - ``none``: plain Python;
-- ``msmemscope``: under the CLI with default options (``--events=alloc,free,launch``,
-  ``--level=op``, leaks analysis), the PyTorch tracker turned on by the autostart hook;
-- ``decompose``: the same under ``--analysis=decompose`` (owners on every block, module,
-  gradient and optimizer hooks, the per-step owner table);
+- ``native``: under the CLI with default options (``--events=alloc,free,launch``,
+  ``--level=op``, leaks analysis) and ``MSMEMSCOPE_TORCH_CAPTURE=native``: the autostart hook
+  turns on the native capture (the C++ library on PyTorch's allocator and RecordFunction);
+- ``native-alloc``: the same with ``--events=alloc,free`` (no op rows);
+- ``fallback``: under the CLI with default options and ``MSMEMSCOPE_TORCH_CAPTURE=python``
+  (the TorchDispatchMode capture);
+- ``profiler``: in-process ``torch.profiler.profile(activities=[CPU], profile_memory=True)``
+  around the warmup and timed steps (its post-processing at exit is not timed);
 - ``memtracker``: in-process ``torch.distributed._tools.mem_tracker.MemTracker`` (a
-  TorchDispatchMode with weakref storage tracking, as documented in its class docstring).
+  TorchDispatchMode with weakref storage tracking), ``reset_mod_stats()`` before each step.
 
-Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps 300] [--warmup 30]``
-Each round runs each mode once as a fresh process; the table shows each mode's median steps/s
-and the ratios. The exact commands are printed first.
+Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps N] [--warmup 5]
+[--workloads mlp,gpt2,cnn] [--modes none,native,native-alloc,fallback,profiler,memtracker]``
+
+Timed steps default to mlp 200, gpt2 20, cnn 50 (``--steps`` sets all three). Each round runs
+every workload under every mode once as a fresh process (the mode order rotates by round); each
+CLI run gets a fresh ``-o`` directory that is deleted after its dump rows are counted. Per
+workload the script prints a markdown table: median steps/s, time per step against ``none``,
+and for the CLI modes the dump rows per timed step and the added nanoseconds per recorded row,
+(time/step(mode) - time/step(none)) / (rows/step). The rows per step are the dump rows whose
+timestamp lies inside the timed window (the worker prints it with ``time.time_ns()``, the clock
+of the dump's ``Timestamp(ns)``); the whole dump's rows / (warmup + timed steps), which also
+counts import, setup and exit rows, is shown next to it. The exact commands are printed first,
+and the issue's targets (native <= 1.3x on mlp, <= 1.15x on gpt2, below torch.profiler on both,
+below MemTracker) last.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
+WORKLOADS = ("mlp", "gpt2", "cnn")
+DEFAULT_STEPS = {"mlp": 200, "gpt2": 20, "cnn": 50}
+DESCRIPTIONS = {
+    "mlp": "MLP 256-512-256-10, batch 64, Adam",
+    "gpt2": "GPT2LMHeadModel 2 layers, n_embd 128, vocab 1000, batch 4x64 tokens, AdamW",
+    "cnn": "CNN 2 conv + pool + linear, batch 32x3x32x32, SGD momentum",
+}
+MODES = ("none", "native", "native-alloc", "fallback", "profiler", "memtracker")
+# CLI modes: extra CLI options, MSMEMSCOPE_TORCH_CAPTURE.
+CLI_MODES: dict[str, tuple[list[str], str]] = {
+    "native": ([], "native"),
+    "native-alloc": (["--events=alloc,free"], "native"),
+    "fallback": ([], "python"),
+}
+CAPTURE_VARIABLE = "MSMEMSCOPE_TORCH_CAPTURE"
+# Targets of the issue: native time/step vs none.
+TARGETS = {"mlp": 1.3, "gpt2": 1.15}
 
-def worker(mode: str, steps: int, warmup: int) -> None:
-    """The training loop; prints ``STEPS_PER_S <x>`` for the timed steps."""
+
+# ----------------------------------------------------------------------------- worker
+
+
+def build(workload: str) -> tuple[Callable[[], None], list[Any]]:
+    """One training step of ``workload`` and what MemTracker should track externally."""
     import torch
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 10),
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(32, 64)
-    y = torch.randint(0, 10, (32,))
+    F = torch.nn.functional
+    if workload == "mlp":
+        model: torch.nn.Module = torch.nn.Sequential(
+            torch.nn.Linear(256, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 256),
+            torch.nn.ReLU(),
+            torch.nn.Linear(256, 10),
+        )
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(64, 256)
+        y = torch.randint(0, 10, (64,))
 
-    tracker = None
+        def loss_fn() -> torch.Tensor:
+            return F.cross_entropy(model(x), y)
 
-    def one_step() -> None:
-        if tracker is not None:
-            # MemTracker refuses a second forward of a module without this.
-            tracker.reset_mod_stats()
+        external: list[Any] = [model, opt, x, y]
+    elif workload == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(n_layer=2, n_embd=128, n_head=2, vocab_size=1000, n_positions=128)
+        model = GPT2LMHeadModel(config)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, config.vocab_size, (4, 64))
+
+        def loss_fn() -> torch.Tensor:
+            return model(input_ids=ids, labels=ids).loss
+
+        external = [model, opt, ids]
+    elif workload == "cnn":
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        x = torch.randn(32, 3, 32, 32)
+        y = torch.randint(0, 10, (32,))
+
+        def loss_fn() -> torch.Tensor:
+            return F.cross_entropy(model(x), y)
+
+        external = [model, opt, x, y]
+    else:
+        raise SystemExit(f"unknown workload {workload!r}")
+
+    def step() -> None:
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        loss_fn().backward()
         opt.step()
 
+    return step, external
+
+
+def worker(workload: str, mode: str, steps: int, warmup: int) -> None:
+    """Runs ``warmup`` then ``steps`` timed training steps; prints ``STEPS_PER_S <x>``,
+    ``WINDOW_NS <t0> <t1>`` (``time.time_ns()`` around the timed steps) and ``CAPTURE <c>``."""
+    step, external = build(workload)
+    ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    reset: Callable[[], None] | None = None
     if mode == "memtracker":
         from torch.distributed._tools.mem_tracker import MemTracker
 
         tracker = MemTracker()
-        tracker.track_external(model, opt, x, y)
+        tracker.track_external(*external)
+        # MemTracker refuses a second forward of a module without this.
+        reset = tracker.reset_mod_stats
         ctx = tracker
-    else:
-        import contextlib
+    elif mode == "profiler":
+        from torch.profiler import ProfilerActivity, profile
 
-        ctx = contextlib.nullcontext()
+        ctx = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+
+    def one_step() -> None:
+        if reset is not None:
+            reset()
+        step()
+
     with ctx:
         for _ in range(warmup):
             one_step()
+        w0 = time.time_ns()
         t0 = time.perf_counter()
         for _ in range(steps):
             one_step()
         dt = time.perf_counter() - t0
-    print(f"STEPS_PER_S {steps / dt:.2f}", flush=True)
+        w1 = time.time_ns()
+    tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    capture = getattr(tracker_module, "capture", lambda: None)() if tracker_module else None
+    print(f"STEPS_PER_S {steps / dt:.4f}", flush=True)
+    print(f"WINDOW_NS {w0} {w1}", flush=True)
+    print(f"CAPTURE {capture or 'none'}", flush=True)
 
 
-def command(mode: str, steps: int, warmup: int, out_dir: str) -> list[str]:
-    me = [str(PYTHON), str(Path(__file__).resolve()), "--worker", mode]
+# ----------------------------------------------------------------------------- driver
+
+
+@dataclass
+class Run:
+    steps_per_s: float
+    rows_all: int | None = None  # every dump row
+    rows_window: int | None = None  # dump rows inside the timed window
+    capture: str = "none"
+
+
+def steps_for(workload: str, override: int | None) -> int:
+    return override if override is not None else DEFAULT_STEPS[workload]
+
+
+def command(workload: str, mode: str, steps: int, warmup: int, out_dir: str) -> list[str]:
+    me = [str(PYTHON), str(Path(__file__).resolve()), "--worker", workload, mode]
     me += ["--steps", str(steps), "--warmup", str(warmup)]
-    if mode == "msmemscope":
-        return [str(CLI), "-o", out_dir, *me]
-    if mode == "decompose":
-        return [str(CLI), "--analysis=decompose", "-o", out_dir, *me]
+    if mode in CLI_MODES:
+        return [str(CLI), *CLI_MODES[mode][0], "-o", out_dir, *me]
     return me
 
 
-def run(cmd: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
+def environment(mode: str) -> dict[str, str]:
+    drop = ("LD_PRELOAD", "PYTHONPATH", CAPTURE_VARIABLE)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.setdefault("OMP_NUM_THREADS", "1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if res.returncode != 0:
-        raise SystemExit(f"failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
-    for line in res.stdout.splitlines():
-        if line.startswith("STEPS_PER_S "):
-            return float(line.split()[1])
-    raise SystemExit(f"no STEPS_PER_S line from: {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
+    if mode in CLI_MODES:
+        env[CAPTURE_VARIABLE] = CLI_MODES[mode][1]
+    return env
+
+
+def env_prefix(mode: str) -> str:
+    prefix = "OMP_NUM_THREADS=1"
+    if mode in CLI_MODES:
+        prefix += f" {CAPTURE_VARIABLE}={CLI_MODES[mode][1]}"
+    return prefix
+
+
+def count_rows(out_dir: Path, w0: int, w1: int) -> tuple[int, int]:
+    """(all data rows, rows with ``w0 <= Timestamp(ns) <= w1``) of the run's CSV dumps."""
+    total = window = 0
+    for path in sorted(out_dir.glob("*/device_*/dump/memscope_dump_*.csv")):
+        with path.open(newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                continue
+            col = header.index("Timestamp(ns)") if "Timestamp(ns)" in header else None
+            for row in reader:
+                total += 1
+                if col is not None and col < len(row):
+                    try:
+                        ts = int(row[col])
+                    except ValueError:
+                        continue
+                    if w0 <= ts <= w1:
+                        window += 1
+    return total, window
+
+
+def run_once(workload: str, mode: str, steps: int, warmup: int, notes: list[str]) -> Run:
+    out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_torch_"))
+    try:
+        cmd = command(workload, mode, steps, warmup, str(out_dir))
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, env=environment(mode), timeout=1800
+        )
+        shown = " ".join(shlex.quote(c) for c in cmd)
+        if res.returncode != 0:
+            raise SystemExit(
+                f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}"
+            )
+        values: dict[str, list[str]] = {}
+        for line in res.stdout.splitlines():
+            key, _, rest = line.partition(" ")
+            if key in ("STEPS_PER_S", "WINDOW_NS", "CAPTURE"):
+                values[key] = rest.split()
+        if "STEPS_PER_S" not in values or "WINDOW_NS" not in values:
+            raise SystemExit(f"no STEPS_PER_S line from: {shown}\n{res.stdout}\n{res.stderr}")
+        run = Run(float(values["STEPS_PER_S"][0]), capture=values.get("CAPTURE", ["none"])[0])
+        for line in res.stderr.splitlines():
+            if "warning" in line.lower() or "unavailable" in line.lower():
+                notes.append(f"{workload}/{mode} stderr: {line.strip()}")
+        if mode in CLI_MODES:
+            want = CLI_MODES[mode][1]
+            if run.capture != want:
+                notes.append(f"{workload}/{mode}: capture was {run.capture!r}, expected {want!r}")
+            w0, w1 = (int(v) for v in values["WINDOW_NS"][:2])
+            run.rows_all, run.rows_window = count_rows(out_dir, w0, w1)
+        return run
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def median_of(values: list[float | int | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def table(
+    workload: str, modes: list[str], runs: dict[str, list[Run]], steps: int, warmup: int
+) -> dict[str, float]:
+    """Prints the workload's markdown table; returns the time ratio of each mode vs none."""
+    med = {m: statistics.median(r.steps_per_s for r in runs[m]) for m in modes}
+    base = med.get("none")
+    rounds = len(runs[modes[0]])
+    print(
+        f"### {workload}: {DESCRIPTIONS[workload]} "
+        f"({steps} timed steps after {warmup} warmup, median of {rounds} round(s))"
+    )
+    print()
+    print(
+        "| mode | steps/s (median) | min | max | time/step vs none | rows/step (timed) "
+        "| rows/step (whole dump) | ns per row |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    ratios: dict[str, float] = {}
+    for m in modes:
+        sps = [r.steps_per_s for r in runs[m]]
+        ratio = base / med[m] if base else None
+        if ratio is not None:
+            ratios[m] = ratio
+        per_step = median_of([r.rows_window for r in runs[m]])
+        per_step = per_step / steps if per_step is not None else None
+        whole = median_of([r.rows_all for r in runs[m]])
+        whole = whole / (steps + warmup) if whole is not None else None
+        ns = None
+        if base and per_step:
+            ns = (1.0 / med[m] - 1.0 / base) * 1e9 / per_step
+        print(
+            f"| {m} | {med[m]:.1f} | {min(sps):.1f} | {max(sps):.1f} "
+            f"| {fmt(ratio, '.2f', 'x')} | {fmt(per_step, '.0f')} | {fmt(whole, '.0f')} "
+            f"| {fmt(ns, '.0f')} |"
+        )
+    print()
+    return ratios
+
+
+def verdicts(all_ratios: dict[str, dict[str, float]]) -> None:
+    lines: list[str] = []
+    for workload, ratios in all_ratios.items():
+        native = ratios.get("native")
+        if native is None:
+            continue
+        target = TARGETS.get(workload)
+        if target is not None:
+            ok = "PASS" if native <= target else "FAIL"
+            lines.append(f"{ok}: {workload} native {native:.2f}x <= {target}x none")
+        for other in ("profiler", "memtracker"):
+            if other in ratios and (workload in TARGETS or other == "memtracker"):
+                ok = "PASS" if native < ratios[other] else "FAIL"
+                lines.append(
+                    f"{ok}: {workload} native {native:.2f}x < {other} {ratios[other]:.2f}x"
+                )
+    if lines:
+        print("targets (time per step against none):")
+        for line in lines:
+            print(f"  {line}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=("none", "msmemscope", "decompose", "memtracker"))
+    ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--modes", default="none,msmemscope,decompose,memtracker")
+    ap.add_argument(
+        "--steps", type=int, default=None, help="timed steps (default mlp 200, gpt2 20, cnn 50)"
+    )
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--modes", default=",".join(MODES))
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.steps, args.warmup)
+        workload, mode = args.worker
+        worker(workload, mode, args.steps if args.steps is not None else 1, args.warmup)
         return
-    if not CLI.is_file():
+    workloads = [w for w in args.workloads.split(",") if w]
+    modes = [m for m in args.modes.split(",") if m]
+    for w in workloads:
+        if w not in WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r}: choose from {', '.join(WORKLOADS)}")
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+    if any(m in CLI_MODES for m in modes) and not CLI.is_file():
         raise SystemExit(f"{CLI} is missing: run scripts/setup.sh")
-    modes = args.modes.split(",")
-    out_dir = tempfile.mkdtemp(prefix="msmemscope_bench_torch_")
-    try:
-        print("commands (each run once per round, rounds interleaved):")
+
+    print(f"nproc {os.cpu_count()}, python {sys.version.split()[0]}")
+    print("commands (each run once per round as a fresh process, modes rotated by round;")
+    print("OUTDIR is a fresh temp dir per run, deleted after counting its dump rows):")
+    for w in workloads:
         for m in modes:
-            cmd = " ".join(command(m, args.steps, args.warmup, out_dir))
-            print(f"  {m:>10}: OMP_NUM_THREADS=1 {cmd}")
-        results: dict[str, list[float]] = {m: [] for m in modes}
-        for r in range(args.rounds):
-            for m in modes:
-                results[m].append(run(command(m, args.steps, args.warmup, out_dir)))
-            print(f"round {r + 1}: " + ", ".join(f"{m} {results[m][-1]:.1f}" for m in modes))
-        med = {m: statistics.median(v) for m, v in results.items()}
+            cmd = " ".join(command(w, m, steps_for(w, args.steps), args.warmup, "OUTDIR"))
+            print(f"  {w:>4} {m:>12}: {env_prefix(m)} {cmd}")
+    print()
+
+    notes: list[str] = []
+    results: dict[str, dict[str, list[Run]]] = {w: {m: [] for m in modes} for w in workloads}
+    for r in range(args.rounds):
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]
+        for w in workloads:
+            steps = steps_for(w, args.steps)
+            for m in order:
+                results[w][m].append(run_once(w, m, steps, args.warmup, notes))
+            shown = ", ".join(f"{m} {results[w][m][-1].steps_per_s:.1f}" for m in modes)
+            print(f"round {r + 1} {w}: steps/s {shown}", flush=True)
+    print()
+
+    all_ratios: dict[str, dict[str, float]] = {}
+    for w in workloads:
+        all_ratios[w] = table(w, modes, results[w], steps_for(w, args.steps), args.warmup)
+    print(
+        "rows/step (timed): dump rows stamped inside the timed steps / timed steps; "
+        "rows/step (whole dump): all dump rows / (warmup + timed steps), which also counts the "
+        "import, model setup and exit rows. ns per row: (time/step(mode) - time/step(none)) / "
+        "rows/step (timed)."
+    )
+    print()
+    verdicts(all_ratios)
+    if notes:
         print()
-        print(f"{'mode':>12} {'steps/s (median)':>17} {'min':>8} {'max':>8} {'slowdown':>9}")
-        base = med.get("none")
-        for m in modes:
-            slow = f"{base / med[m]:.2f}x" if base else "-"
-            print(
-                f"{m:>12} {med[m]:>17.1f} {min(results[m]):>8.1f} {max(results[m]):>8.1f} {slow:>9}"
-            )
-        if base and "msmemscope" in med and "memtracker" in med:
-            ours = base / med["msmemscope"] - 1
-            theirs = base / med["memtracker"] - 1
-            print()
-            print(
-                f"added time per step: msmemscope {ours * 100:.0f}%,"
-                f" MemTracker {theirs * 100:.0f}%; msmemscope steps/s / MemTracker steps/s = "
-                f"{med['msmemscope'] / med['memtracker']:.2f}"
-            )
-            verdict = "PASS" if med["msmemscope"] > med["memtracker"] else "FAIL"
-            print(f"{verdict}: msmemscope must cost less than MemTracker")
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
+        print("notes:")
+        for note in dict.fromkeys(notes):
+            print(f"  {note}")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "msmemscope_torch_install": ([], ci),
         "msmemscope_torch_reregister": ([], None),
         "msmemscope_torch_uninstall": ([], None),
+        "msmemscope_torch_thread_entries": ([ci], None),
+        "msmemscope_torch_leave_thread": ([], ci),
         "msmemscope_torch_scope_push": ([cp], None),
         "msmemscope_torch_scope_pop": ([], None),
         "msmemscope_torch_optimizer": ([ci], None),
@@ -220,6 +222,12 @@ class NativeTracker:
             self.lib.msmemscope_torch_reregister()
 
     def start(self) -> None:
+        if torch.cuda.is_available():
+            # CUDA's caching allocator reports to the thread's profiler entry: threads get ours,
+            # and a user's torch.profiler takes it off its thread first (PyTorch refuses to
+            # start a profiler over another entry).
+            self.lib.msmemscope_torch_thread_entries(1)
+            _make_room_for_profilers(self.lib)
         rc = self.lib.msmemscope_torch_install()
         if rc != 0:
             raise RuntimeError(f"the native capture did not start (code {rc})")
@@ -318,6 +326,22 @@ class NativeTracker:
         out = (_U64 * 3)()
         self.lib.msmemscope_torch_counts(out)
         return out[0], out[1], out[2]
+
+
+def _make_room_for_profilers(lib) -> None:
+    import torch.autograd.profiler as profiler
+
+    original = getattr(profiler, "_enable_profiler", None)
+    if original is None or getattr(original, "__msmemscope__", False):
+        return
+
+    def _enable_profiler(*args, **kwargs):
+        lib.msmemscope_torch_leave_thread()
+        return original(*args, **kwargs)
+
+    _enable_profiler.__msmemscope__ = True  # type: ignore[attr-defined]
+    _enable_profiler.__wrapped__ = original  # type: ignore[attr-defined]
+    profiler._enable_profiler = _enable_profiler
 
 
 class _WatchMode(TorchDispatchMode):

@@ -582,7 +582,13 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
   }
 };
 
+// Whether threads get our entry at all: it is for allocators other than the CPU one (CUDA's),
+// and PyTorch refuses to start a profiler on a thread that has one, so a run without CUDA
+// goes without.
+std::atomic<bool> g_thread_entries{false};
+
 void ensure_on_this_thread() {
+  if (!g_thread_entries.load(std::memory_order_relaxed)) return;
   if (!g_enabled.load(std::memory_order_relaxed) || !g_reporter) return;
   if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr) return;
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, g_reporter);
@@ -653,6 +659,22 @@ int msmemscope_torch_install() {
     return 0;
   } catch (...) {
     return -2;
+  }
+}
+
+// Whether threads carry our entry (for CUDA's allocator events).
+void msmemscope_torch_thread_entries(int on) { g_thread_entries.store(on != 0); }
+
+// Takes our entry off this thread (a user's profiler is about to start here; the next op after
+// it stopped puts ours back). 1 when it was taken off.
+int msmemscope_torch_leave_thread() {
+  try {
+    auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+    if (top == nullptr || top != g_reporter.get()) return 0;
+    c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+    return 1;
+  } catch (...) {
+    return 0;  // another entry lies above ours: it stays
   }
 }
 
