@@ -32,3 +32,8 @@ cargo test --release --workspace
 .venv/bin/ruff format --check --quiet python tests/python
 .venv/bin/ruff check --quiet python tests/python
 .venv/bin/python -m pytest -q tests/python
+# The PyTorch tests again on the dispatch-mode fallback (used where the native capture cannot be
+# built).
+MSMEMSCOPE_TORCH_CAPTURE=python .venv/bin/python -m pytest -q tests/python/test_torch_tracker.py \
+    tests/python/test_decompose.py tests/python/test_oom.py tests/python/test_watch.py \
+    tests/python/test_snapshot.py tests/python/test_framework_hooks_fsdp.py

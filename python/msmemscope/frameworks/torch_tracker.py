@@ -1,8 +1,16 @@
-"""PyTorch tracking: tensor storages, ATen ops and tensor accesses as msmemscope events.
+"""PyTorch tracking: tensor blocks, ATen ops and tensor accesses as msmemscope events.
 
-:func:`install` enters a process-lifetime :class:`~torch.utils._python_dispatch.TorchDispatchMode`
-(the autostart ``sitecustomize`` calls it right after ``import torch`` in a program launched by
-``msmemscope``; ``msmemscope.start()`` calls it too). For every ATen op it sees, it emits:
+:func:`install` (the autostart ``sitecustomize`` calls it right after ``import torch`` in a
+program launched by ``msmemscope``; ``msmemscope.start()`` calls it too) picks the capture:
+
+- ``native`` (default): :mod:`.native_tracker`, PyTorch's allocators and RecordFunction
+  callbacks in C++ (every block, op-internal ones and compiled regions included; threads of any
+  age; ``torch.compile`` compiles);
+- ``python``: the process-lifetime :class:`~torch.utils._python_dispatch.TorchDispatchMode`
+  below, used when ``MSMEMSCOPE_TORCH_CAPTURE=python`` or when the native library cannot be
+  built here (one warning line says why).
+
+The rest of this docstring describes the fallback. For every ATen op it sees, it emits:
 
 - ``OP_LAUNCH`` ``ATEN_START`` before and ``ATEN_END`` after the op (``launch`` events with
   ``--level=op``), named like ``aten::addmm.default``;
