@@ -5,7 +5,9 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use msmemscope_core::config::RunConfig;
-use msmemscope_core::events::abi::{EventRecord, StrRef, ABI_VERSION, DEVICE_CPU, DEVICE_CUDA};
+use msmemscope_core::events::abi::{
+    EventRecord, StrRef, ABI_VERSION, ATTRS_CHECKED, DEVICE_CPU, DEVICE_CUDA, WANT_C_STACK,
+};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 use crate::guard::Entered;
@@ -69,15 +71,16 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
             // Checked (an object, well formed) without building it: the writer copies the text.
             let trimmed = attrs.trim();
             // The same check the dump's readers make, so every row written can be read back.
+            let vouched = r.want_c_stack & ATTRS_CHECKED != 0;
             if !trimmed.starts_with('{')
-                || msmemscope_core::events::reader::check_attrs(trimmed).is_err()
+                || (!vouched && msmemscope_core::events::reader::check_attrs(trimmed).is_err())
             {
                 return INVALID;
             }
             row.attrs_json = Some(trimmed.to_string());
         }
         row.python_stack = python_stack.to_string();
-        pipeline::emit(row, r.want_c_stack != 0);
+        pipeline::emit(row, r.want_c_stack & WANT_C_STACK != 0);
         OK
     })
 }

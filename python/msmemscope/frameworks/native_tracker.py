@@ -81,10 +81,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
     sigs = {
         "msmemscope_torch_init": ([vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t], ci),
-        "msmemscope_torch_configure": ([ci] * 7, None),
+        "msmemscope_torch_configure": ([ci] * 8, None),
         "msmemscope_torch_skip_prefixes": ([cp], None),
         "msmemscope_torch_install": ([], ci),
-        "msmemscope_torch_reregister": ([], None),
         "msmemscope_torch_uninstall": ([], None),
         "msmemscope_torch_thread_entries": ([ci], None),
         "msmemscope_torch_leave_thread": ([], ci),
@@ -207,7 +206,6 @@ class NativeTracker:
 
     # --- configuration --------------------------------------------------------------------------
     def configure(self, cfg) -> None:
-        access_changed = cfg.access != self.cfg.access
         self.cfg = cfg
         self.lib.msmemscope_torch_configure(
             int(cfg.alloc),
@@ -217,9 +215,8 @@ class NativeTracker:
             int(cfg.decompose),
             int(cfg.python_depth),
             int(cfg.c_stack),
+            int(cfg.oom),
         )
-        if access_changed:
-            self.lib.msmemscope_torch_reregister()
 
     def start(self) -> None:
         if torch.cuda.is_available():

@@ -78,7 +78,16 @@ _SKIP_DIRS = tuple(
 class _Config:
     """The parts of the runtime's RunConfig the tracker acts on, read once per (re)load."""
 
-    __slots__ = ("access", "alloc", "c_stack", "decompose", "free", "launch", "python_depth")
+    __slots__ = (
+        "access",
+        "alloc",
+        "c_stack",
+        "decompose",
+        "free",
+        "launch",
+        "oom",
+        "python_depth",
+    )
 
     def __init__(self, config_json: str | None = None):
         cfg = json.loads(config_json) if config_json else {}
@@ -94,6 +103,8 @@ class _Config:
         self.python_depth = stacks.get("python") or 0
         self.c_stack = stacks.get("c") is not None
         self.decompose = "decompose" in (cfg.get("analysis") or ())
+        analyses = cfg.get("analysis") or ()
+        self.oom = any(a == "oom" or (isinstance(a, dict) and "oom" in a) for a in analyses)
 
 
 _FREED_KEPT = 4096

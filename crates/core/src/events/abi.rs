@@ -15,6 +15,10 @@ pub const DEVICE_NONE: u32 = 0;
 pub const DEVICE_CPU: u32 = 1;
 pub const DEVICE_CUDA: u32 = 2;
 
+/// [`EventRecord::want_c_stack`] bits.
+pub const WANT_C_STACK: u32 = 1;
+pub const ATTRS_CHECKED: u32 = 2;
+
 /// A borrowed UTF-8 string (`ptr` may be null when `len` is 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +70,9 @@ pub struct EventRecord {
     pub attrs_json: StrRef,
     /// Python frames, innermost first, one per line (`file(line): func`).
     pub python_stack: StrRef,
-    /// Nonzero: the runtime captures the C stack here (when `--call-stack c` is on).
+    /// Bit 0 ([`WANT_C_STACK`]): the runtime captures the C stack here (when `--call-stack c`
+    /// is on). Bit 1 ([`ATTRS_CHECKED`]): the producer vouches that `attrs_json` is one JSON
+    /// object whose counted keys are 64-bit integers, so the runtime skips its own check (a
+    /// producer that sets no bit gets the check, as before the bit existed).
     pub want_c_stack: u32,
 }

@@ -31,7 +31,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -53,6 +52,8 @@ constexpr uint32_t kAbiVersion = 1;
 constexpr uint32_t kDeviceNone = 0;
 constexpr uint32_t kDeviceCpu = 1;
 constexpr uint32_t kDeviceCuda = 2;
+constexpr uint32_t kWantCStack = 1;
+constexpr uint32_t kAttrsChecked = 2;
 
 struct StrRef {
   const char* ptr;
@@ -83,6 +84,7 @@ struct Codes {
 
 struct Config {
   bool alloc = true, free = true, launch = true, access = false, decompose = false;
+  bool oom = false;  // the OOM analysis: its rows name the op that failed
   bool c_stack = false;
   int python_depth = 0;
 };
@@ -117,8 +119,10 @@ bool tracing() { return g_enabled.load(std::memory_order_relaxed) && g_tracing &
 
 int emit(uint32_t event, uint32_t type, StrRef name, uint32_t dev_kind, uint32_t dev_index,
          bool has_ptr, uint64_t ptr, StrRef attrs, StrRef stack, bool c_stack) {
+  // Every Attr text made here is one well-formed object with integer counts (ATTRS_CHECKED).
+  uint32_t flags = (c_stack ? kWantCStack : 0u) | kAttrsChecked;
   EventRecord r{event, type, name, dev_kind, dev_index, has_ptr ? 1u : 0u, ptr, attrs, stack,
-                c_stack ? 1u : 0u};
+                flags};
   return g_emit ? g_emit(&r) : -1;
 }
 
@@ -130,25 +134,64 @@ std::string python_stack(int depth) {
   return msmemscope_python_stack(depth, g_skip_prefixes);
 }
 
-// --- owners -----------------------------------------------------------------------------------
-thread_local std::vector<std::string> tl_scopes;  // framework categories entered on this thread
-std::atomic<int> g_in_optimizer{0};
-std::mutex g_labels_mutex;
-std::string g_labels;  // the describer's active labels, "a@b", outermost first
+// --- texts ------------------------------------------------------------------------------------
+// Categories and label sets are few and long-lived: each distinct one is kept once, forever,
+// and blocks point at it (no string is built or copied per allocation).
+using Text = const std::string*;  // nullptr: none
 
-std::string category_for_new() {
-  if (!tl_scopes.empty()) return tl_scopes.back();
-  if (!g_cfg.decompose) return std::string();
-  if (g_in_optimizer.load(std::memory_order_relaxed) > 0) return "optimizer_state";
-  if (torch::autograd::get_current_graph_task_id() != -1) return "temporary";
-  return "activation";
+std::mutex g_texts_mutex;
+std::unordered_map<std::string, std::unique_ptr<std::string>> g_texts;
+
+Text intern(const std::string& s) {
+  if (s.empty()) return nullptr;
+  std::lock_guard<std::mutex> l(g_texts_mutex);
+  auto& slot = g_texts[s];
+  if (!slot) slot = std::make_unique<std::string>(s);
+  return slot.get();
 }
 
-std::string owner_text(const std::string& category, const std::string& labels) {
-  std::string out = "PTA";
-  if (!category.empty()) out += "@" + category;
-  if (!labels.empty()) out += "@" + labels;
-  return out;
+// Appends to a fixed buffer, cutting at its end (the rows' attributes are short).
+struct Out {
+  char* p;
+  char* end;
+  void lit(const char* s) {
+    while (*s && p < end) *p++ = *s++;
+  }
+  void text(Text t) {
+    if (t != nullptr) {
+      for (char c : *t) {
+        if (p == end) return;
+        *p++ = c;
+      }
+    }
+  }
+  void u64(uint64_t v) {
+    char digits[20];
+    int n = 0;
+    do {
+      digits[n++] = char('0' + v % 10);
+      v /= 10;
+    } while (v != 0);
+    while (n > 0 && p < end) *p++ = digits[--n];
+  }
+  void hex16(uint64_t v) {
+    static const char kHex[] = "0123456789abcdef";
+    for (int shift = 60; shift >= 0 && p < end; shift -= 4) *p++ = kHex[(v >> shift) & 0xf];
+  }
+};
+
+// --- owners -----------------------------------------------------------------------------------
+thread_local std::vector<Text> tl_scopes;  // framework categories entered on this thread
+std::atomic<int> g_in_optimizer{0};
+std::atomic<Text> g_labels{nullptr};  // the describer's active labels, "a@b", outermost first
+Text g_optimizer_state, g_temporary, g_activation;
+
+Text category_for_new() {
+  if (!tl_scopes.empty()) return tl_scopes.back();
+  if (!g_cfg.decompose) return nullptr;
+  if (g_in_optimizer.load(std::memory_order_relaxed) > 0) return g_optimizer_state;
+  if (torch::autograd::get_current_graph_task_id() != -1) return g_temporary;
+  return g_activation;
 }
 
 // --- the live blocks --------------------------------------------------------------------------
@@ -157,8 +200,8 @@ struct Block {
   uint64_t size;
   uint32_t dev_kind, dev_index;
   bool adopted;  // made before tracking; its FREE comes from the Python side
-  std::string category;
-  std::string labels;  // this block's user labels, "a@b"
+  Text category;
+  Text labels;  // this block's user labels, "a@b"
 };
 
 struct Freed {
@@ -172,66 +215,95 @@ constexpr size_t kFreedKept = 4096;
 // address are written in the order the allocator reported them, whatever the thread.
 std::mutex g_mutex;
 std::unordered_map<uint64_t, Block> g_live;
-std::deque<Freed> g_freed;
+Freed g_freed[kFreedKept];  // a ring: the newest freed blocks
+size_t g_freed_next = 0, g_freed_count = 0;
 uint64_t g_next_aid = 1;
 struct DeviceUse {
   uint64_t used = 0, peak = 0;
 };
-std::unordered_map<uint64_t, DeviceUse> g_use;  // (kind << 32 | index) -> bytes
+DeviceUse g_cpu_use;
+std::unordered_map<uint64_t, DeviceUse> g_use;  // other devices: (kind << 32 | index) -> bytes
 
-uint64_t device_key(uint32_t kind, uint32_t index) { return (uint64_t(kind) << 32) | index; }
+DeviceUse& use_of(uint32_t kind, uint32_t index) {
+  if (kind == kDeviceCpu) return g_cpu_use;
+  return g_use[(uint64_t(kind) << 32) | index];
+}
 
-int block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t used,
-                long long total, const std::string* owner) {
-  int n = std::snprintf(buf, cap,
-                        "{\"allocation_id\":%" PRIu64 ",\"addr\":\"0x%016" PRIx64
-                        "\",\"size\":%" PRIu64,
-                        b.aid, ptr, b.size);
-  if (used != UINT64_MAX) n += std::snprintf(buf + n, cap - n, ",\"used\":%" PRIu64, used);
-  if (total >= 0) n += std::snprintf(buf + n, cap - n, ",\"total\":%lld", total);
-  if (owner != nullptr) n += std::snprintf(buf + n, cap - n, ",\"owner\":\"%s\"", owner->c_str());
-  n += std::snprintf(buf + n, cap - n, "}");
-  return n;
+// `PTA[@category][@labels]`.
+void owner_of(Out& o, const Block& b) {
+  o.lit("PTA");
+  if (b.category != nullptr) {
+    o.lit("@");
+    o.text(b.category);
+  }
+  if (b.labels != nullptr) {
+    o.lit("@");
+    o.text(b.labels);
+  }
+}
+
+// The Attr text of a block row; `with_owner` adds the owner (`PTA[@category][@labels]`).
+size_t block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t used,
+                   long long total, bool with_owner) {
+  Out o{buf, buf + cap - 1};
+  o.lit("{\"allocation_id\":");
+  o.u64(b.aid);
+  o.lit(",\"addr\":\"0x");
+  o.hex16(ptr);
+  o.lit("\",\"size\":");
+  o.u64(b.size);
+  if (used != UINT64_MAX) {
+    o.lit(",\"used\":");
+    o.u64(used);
+  }
+  if (total >= 0) {
+    o.lit(",\"total\":");
+    o.u64(uint64_t(total));
+  }
+  if (with_owner) {
+    o.lit(",\"owner\":\"");
+    owner_of(o, b);
+    o.lit("\"");
+  }
+  o.lit("}");
+  return size_t(o.p - buf);
 }
 
 // Called with g_mutex held.
 void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_index,
-                   uint64_t used, long long total, std::string category, bool adopted,
+                   uint64_t used, long long total, Text category, bool adopted,
                    const std::string& stack) {
-  Block b{g_next_aid++, size, dev_kind, dev_index, adopted, std::move(category), {}};
-  {
-    std::lock_guard<std::mutex> l(g_labels_mutex);
-    b.labels = g_labels;
-  }
-  DeviceUse& u = g_use[device_key(dev_kind, dev_index)];
+  Block b{g_next_aid++, size, dev_kind, dev_index, adopted, category,
+          g_labels.load(std::memory_order_relaxed)};
+  DeviceUse& u = use_of(dev_kind, dev_index);
   u.used += size;
   if (u.used > u.peak) u.peak = u.used;
   if (used == UINT64_MAX) used = u.used;
   if (g_cfg.alloc) {
-    std::string owner = owner_text(b.category, b.labels);
     char attrs[512];
-    int n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, &owner);
-    emit(g_codes.ev_malloc, g_codes.ty_pta, str("N/A"), dev_kind, dev_index, true, ptr,
-         StrRef{attrs, size_t(n)}, str(stack), g_cfg.c_stack);
+    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, true);
+    emit(g_codes.ev_malloc, g_codes.ty_pta, StrRef{"N/A", 3}, dev_kind, dev_index, true, ptr,
+         StrRef{attrs, n}, str(stack), g_cfg.c_stack);
   }
-  g_live[ptr] = std::move(b);
+  g_live[ptr] = b;
 }
 
 // Called with g_mutex held.
 void record_free(std::unordered_map<uint64_t, Block>::iterator it, uint64_t used,
                  long long total) {
   uint64_t ptr = it->first;
-  Block& b = it->second;
-  DeviceUse& u = g_use[device_key(b.dev_kind, b.dev_index)];
+  const Block& b = it->second;
+  DeviceUse& u = use_of(b.dev_kind, b.dev_index);
   u.used = u.used >= b.size ? u.used - b.size : 0;
   if (used == UINT64_MAX) used = u.used;
-  g_freed.push_back(Freed{ptr, b.size, b.dev_kind, b.dev_index});
-  if (g_freed.size() > kFreedKept) g_freed.pop_front();
+  g_freed[g_freed_next] = Freed{ptr, b.size, b.dev_kind, b.dev_index};
+  g_freed_next = (g_freed_next + 1) % kFreedKept;
+  if (g_freed_count < kFreedKept) ++g_freed_count;
   if (g_cfg.free) {
     char attrs[256];
-    int n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, nullptr);
-    emit(g_codes.ev_free, g_codes.ty_pta, str("N/A"), b.dev_kind, b.dev_index, true, ptr,
-         StrRef{attrs, size_t(n)}, StrRef{nullptr, 0}, false);
+    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, false);
+    emit(g_codes.ev_free, g_codes.ty_pta, StrRef{"N/A", 3}, b.dev_kind, b.dev_index, true, ptr,
+         StrRef{attrs, n}, StrRef{nullptr, 0}, false);
   }
   g_live.erase(it);
 }
@@ -468,11 +540,11 @@ class CpuAllocator final : public c10::Allocator {
     try {
       g_allocs.fetch_add(1, std::memory_order_relaxed);
       std::string stack = python_stack(g_cfg.python_depth);
-      std::string category = category_for_new();
+      Text category = category_for_new();
       std::lock_guard<std::mutex> l(g_mutex);
       if (!d.compare_exchange_deleter(g_cpu_inner_deleter, &cpu_delete)) return d;
-      record_malloc(reinterpret_cast<uint64_t>(p), n, kDeviceCpu, 0, UINT64_MAX, -1,
-                    std::move(category), false, stack);
+      record_malloc(reinterpret_cast<uint64_t>(p), n, kDeviceCpu, 0, UINT64_MAX, -1, category,
+                    false, stack);
       return d;
     } catch (...) {
       return d;
@@ -536,14 +608,14 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
         if (!tracing()) return;
         g_allocs.fetch_add(1, std::memory_order_relaxed);
         std::string stack = python_stack(g_cfg.python_depth);
-        std::string category = category_for_new();
+        Text category = category_for_new();
         // The CPU allocator's running total counts every block since capture began, traced or
         // not, so on CPU `used` is the sum of the blocks the rows list; on CUDA it is the
         // caching allocator's own allocated bytes.
         uint64_t used = kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated);
         std::lock_guard<std::mutex> l(g_mutex);
-        record_malloc(addr, uint64_t(alloc_size), kind, index, used, total,
-                      std::move(category), false, stack);
+        record_malloc(addr, uint64_t(alloc_size), kind, index, used, total, category, false,
+                      stack);
       } else {
         std::lock_guard<std::mutex> l(g_mutex);
         auto it = g_live.find(addr);
@@ -594,6 +666,30 @@ void ensure_on_this_thread() {
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, g_reporter);
 }
 
+// The op callback exists while something needs ops: their rows, their accesses, the OOM row's
+// op name, or the thread entries it puts on threads. Without it an op costs PyTorch nothing of
+// ours. Registered again when what it needs changes (inputs and outputs for accesses).
+bool g_callback_access = false;
+
+void sync_callback() {
+  try {
+    bool wanted = g_enabled.load() && (g_cfg.launch || g_cfg.access || g_cfg.oom ||
+                                       g_thread_entries.load());
+    if (g_callback != 0 && (!wanted || g_callback_access != g_cfg.access)) {
+      at::removeCallback(g_callback);
+      g_callback = 0;
+    }
+    if (wanted && g_callback == 0) {
+      g_callback_access = g_cfg.access;
+      g_callback = at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                             .needsInputs(g_callback_access)
+                                             .needsOutputs(g_callback_access)
+                                             .scopes({at::RecordScope::FUNCTION}));
+    }
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 // --- the C ABI the Python side calls (ctypes) -------------------------------------------------
@@ -615,7 +711,8 @@ int msmemscope_torch_init(void* emit_fn, void* tracing_fn, uint32_t abi_version,
 }
 
 void msmemscope_torch_configure(int alloc, int free, int launch, int access, int decompose,
-                                int python_depth, int c_stack) {
+                                int python_depth, int c_stack, int oom) {
+  g_cfg.oom = oom != 0;
   g_cfg.alloc = alloc != 0;
   g_cfg.free = free != 0;
   g_cfg.launch = launch != 0;
@@ -623,6 +720,7 @@ void msmemscope_torch_configure(int alloc, int free, int launch, int access, int
   g_cfg.decompose = decompose != 0;
   g_cfg.python_depth = python_depth;
   g_cfg.c_stack = c_stack != 0;
+  sync_callback();
 }
 
 // Frames whose file starts with one of these (newline-separated) are skipped at the top.
@@ -646,15 +744,15 @@ int msmemscope_torch_install() {
   try {
     if (!g_emit) return -1;
     if (!g_reporter) g_reporter = std::make_shared<Reporter>();
+    if (g_activation == nullptr) {
+      g_optimizer_state = intern("optimizer_state");
+      g_temporary = intern("temporary");
+      g_activation = intern("activation");
+      g_live.reserve(1 << 16);
+    }
     wrap_cpu_allocator();
     g_enabled.store(true);
-    if (g_callback == 0) {
-      bool needs = g_cfg.access;
-      g_callback = at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                                             .needsInputs(needs)
-                                             .needsOutputs(needs)
-                                             .scopes({at::RecordScope::FUNCTION}));
-    }
+    sync_callback();
     ensure_on_this_thread();
     return 0;
   } catch (...) {
@@ -663,7 +761,10 @@ int msmemscope_torch_install() {
 }
 
 // Whether threads carry our entry (for CUDA's allocator events).
-void msmemscope_torch_thread_entries(int on) { g_thread_entries.store(on != 0); }
+void msmemscope_torch_thread_entries(int on) {
+  g_thread_entries.store(on != 0);
+  sync_callback();
+}
 
 // Takes our entry off this thread (a user's profiler is about to start here; the next op after
 // it stopped puts ours back). 1 when it was taken off.
@@ -678,35 +779,18 @@ int msmemscope_torch_leave_thread() {
   }
 }
 
-// The op callback is registered again (its needs follow the access setting).
-void msmemscope_torch_reregister() {
-  try {
-    if (g_callback == 0) return;
-    at::removeCallback(g_callback);
-    bool needs = g_cfg.access;
-    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                                           .needsInputs(needs)
-                                           .needsOutputs(needs)
-                                           .scopes({at::RecordScope::FUNCTION}));
-  } catch (...) {
-  }
-}
-
 // Stops capture everywhere: the op callback is removed; our thread entries stay, inert.
 void msmemscope_torch_uninstall() {
   try {
     g_enabled.store(false);
-    if (g_callback != 0) {
-      at::removeCallback(g_callback);
-      g_callback = 0;
-    }
+    sync_callback();
   } catch (...) {
   }
 }
 
 void msmemscope_torch_scope_push(const char* category) {
   try {
-    tl_scopes.emplace_back(category ? category : "");
+    tl_scopes.push_back(intern(category ? category : ""));
   } catch (...) {
   }
 }
@@ -722,8 +806,7 @@ void msmemscope_torch_optimizer(int delta) {
 
 void msmemscope_torch_labels(const char* joined) {
   try {
-    std::lock_guard<std::mutex> l(g_labels_mutex);
-    g_labels = joined ? joined : "";
+    g_labels.store(intern(joined ? joined : ""));
   } catch (...) {
   }
 }
@@ -740,9 +823,9 @@ int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* l
     auto it = g_live.find(ptr);
     if (it == g_live.end()) return -1;
     Block& b = it->second;
-    std::string cat = b.category;
-    std::string labels = b.labels;
-    if (category != nullptr && !(unless_framework && b.category.find('@') != std::string::npos)) {
+    std::string cat = b.category ? *b.category : std::string();
+    std::string labels = b.labels ? *b.labels : std::string();
+    if (category != nullptr && !(unless_framework && cat.find('@') != std::string::npos)) {
       cat = category;
     }
     if (label != nullptr) {
@@ -767,15 +850,19 @@ int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* l
         labels = labels.empty() ? wanted : labels + "@" + wanted;
       }
     }
-    if (cat == b.category && labels == b.labels) return 1;
-    b.category = cat;
-    b.labels = labels;
+    Text new_cat = intern(cat), new_labels = intern(labels);
+    if (new_cat == b.category && new_labels == b.labels) return 1;
+    b.category = new_cat;
+    b.labels = new_labels;
     if (!g_cfg.alloc) return 1;
-    std::string owner = owner_text(cat, labels);
     char attrs[512];
-    int n = block_attrs(attrs, sizeof attrs, b, ptr, UINT64_MAX, -1, &owner);
-    emit(g_codes.ev_system, g_codes.ty_owner, str(owner), b.dev_kind, b.dev_index, true, ptr,
-         StrRef{attrs, size_t(n)}, StrRef{nullptr, 0}, false);
+    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, UINT64_MAX, -1, true);
+    char owner[384];
+    Out o{owner, owner + sizeof owner};
+    owner_of(o, b);
+    emit(g_codes.ev_system, g_codes.ty_owner, StrRef{owner, size_t(o.p - owner)}, b.dev_kind,
+         b.dev_index, true, ptr,
+         StrRef{attrs, n}, StrRef{nullptr, 0}, false);
     return 0;
   } catch (...) {
     return 1;
@@ -789,11 +876,11 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
                            const char* category) {
   try {
     if (!tracing() || size == 0) return 1;
-    std::string cat = category ? category : category_for_new();
+    Text cat = category ? intern(category) : category_for_new();
     std::string stack = python_stack(g_cfg.python_depth);
     std::lock_guard<std::mutex> l(g_mutex);
     if (g_live.count(ptr) != 0) return 1;
-    record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, std::move(cat), true, stack);
+    record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, cat, true, stack);
     return 0;
   } catch (...) {
     return 1;
@@ -814,7 +901,8 @@ int msmemscope_torch_freed_block(uint64_t addr, uint64_t* start, uint64_t* size,
                                  uint32_t* dev_kind, uint32_t* dev_index) {
   try {
     std::lock_guard<std::mutex> l(g_mutex);
-    for (auto it = g_freed.rbegin(); it != g_freed.rend(); ++it) {
+    for (size_t i = 0; i < g_freed_count; ++i) {
+      const Freed* it = &g_freed[(g_freed_next + kFreedKept - 1 - i) % kFreedKept];
       if (it->addr <= addr && addr < it->addr + it->size) {
         *start = it->addr;
         *size = it->size;
@@ -852,9 +940,9 @@ int msmemscope_torch_live_block(uint64_t addr, uint64_t* start, uint64_t* size,
 void msmemscope_torch_usage(uint32_t dev_kind, uint32_t dev_index, uint64_t* used,
                             uint64_t* peak) {
   std::lock_guard<std::mutex> l(g_mutex);
-  auto it = g_use.find(device_key(dev_kind, dev_index));
-  *used = it == g_use.end() ? 0 : it->second.used;
-  *peak = it == g_use.end() ? 0 : it->second.peak;
+  const DeviceUse& u = use_of(dev_kind, dev_index);
+  *used = u.used;
+  *peak = u.peak;
 }
 
 // Allocations, frees and ops recorded so far.
