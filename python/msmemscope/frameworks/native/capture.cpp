@@ -331,12 +331,13 @@ bool is_op_name(const char* name) {
 }
 
 // `aten::addmm.default`, as the dump names ops.
-void op_name(char* buf, size_t cap, const char* name, const char* overload) {
-  if (overload != nullptr && *overload) {
-    std::snprintf(buf, cap, "%s.%s", name, overload);
-  } else {
-    std::snprintf(buf, cap, "%s.default", name);
-  }
+size_t op_name(char* buf, size_t cap, const char* name, const char* overload) {
+  Out o{buf, buf + cap - 1};
+  o.lit(name);
+  o.lit(".");
+  o.lit(overload != nullptr && *overload ? overload : "default");
+  *o.p = '\0';
+  return size_t(o.p - buf);
 }
 
 struct OpSchema {
@@ -435,10 +436,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     if (!tracing()) return nullptr;
     g_ops.fetch_add(1, std::memory_order_relaxed);
     char name[256];
-    op_name(name, sizeof name, fn.name(), fn.overload_name());
+    size_t len = op_name(name, sizeof name, fn.name(), fn.overload_name());
     if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, str(name), kDeviceNone, 0, false, 0,
-           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, StrRef{name, len}, kDeviceNone, 0,
+           false, 0, StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
     }
     if (g_cfg.access && fn.needsInputs()) {
       auto schema = schema_of(fn, name);
@@ -459,7 +460,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (tl_op_depth > 0) --tl_op_depth;
     if (!tracing()) return;
     char name[256];
-    op_name(name, sizeof name, fn.name(), fn.overload_name());
+    size_t len = op_name(name, sizeof name, fn.name(), fn.overload_name());
     if (g_cfg.access && fn.needsOutputs()) {
       auto schema = schema_of(fn, name);
       const auto& outputs = fn.outputs();
@@ -468,8 +469,8 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
       }
     }
     if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, str(name), kDeviceNone, 0, false, 0,
-           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, StrRef{name, len}, kDeviceNone, 0,
+           false, 0, StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
     }
   } catch (...) {
   }
