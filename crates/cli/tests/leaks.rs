@@ -301,14 +301,16 @@ fn pytorch_training_loop_that_keeps_its_losses() {
     let offline = run_offline(&mut leaks, reader::open(&dump).unwrap()).unwrap();
     assert!(!offline.console.is_empty(), "stderr:\n{stderr}");
     assert!(stderr.contains(&offline.console), "stderr:\n{stderr}");
-    // One leak per kept loss from step 2 on: the 0-dim float32 loss, 4 bytes. Step 5's loss
-    // never becomes a step old (the last step ends with the program); step 1 is never checked.
+    // One leak per kept loss of steps 2 and 3: the 0-dim float32 loss, 4 bytes, still live when
+    // the next step ends. The last step ends with the program, after the interpreter freed the
+    // history at exit (the native capture records those frees), so step 4's loss is freed by
+    // then and step 5's never becomes a step old; step 1 is never checked.
     let found: Vec<_> = leaks
         .leaks()
         .iter()
         .map(|l| (l.step, l.size, l.device, l.pool))
         .collect();
-    let expected: Vec<_> = (2..=4)
+    let expected: Vec<_> = (2..=3)
         .map(|s| (s, 4, DeviceId::Cpu, EventType::Pta))
         .collect();
     assert_eq!(found, expected, "stderr:\n{stderr}");
@@ -316,8 +318,9 @@ fn pytorch_training_loop_that_keeps_its_losses() {
         "====== ERROR: Detected memory leaks on device cpu ======\n\
          Direct PTA leak of 0.000 Mb(s) at 0x"
     ));
-    assert!(stderr.contains("====== SUMMARY: 0.000 Mb(s) leaked in 3 allocation(s) ======\n"));
-    // Each leaked loss grows the pool's floor by its 4 bytes.
+    assert!(stderr.contains("====== SUMMARY: 0.000 Mb(s) leaked in 2 allocation(s) ======\n"));
+    // Each kept loss grows the pool's floor by its 4 bytes while the loop runs; the last step
+    // holds the interpreter's frees at exit, so its floor is lower.
     let floors: Vec<u64> = stderr
         .lines()
         .skip_while(|l| !l.starts_with("====== Gap Analysis on device cpu, pool PTA"))
@@ -326,7 +329,11 @@ fn pytorch_training_loop_that_keeps_its_losses() {
         .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
         .collect();
     assert_eq!(floors.len(), 4, "stderr:\n{stderr}");
-    assert!(floors.windows(2).all(|w| w[1] == w[0] + 4), "{floors:?}");
+    assert!(
+        floors[..3].windows(2).all(|w| w[1] == w[0] + 4),
+        "{floors:?}"
+    );
+    assert!(floors[3] < floors[2], "{floors:?}");
 
     let scratch = Scratch::new("torch-noleak");
     let (stderr, _) = train(&scratch, &python, "noleak");
