@@ -79,6 +79,19 @@ def run_python(
 
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+# For the modules that run PyTorch programs under the CLI.
+NEEDS_CLI_AND_TORCH = [
+    pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)"),
+    pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (scripts/setup.sh)"),
+]
+
 
 def run_under_cli(
     tmp: Path, *options: str, script: Path, args: tuple[str, ...] = ()

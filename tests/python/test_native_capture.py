@@ -10,24 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from conftest import CLI, REPO, clean_env, ok
+from conftest import CLI, NEEDS_CLI_AND_TORCH, REPO, clean_env, ok
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 COUNTER_SOURCE = Path(__file__).resolve().parent / "native" / "memalign_counter.c"
 
-try:
-    import torch  # noqa: F401
-
-    HAVE_TORCH = True
-except ImportError:
-    HAVE_TORCH = False
-
-pytestmark = [
-    pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)"),
-    pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (scripts/setup.sh)"),
-]
+pytestmark = NEEDS_CLI_AND_TORCH
 
 
 def native_env(**extra: str) -> dict[str, str]:
@@ -266,21 +254,29 @@ def test_the_users_torch_profiler_still_works(tmp_path: Path) -> None:
     assert ops.count("aten::ones.default") == 3
 
 
+WHICH_CAPTURE = """
+import torch
+from msmemscope.frameworks import torch_tracker
+x = torch.ones(10)
+print(torch_tracker.capture())
+"""
+
+
+def which_capture(tmp: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Runs a program that prints the capture in use, under the CLI; asserts it succeeded."""
+    path = tmp / "which.py"
+    path.write_text(WHICH_CAPTURE)
+    cmd = [str(CLI), "--analysis=none", "-o", str(out), sys.executable, str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    ok(proc)
+    return proc
+
+
 def test_a_bad_capture_value_warns_and_native_is_used(tmp_path: Path) -> None:
     env = native_env()
     env["MSMEMSCOPE_TORCH_CAPTURE"] = "fast"
-    code = "import torch\nfrom msmemscope.frameworks import torch_tracker\n"
-    code += "x = torch.ones(10)\nprint(torch_tracker.capture())\n"
-    path = tmp_path / "p.py"
-    path.write_text(code)
-    proc = subprocess.run(
-        [str(CLI), "--analysis=none", "-o", str(tmp_path / "out"), sys.executable, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert ok(proc) == "native\n"
+    proc = which_capture(tmp_path, tmp_path / "out", env)
+    assert proc.stdout == "native\n"
     warnings = [ln for ln in proc.stderr.splitlines() if "MSMEMSCOPE_TORCH_CAPTURE" in ln]
     assert warnings == [
         (
@@ -292,20 +288,10 @@ def test_a_bad_capture_value_warns_and_native_is_used(tmp_path: Path) -> None:
 
 def test_without_a_compiler_the_fallback_records_and_one_line_says_why(tmp_path: Path) -> None:
     env = native_env(CXX="false", MSMEMSCOPE_CACHE_DIR=str(tmp_path / "cache"))
-    code = "import torch\nfrom msmemscope.frameworks import torch_tracker\n"
-    code += "x = torch.ones(10)\nprint(torch_tracker.capture())\n"
     for attempt in (1, 2):
-        path = tmp_path / "p.py"
-        path.write_text(code)
         out = tmp_path / f"out{attempt}"
-        proc = subprocess.run(
-            [str(CLI), "--analysis=none", "-o", str(out), sys.executable, str(path)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
-        assert ok(proc) == "python\n"
+        proc = which_capture(tmp_path, out, env)
+        assert proc.stdout == "python\n"
         lines = [ln for ln in proc.stderr.splitlines() if "native PyTorch capture" in ln]
         # The first process tries to build (a notice, then why it failed); the second one is
         # told at once that the build failed, without compiling again.

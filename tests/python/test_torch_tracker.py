@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import importlib.util
 import itertools
 import json
 import os
@@ -12,25 +13,13 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from conftest import REPO, clean_env, ok, run_python, run_under_cli
+from conftest import NEEDS_CLI_AND_TORCH, REPO, clean_env, ok, run_python, run_under_cli
 
 CLI = REPO / "target" / "release" / "msmemscope-cli"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = SCRIPTS / "train_loop.py"
 
-try:
-    import torch
-
-    HAVE_TORCH = True
-except ImportError:
-    HAVE_TORCH = False
-
-pytestmark = [
-    pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)"),
-    pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (scripts/setup.sh)"),
-]
+pytestmark = NEEDS_CLI_AND_TORCH
 
 
 class Run:
@@ -252,7 +241,7 @@ def test_python_call_stacks(tmp_path: Path) -> None:
     rows = run_cli(tmp_path, "--analysis=none", "--call-stack=python:4").rows()
     mallocs = of(rows, "MALLOC")
     assert mallocs and all(r["Call Stack(Python)"] for r in mallocs)
-    torch_dir = os.path.dirname(torch.__file__)
+    torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin)
     for r in mallocs:
         lines = r["Call Stack(Python)"].split("\n")
         assert 1 <= len(lines) <= 4

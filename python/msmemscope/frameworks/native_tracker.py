@@ -27,7 +27,6 @@ the session and freed during it has no FREE row.
 from __future__ import annotations
 
 import ctypes
-import sys
 import threading
 import weakref
 
@@ -235,15 +234,9 @@ class NativeTracker:
         self.lib.msmemscope_torch_uninstall()
 
     def report(self, exc: BaseException) -> None:
-        """Reports the first internal error on stderr; later ones are dropped."""
-        if self.reported:
-            return
-        self.reported = True
-        try:
-            sys.stderr.write(f"msmemscope: tracker error: {type(exc).__name__}: {exc}\n")
-            sys.stderr.flush()
-        except Exception:
-            pass
+        from .torch_tracker import report_once
+
+        report_once(self, exc)
 
     # --- owners ---------------------------------------------------------------------------------
     def set_owner(self, t, category=None, label=None, unless_framework=False) -> None:

@@ -110,6 +110,18 @@ class _Config:
 _FREED_KEPT = 4096
 
 
+def report_once(tracker, exc: BaseException) -> None:
+    """Reports a tracker's first internal error on stderr; later ones are dropped."""
+    if tracker.reported:
+        return
+    tracker.reported = True
+    try:
+        sys.stderr.write(f"msmemscope: tracker error: {type(exc).__name__}: {exc}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
 class _StorageRef(weakref.ref):
     """A weak reference to a tracked storage, carrying its block (the FREE needs it after the
     storage is gone)."""
@@ -198,15 +210,7 @@ class _Tracker:
         self.watch = WATCH.attach(self)
 
     def report(self, exc: BaseException) -> None:
-        """Reports the first internal error on stderr; later ones are dropped."""
-        if self.reported:
-            return
-        self.reported = True
-        try:
-            sys.stderr.write(f"msmemscope: tracker error: {type(exc).__name__}: {exc}\n")
-            sys.stderr.flush()
-        except Exception:
-            pass
+        report_once(self, exc)
 
     def op_info(self, func) -> _OpInfo:
         info = self.ops.get(func)
