@@ -9,224 +9,35 @@
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use msmemscope_core::config::{Analysis, RunConfig};
+use msmemscope_core::config::RunConfig;
 
-const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
-const RUNTIME_LIB: &str = "libmsmemscope_runtime.so";
-const WAIT: Duration = Duration::from_secs(30);
-
-// ------------------------------------------------------------------------------------------
-// Scratch directories, the fixture build
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "msmemscope-attach-{tag}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        // The nobody client of the security test must reach the fixture's files.
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Scratch(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn runtime_lib() -> PathBuf {
-    Path::new(BIN).parent().unwrap().join(RUNTIME_LIB)
-}
-
-/// Builds the fixture once per test process, in a directory `nobody` can read.
-fn fixture() -> &'static Path {
-    static F: OnceLock<PathBuf> = OnceLock::new();
-    F.get_or_init(|| {
-        assert!(
-            runtime_lib().is_file(),
-            "{RUNTIME_LIB} is missing next to {BIN}: run `cargo build --release` first"
-        );
-        let dir =
-            std::env::temp_dir().join(format!("msmemscope-attach-fixture-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let prog = dir.join("attach_target");
-        let src =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/attach_target.c");
-        let out = Command::new("gcc")
-            .args(["-O2", "-fomit-frame-pointer", "-g"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&prog)
-            .arg("-ldl")
-            .output()
-            .expect("gcc (needed to build the C fixture)");
-        assert!(
-            out.status.success(),
-            "gcc failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        prog
-    })
-}
-
-/// Our effective uid.
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
-}
+mod common;
+use common::attach_target::{
+    attach, client, euid, fixture, runtime_lib, Target, RUNTIME_LIB, WAIT,
+};
+use common::{Scratch, BIN};
 
 // ------------------------------------------------------------------------------------------
-// The target and the client
+// The target (common/attach_target.rs) in scratch directories the `nobody` client can reach
 
-/// A running fixture (under the launcher or preloaded), killed with its group if dropped.
-struct Target {
-    scratch: Scratch,
-    child: Option<Child>,
-    pid: i32,
+fn open_scratch(tag: &str) -> Scratch {
+    let scratch = Scratch::new(&format!("attach-{tag}"));
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    scratch
 }
 
-impl Target {
-    /// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`.
-    fn launched() -> Target {
-        let scratch = Scratch::new("launched");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--analysis=host-leaks")
-            .arg("-o")
-            .arg(scratch.path().join("out"))
-            .arg(fixture())
-            .arg(scratch.path());
-        Target::spawn(scratch, cmd)
-    }
-
-    /// `LD_PRELOAD=runtime attach_target DIR api CONFIG`: the program configures host-leaks
-    /// and calls msmemscope_start() itself.
-    fn api() -> Target {
-        let scratch = Scratch::new("api");
-        let config = RunConfig {
-            analysis: vec![Analysis::HostLeaks],
-            output_path: scratch.path().join("out"),
-            ..RunConfig::default()
-        };
-        let config_path = scratch.path().join("config.json");
-        std::fs::write(&config_path, config.to_json()).unwrap();
-        let mut cmd = Command::new(fixture());
-        cmd.arg(scratch.path())
-            .arg("api")
-            .arg(&config_path)
-            .env("LD_PRELOAD", runtime_lib())
-            .env("MSMEMSCOPE_API_ENV", "host");
-        Target::spawn(scratch, cmd)
-    }
-
-    fn spawn(scratch: Scratch, mut cmd: Command) -> Target {
-        cmd.current_dir(scratch.path())
-            .env_remove("XDG_RUNTIME_DIR")
-            .env_remove("MSMEMSCOPE_HOST_TOP_N")
-            .env_remove("MSMEMSCOPE_HOST_BEAT_MS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        if !cmd.get_envs().any(|(k, _)| k == "LD_PRELOAD") {
-            cmd.env_remove("LD_PRELOAD");
-        }
-        let child = cmd.spawn().expect("spawn the target");
-        let mut target = Target {
-            scratch,
-            child: Some(child),
-            pid: 0,
-        };
-        target.pid = target.wait_ready(1);
-        target
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.scratch.path().join(name)
-    }
-
-    /// Waits for `ready{phase}`; returns the pid written in it.
-    fn wait_ready(&mut self, phase: u32) -> i32 {
-        let path = self.file(&format!("ready{phase}"));
-        let start = Instant::now();
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                return text.trim().parse().expect("pid in the ready file");
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let out = self.child.take().unwrap().wait_with_output().unwrap();
-                panic!(
-                    "the target ended ({status}) before ready{phase}:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            assert!(start.elapsed() < WAIT, "no ready{phase} within {WAIT:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Lets phase `phase` end (and waits for the next one's ready file).
-    fn go(&mut self, phase: u32) {
-        std::fs::write(self.file(&format!("go{phase}")), b"").unwrap();
-        if phase == 1 {
-            self.wait_ready(2);
-        }
-    }
-
-    /// Lets the target finish; returns its output.
-    fn finish(mut self) -> (Output, Scratch) {
-        self.go(1);
-        std::fs::write(self.file("go2"), b"").unwrap();
-        let mut child = self.child.take().unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            assert!(start.elapsed() < WAIT, "the target did not finish");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let out = child.wait_with_output().unwrap();
-        let scratch = Scratch(std::mem::take(&mut self.scratch.0));
-        (out, scratch)
-    }
-
-    /// The host_leak directory of the single run directory.
-    fn host_leak_dir(&self) -> PathBuf {
-        host_leak_dir(self.scratch.path())
-    }
-
-    fn socket(&self) -> PathBuf {
-        PathBuf::from(format!("/tmp/msmemscope-{}/ctrl_{}.sock", euid(), self.pid))
-    }
+/// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`.
+fn launched() -> Target {
+    Target::launched(open_scratch("launched"), None)
 }
 
-impl Drop for Target {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling the process group spawn() created.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-        }
-    }
+/// `LD_PRELOAD=runtime attach_target DIR api CONFIG` (the program starts host-leaks).
+fn api() -> Target {
+    Target::api(open_scratch("api"), None)
 }
 
 fn host_leak_dir(scratch: &Path) -> PathBuf {
@@ -242,29 +53,6 @@ fn host_leak_dir(scratch: &Path) -> PathBuf {
         })
         .expect("a run directory");
     run.join("host_leak")
-}
-
-/// `msmemscope-cli --pid PID --command WORDS`: (exit code, stdout, stderr).
-fn attach(pid: i32, words: &str) -> (i32, String, String) {
-    client(Command::new(BIN), pid, Some(words))
-}
-
-fn client(mut cmd: Command, pid: i32, words: Option<&str>) -> (i32, String, String) {
-    cmd.arg("--pid").arg(pid.to_string());
-    if let Some(words) = words {
-        cmd.arg("--command").arg(words);
-    }
-    let out = cmd
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the client");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The `#` site lines of an overview with the function of each site's first frame in the
@@ -331,7 +119,7 @@ fn report_facts(text: &str) -> (Vec<(String, String)>, Vec<String>) {
 #[test]
 fn interim_snapshots_show_the_leak_growing_and_leave_the_final_report_unchanged() {
     // Without attaching.
-    let mut plain = Target::launched();
+    let mut plain = launched();
     plain.go(1);
     let (plain_out, plain_scratch) = plain.finish();
     assert!(plain_out.status.success());
@@ -340,7 +128,7 @@ fn interim_snapshots_show_the_leak_growing_and_leave_the_final_report_unchanged(
             .unwrap();
 
     // With two interim snapshots (and the other display words) in between.
-    let mut t = Target::launched();
+    let mut t = launched();
     let dir_meta = std::fs::symlink_metadata(t.socket().parent().unwrap()).unwrap();
     assert!(dir_meta.is_dir());
     assert_eq!(dir_meta.mode() & 0o777, 0o700, "socket directory mode");
@@ -371,7 +159,7 @@ fn interim_snapshots_show_the_leak_growing_and_leave_the_final_report_unchanged(
         "{first}"
     );
     // Nothing written by a snapshot.
-    assert!(!t.host_leak_dir().exists());
+    assert!(!host_leak_dir(t.scratch.path()).exists());
 
     let (code, memory, _) = attach(t.pid, "display memory summary");
     assert_eq!(code, 0);
@@ -417,11 +205,13 @@ fn interim_snapshots_show_the_leak_growing_and_leave_the_final_report_unchanged(
 
 #[test]
 fn stop_and_start_words_close_and_open_windows_of_a_launched_run() {
-    let mut t = Target::launched();
+    let mut t = launched();
     let (code, out, err) = attach(t.pid, "stop");
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("host-leak window 1 closed: "), "{out}");
-    let first = std::fs::read_to_string(t.host_leak_dir().join("leak_overview_1.txt")).unwrap();
+    let first =
+        std::fs::read_to_string(host_leak_dir(t.scratch.path()).join("leak_overview_1.txt"))
+            .unwrap();
     assert!(first.contains("unfreed 10 blocks / 10000 bytes"), "{first}");
     assert_eq!(
         attach(t.pid, "display host_leak summary"),
@@ -448,11 +238,13 @@ fn stop_and_start_words_close_and_open_windows_of_a_launched_run() {
 
 #[test]
 fn start_and_stop_words_drive_an_api_env_process() {
-    let mut t = Target::api();
+    let mut t = api();
     let (code, out, err) = attach(t.pid, "stop");
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("host-leak window 1 closed: "), "{out}");
-    assert!(t.host_leak_dir().join("leak_overview_1.txt").is_file());
+    assert!(host_leak_dir(t.scratch.path())
+        .join("leak_overview_1.txt")
+        .is_file());
     let (code, out, _) = attach(t.pid, "display host_leak summary");
     assert_eq!((code, out.as_str()), (1, "no active window\n"));
     let (code, out, _) = attach(t.pid, "stop");
@@ -463,7 +255,7 @@ fn start_and_stop_words_drive_an_api_env_process() {
     let (code, out, _) = attach(t.pid, "stop");
     assert_eq!(code, 0);
     assert!(out.starts_with("host-leak window 2 closed: "), "{out}");
-    let dir = t.host_leak_dir();
+    let dir = host_leak_dir(t.scratch.path());
     let second = std::fs::read_to_string(dir.join("leak_overview_2.txt")).unwrap();
     assert_eq!(
         site_counts(&second, "leak_a"),
@@ -485,7 +277,7 @@ fn start_and_stop_words_drive_an_api_env_process() {
 
 #[test]
 fn the_interactive_session_reads_words_until_exit() {
-    let t = Target::launched();
+    let t = launched();
     let mut child = Command::new(BIN)
         .arg("--pid")
         .arg(t.pid.to_string())
@@ -554,11 +346,11 @@ fn request(payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn malformed_frames_get_errors_and_the_target_runs_on() {
-    let mut plain = Target::launched();
+    let mut plain = launched();
     plain.go(1);
     let (plain_out, _plain_scratch) = plain.finish();
 
-    let t = Target::launched();
+    let t = launched();
     let error_of = |frame: &[u8]| -> String {
         let mut s = raw(&t);
         s.write_all(frame).unwrap();
@@ -634,7 +426,7 @@ fn another_user_is_refused() {
         eprintln!("skipped: needs root and setpriv");
         return;
     }
-    let t = Target::launched();
+    let t = launched();
     // The client's own pre-check, as nobody.
     let mut cmd = Command::new("setpriv");
     cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
@@ -738,7 +530,7 @@ fn prechecks_name_what_is_missing() {
 
 #[test]
 fn ctrl_c_ends_the_client_with_130() {
-    let t = Target::launched();
+    let t = launched();
     let mut child = Command::new(BIN)
         .arg("--pid")
         .arg(t.pid.to_string())

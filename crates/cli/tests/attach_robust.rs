@@ -12,21 +12,17 @@
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use msmemscope_core::config::{Analysis, RunConfig};
+use msmemscope_core::config::RunConfig;
 
 mod common;
-use common::host_leak::{fixture_src, gcc};
-use common::{Scratch, BIN};
+use common::attach_target::{attach, Target, RUNTIME_LIB};
+use common::Scratch;
 
-const RUNTIME_LIB: &str = "libmsmemscope_runtime.so";
-const WAIT: Duration = Duration::from_secs(30);
 /// The runtime's whole-request deadline (control/mod.rs REQUEST_DEADLINE).
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 /// The runtime's bound on connections served at once (control/mod.rs MAX_CONNECTIONS).
@@ -42,179 +38,15 @@ fn private_scratch(tag: &str) -> Scratch {
     scratch
 }
 
-fn runtime_lib() -> PathBuf {
-    Path::new(BIN).parent().unwrap().join(RUNTIME_LIB)
+/// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`, with `XDG_RUNTIME_DIR` as
+/// given (else unset).
+fn launched(xdg: Option<&Path>) -> Target {
+    Target::launched(private_scratch("launched"), xdg)
 }
 
-fn fixture() -> &'static Path {
-    static F: OnceLock<PathBuf> = OnceLock::new();
-    F.get_or_init(|| {
-        assert!(
-            runtime_lib().is_file(),
-            "{RUNTIME_LIB} is missing next to {BIN}: run `cargo build --release` first"
-        );
-        let dir = std::env::temp_dir().join(format!(
-            "msmemscope-attach-robust-fixture-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let prog = dir.join("attach_target");
-        let src = fixture_src("attach_target.c");
-        gcc(&[
-            "-O2",
-            "-fomit-frame-pointer",
-            "-g",
-            src.to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-            "-ldl",
-        ]);
-        prog
-    })
-}
-
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
-}
-
-/// A running fixture, killed with its group if dropped.
-struct Target {
-    scratch: Scratch,
-    child: Option<Child>,
-    pid: i32,
-}
-
-impl Target {
-    /// `msmemscope-cli --analysis=host-leaks -o OUT attach_target DIR`, with
-    /// `XDG_RUNTIME_DIR` as given (else unset).
-    fn launched(xdg: Option<&Path>) -> Target {
-        let scratch = private_scratch("launched");
-        let mut cmd = Command::new(BIN);
-        cmd.arg("--analysis=host-leaks")
-            .arg("-o")
-            .arg(scratch.path().join("out"))
-            .arg(fixture())
-            .arg(scratch.path());
-        Target::spawn(scratch, cmd, xdg)
-    }
-
-    /// `LD_PRELOAD=runtime attach_target DIR api CONFIG` (the program starts host-leaks).
-    fn api(xdg: Option<&Path>) -> Target {
-        let scratch = private_scratch("api");
-        let config = RunConfig {
-            analysis: vec![Analysis::HostLeaks],
-            output_path: scratch.path().join("out"),
-            ..RunConfig::default()
-        };
-        let config_path = scratch.path().join("config.json");
-        std::fs::write(&config_path, config.to_json()).unwrap();
-        let mut cmd = Command::new(fixture());
-        cmd.arg(scratch.path())
-            .arg("api")
-            .arg(&config_path)
-            .env("LD_PRELOAD", runtime_lib())
-            .env("MSMEMSCOPE_API_ENV", "host");
-        Target::spawn(scratch, cmd, xdg)
-    }
-
-    fn spawn(scratch: Scratch, mut cmd: Command, xdg: Option<&Path>) -> Target {
-        cmd.current_dir(scratch.path())
-            .env_remove("XDG_RUNTIME_DIR")
-            .env_remove("MSMEMSCOPE_NO_CONTROL")
-            .env_remove("MSMEMSCOPE_HOST_TOP_N")
-            .env_remove("MSMEMSCOPE_HOST_BEAT_MS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        if let Some(xdg) = xdg {
-            cmd.env("XDG_RUNTIME_DIR", xdg);
-        }
-        if !cmd.get_envs().any(|(k, _)| k == "LD_PRELOAD") {
-            cmd.env_remove("LD_PRELOAD");
-        }
-        let child = cmd.spawn().expect("spawn the target");
-        let mut target = Target {
-            scratch,
-            child: Some(child),
-            pid: 0,
-        };
-        target.pid = target.wait_ready(1);
-        target
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.scratch.path().join(name)
-    }
-
-    fn wait_ready(&mut self, phase: u32) -> i32 {
-        let path = self.file(&format!("ready{phase}"));
-        let start = Instant::now();
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                return text.trim().parse().expect("pid in the ready file");
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                let out = self.child.take().unwrap().wait_with_output().unwrap();
-                panic!(
-                    "the target ended ({status}) before ready{phase}:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            assert!(start.elapsed() < WAIT, "no ready{phase} within {WAIT:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Lets both phases end; returns the target's output.
-    fn finish(mut self) -> Output {
-        std::fs::write(self.file("go1"), b"").unwrap();
-        self.wait_ready(2);
-        std::fs::write(self.file("go2"), b"").unwrap();
-        let mut child = self.child.take().unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            assert!(start.elapsed() < WAIT, "the target did not finish");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        child.wait_with_output().unwrap()
-    }
-
-    fn socket(&self) -> PathBuf {
-        PathBuf::from(format!("/tmp/msmemscope-{}/ctrl_{}.sock", euid(), self.pid))
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: signalling the process group spawn() created.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-        }
-    }
-}
-
-/// `msmemscope-cli --pid PID --command WORDS`: (exit code, stdout, stderr).
-fn attach(pid: i32, words: &str) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("--pid")
-        .arg(pid.to_string())
-        .arg("--command")
-        .arg(words)
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the client");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// `LD_PRELOAD=runtime attach_target DIR api CONFIG` (the program starts host-leaks).
+fn api(xdg: Option<&Path>) -> Target {
+    Target::api(private_scratch("api"), xdg)
 }
 
 fn request(payload: &[u8]) -> Vec<u8> {
@@ -251,7 +83,7 @@ fn closed_by_server(s: &mut UnixStream) -> bool {
 
 #[test]
 fn a_trickling_client_delays_no_other_and_is_dropped_at_its_deadline() {
-    let t = Target::launched(None);
+    let t = launched(None);
     let mut slow = UnixStream::connect(t.socket()).expect("connect to the control socket");
     let connected = Instant::now();
     slow.set_read_timeout(Some(Duration::from_secs(20)))
@@ -328,14 +160,14 @@ fn a_trickling_client_delays_no_other_and_is_dropped_at_its_deadline() {
     let (code, out, _) = attach(t.pid, "help");
     assert_eq!(code, 0);
     assert!(out.contains("display memory summary"));
-    let out = t.finish();
+    let (out, _) = t.finish();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("attach_target done\n"));
 }
 
 #[test]
 fn beyond_the_connection_bound_a_client_is_answered_busy() {
-    let t = Target::launched(None);
+    let t = launched(None);
     // MAX_CONNECTIONS clients each halfway through a header.
     let held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
         .map(|_| {
@@ -357,7 +189,7 @@ fn beyond_the_connection_bound_a_client_is_answered_busy() {
     let (code, out, err) = attach(t.pid, "help");
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("display host_leak summary"));
-    let out = t.finish();
+    let (out, _) = t.finish();
     assert!(out.status.success());
 }
 
@@ -412,7 +244,7 @@ fn assert_pid_says_why(pid: i32, reason: &str) {
 #[test]
 fn a_refused_socket_directory_is_said_once_and_pid_names_it() {
     // The plain run, for its output and status.
-    let plain = Target::launched(None).finish();
+    let plain = launched(None).finish().0;
     assert!(plain.status.success());
     let plain_stderr = String::from_utf8_lossy(&plain.stderr).into_owned();
     assert!(!plain_stderr.contains("warning"), "{plain_stderr}");
@@ -422,10 +254,10 @@ fn a_refused_socket_directory_is_said_once_and_pid_names_it() {
         let (xdg, dir, reason) = refused_xdg(&scratch, kind);
 
         // Launched: the warning first, then the launcher's own lines as in the plain run.
-        let t = Target::launched(Some(&xdg));
+        let t = launched(Some(&xdg));
         assert_pid_says_why(t.pid, &reason);
         assert!(!t.socket().exists(), "no fallback socket in /tmp");
-        let out = t.finish();
+        let (out, _) = t.finish();
         assert_eq!(out.status.code(), plain.status.code(), "{kind}");
         assert_eq!(out.stdout, plain.stdout, "{kind}");
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -443,9 +275,9 @@ fn a_refused_socket_directory_is_said_once_and_pid_names_it() {
         );
 
         // Preloaded (the program starts the runtime): that one line is all of its stderr.
-        let t = Target::api(Some(&xdg));
+        let t = api(Some(&xdg));
         assert_pid_says_why(t.pid, &reason);
-        let out = t.finish();
+        let (out, _) = t.finish();
         assert!(out.status.success(), "{kind}");
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),

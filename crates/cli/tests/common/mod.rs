@@ -3,6 +3,7 @@
 //! own crate and uses a part of this.
 #![allow(dead_code)]
 
+pub mod attach_target;
 pub mod host_leak;
 
 use std::collections::HashMap;
