@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 from . import _native
 
@@ -41,7 +41,7 @@ __all__ = [
 #: ``temporary_idleness``.
 INEFFICIENT_TYPES: tuple[str, ...] = tuple(_native.INEFFICIENT_TYPES)
 
-PathArg = str | os.PathLike[str]
+PathArg = Union[str, "os.PathLike[str]"]  # not `|`: evaluated at import, on Python 3.9 too
 
 
 def check_leaks(input_path: PathArg, mstx_info: str, start_index: int) -> list[dict[str, Any]]:

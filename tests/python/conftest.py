@@ -4,6 +4,7 @@ process (the runtime library is loaded once per process, so each loading scenari
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -112,6 +113,20 @@ def run_under_cli(
     assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert "tracker error" not in proc.stderr, proc.stderr
     return proc, out
+
+
+# One site line of a host-leak overview (leak_overview_N.txt).
+_SITE = re.compile(r"^#R?\d+ \[(?:stack \d+|unknown bucket)\] unfreed (\d+) blocks / (\d+) bytes;")
+
+
+def unfreed_blocks_of_size(report: str, size: int) -> int:
+    """Unfreed blocks of the sites (TOP N and resident) whose blocks are all `size` bytes."""
+    total = 0
+    for line in report.splitlines():
+        m = _SITE.match(line)
+        if m and int(m[1]) > 0 and int(m[2]) == int(m[1]) * size:
+            total += int(m[1])
+    return total
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

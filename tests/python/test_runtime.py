@@ -4,25 +4,19 @@ loading it without a preload, host-leak windows from Python under LD_PRELOAD (wh
 
 from __future__ import annotations
 
-import re
 import textwrap
 from pathlib import Path
 
-from conftest import RUNTIME_LIB, clean_env, needs_runtime_abi, ok, run_python
+from conftest import (
+    RUNTIME_LIB,
+    clean_env,
+    needs_runtime_abi,
+    ok,
+    run_python,
+    unfreed_blocks_of_size,
+)
 
 pytestmark = needs_runtime_abi
-
-SITE = re.compile(r"^#R?\d+ \[(?:stack \d+|unknown bucket)\] unfreed (\d+) blocks / (\d+) bytes;")
-
-
-def unfreed_blocks_of_size(report: str, size: int) -> int:
-    """Unfreed blocks of the sites (TOP N and resident) whose blocks are all `size` bytes."""
-    total = 0
-    for line in report.splitlines():
-        m = SITE.match(line)
-        if m and int(m[1]) > 0 and int(m[2]) == int(m[1]) * size:
-            total += int(m[1])
-    return total
 
 
 def test_loads_the_runtime_itself_when_not_preloaded(tmp_path: Path) -> None:

@@ -25,11 +25,11 @@ fn type_name(value: &Bound<'_, PyAny>) -> String {
 fn path_arg(name: &str, value: &Bound<'_, PyAny>) -> PyResult<PathBuf> {
     let py = value.py();
     let text = if let Ok(s) = value.downcast::<PyString>() {
-        s.to_str()?.to_owned()
+        s.to_cow()?.into_owned()
     } else if value.hasattr("__fspath__")? {
         let fspath = py.import("os")?.getattr("fspath")?.call1((value,))?;
         match fspath.downcast::<PyString>() {
-            Ok(s) => s.to_str()?.to_owned(),
+            Ok(s) => s.to_cow()?.into_owned(),
             Err(_) => {
                 return Err(PyTypeError::new_err(format!(
                     "{name} must be a str path, got a path of {}",
@@ -89,7 +89,7 @@ pub fn check_leaks<'py>(
 ) -> PyResult<(String, Bound<'py, PyList>)> {
     let path = path_arg("input_path", input_path)?;
     let mstx_info = match mstx_info.downcast::<PyString>() {
-        Ok(s) => s.to_str()?.to_owned(),
+        Ok(s) => s.to_cow()?.into_owned(),
         Err(_) => {
             return Err(PyTypeError::new_err(format!(
                 "mstx_info must be a str (the message of the marks), got {}",
@@ -148,8 +148,8 @@ pub fn check_inefficient<'py>(
                 type_name(v)
             )));
         };
-        let s = s.to_str()?;
-        options.kind = Some(InefficientType::parse(s).ok_or_else(|| {
+        let s = s.to_cow()?;
+        options.kind = Some(InefficientType::parse(&s).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "inefficient_type must be one of {} or None, got {s:?}",
                 InefficientType::accepted()

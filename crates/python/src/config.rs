@@ -21,7 +21,7 @@ pub fn accepted_keys() -> String {
 /// writes `analysis=["host-leaks"]`), joined with commas.
 fn value_text(option: OptionName, key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(s) = value.downcast::<PyString>() {
-        return Ok(s.to_str()?.to_owned());
+        return Ok(s.to_cow()?.into_owned());
     }
     let is_seq = value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>();
     if option == OptionName::Analysis && is_seq {
@@ -29,7 +29,7 @@ fn value_text(option: OptionName, key: &str, value: &Bound<'_, PyAny>) -> PyResu
         for item in value.try_iter()? {
             let item = item?;
             match item.downcast::<PyString>() {
-                Ok(s) => items.push(s.to_str()?.to_owned()),
+                Ok(s) => items.push(s.to_cow()?.into_owned()),
                 Err(_) => {
                     return Err(PyTypeError::new_err(format!(
                         "{key}: every item must be a str, got {}",

@@ -46,7 +46,7 @@ fn attr_value(key: &str, value: &Bound<'_, PyAny>) -> PyResult<Value> {
         });
     }
     if let Ok(s) = value.downcast::<PyString>() {
-        return Ok(Value::String(s.to_str()?.to_owned()));
+        return Ok(Value::String(s.to_cow()?.into_owned()));
     }
     if value.is_instance_of::<PyList>() || value.is_instance_of::<PyTuple>() {
         let mut items = Vec::new();
@@ -96,8 +96,8 @@ fn attrs_json(attrs: Option<&Bound<'_, PyDict>>) -> PyResult<String> {
         let key = key
             .downcast::<PyString>()
             .map_err(|_| PyTypeError::new_err("attribute names must be str"))?
-            .to_str()?
-            .to_owned();
+            .to_cow()?
+            .into_owned();
         let value = attr_value(&key, &value)?;
         map.insert(key, value);
     }

@@ -1,7 +1,7 @@
 """msmemscope's ``sitecustomize`` for Python programs started by the ``msmemscope`` launcher.
 
-The launcher puts this directory (and the directory holding the ``msmemscope`` package) on the
-program's ``PYTHONPATH``, so Python's ``site`` module imports this file at start-up. It:
+The launcher puts this directory (and, in a source tree, the directory holding the ``msmemscope``
+package) on the program's ``PYTHONPATH``, so Python's ``site`` module imports this file at start-up. It:
 
 1. installs a lazy import hook: once ``torch`` has been fully imported, it calls
    ``msmemscope.frameworks.torch_tracker.install()``. Until then it costs one string comparison
@@ -34,10 +34,22 @@ def _report(what, exc):
         pass
 
 
+def _make_package_importable():
+    """Lets an interpreter that has no ``msmemscope`` of its own use the one this file belongs
+    to (the launcher was installed into another environment than the program's). Its
+    ``site-packages`` goes last on ``sys.path``, so the program's own packages win."""
+    import importlib.util
+
+    if importlib.util.find_spec("msmemscope") is None:
+        here = os.path.dirname(os.path.realpath(__file__))
+        sys.path.append(os.path.dirname(os.path.dirname(here)))
+
+
 def _on_torch_imported():
     """Turns the PyTorch tracker on, once, right after ``import torch`` completed."""
     _remove_hook()
     try:
+        _make_package_importable()
         from msmemscope.frameworks import torch_tracker
 
         torch_tracker.install()

@@ -260,7 +260,7 @@ def tensor_span(t):
     try:
         if t.numel() == 0:
             return None
-        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
         return t.data_ptr(), extent * t.element_size()
     except Exception:  # tensor subclasses without storage (FakeTensor, meta)
         return None

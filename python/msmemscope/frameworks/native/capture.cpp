@@ -150,6 +150,21 @@ Text intern(const std::string& s) {
   return slot.get();
 }
 
+// The overload of the op a RecordFunction stands for ("Tensor" of aten::add.Tensor). PyTorch
+// 2.7 and later keep it on the RecordFunction; older ones only hand out a copy of the
+// operator's name, whose overload text is interned here so that the pointer stays valid.
+template <typename Fn>
+const char* overload_of(const Fn& fn) {
+  if constexpr (requires { fn.overload_name(); }) {
+    return fn.overload_name();
+  } else {
+    auto op = fn.operator_name();
+    if (!op.has_value()) return "";
+    Text t = intern(op->overload_name);
+    return t != nullptr ? t->c_str() : "";
+  }
+}
+
 // Appends to a fixed buffer, cutting at its end (the rows' attributes are short).
 struct Out {
   char* p;
@@ -430,13 +445,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     if (!is_op_name(fn.name())) return nullptr;
     if (tl_op_depth < kOpDepth) {
       tl_op_name[tl_op_depth] = fn.name();
-      tl_op_overload[tl_op_depth] = fn.overload_name();
+      tl_op_overload[tl_op_depth] = overload_of(fn);
     }
     ++tl_op_depth;
     if (!tracing()) return nullptr;
     g_ops.fetch_add(1, std::memory_order_relaxed);
     char name[256];
-    size_t len = op_name(name, sizeof name, fn.name(), fn.overload_name());
+    size_t len = op_name(name, sizeof name, fn.name(), overload_of(fn));
     if (g_cfg.launch) {
       emit(g_codes.ev_op_launch, g_codes.ty_aten_start, StrRef{name, len}, kDeviceNone, 0,
            false, 0, StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
@@ -460,7 +475,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (tl_op_depth > 0) --tl_op_depth;
     if (!tracing()) return;
     char name[256];
-    size_t len = op_name(name, sizeof name, fn.name(), fn.overload_name());
+    size_t len = op_name(name, sizeof name, fn.name(), overload_of(fn));
     if (g_cfg.access && fn.needsOutputs()) {
       auto schema = schema_of(fn, name);
       const auto& outputs = fn.outputs();

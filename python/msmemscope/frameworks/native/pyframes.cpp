@@ -6,9 +6,14 @@
 // it takes no lock and allocates nothing. Built against the running interpreter's headers
 // (internal ones for the frame layout), so the layout is that interpreter's.
 
-#define Py_BUILD_CORE 1
 #include <Python.h>
+#if PY_VERSION_HEX >= 0x030B0000
+// 3.11 moved the frame records into the interpreter's internal headers.
+#define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
+#else
+#include <frameobject.h>
+#endif
 
 #include <cstring>
 #include <string>
@@ -35,18 +40,43 @@ PyCodeObject* code_of(_PyInterpreterFrame* f) {
   PyObject* e = f->f_executable;
   return e != nullptr && PyCode_Check(e) ? reinterpret_cast<PyCodeObject*>(e) : nullptr;
 }
-#else
+#elif PY_VERSION_HEX >= 0x030B0000
 _PyInterpreterFrame* newest_frame(PyThreadState* t) {
   return t->cframe != nullptr ? t->cframe->current_frame : nullptr;
 }
 PyCodeObject* code_of(_PyInterpreterFrame* f) { return f->f_code; }
+#else
+// Up to 3.10 every Python frame is a frame object, chained by f_back.
+using Frame = PyFrameObject;
+Frame* newest_frame(PyThreadState* t) { return t->frame; }
+Frame* older(Frame* f) { return f->f_back; }
+PyCodeObject* code_of(Frame* f) { return f->f_code; }
+#endif
+#if PY_VERSION_HEX >= 0x030B0000
+using Frame = _PyInterpreterFrame;
+Frame* older(Frame* f) { return f->previous; }
 #endif
 
-bool is_real(_PyInterpreterFrame* f) {
+// The code offset, in bytes, of the instruction a frame is at.
+int byte_offset(Frame* f) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return _PyInterpreterFrame_LASTI(f) * int(sizeof(_Py_CODEUNIT));
+#elif PY_VERSION_HEX >= 0x030A0000
+  return f->f_lasti * int(sizeof(_Py_CODEUNIT));  // 3.10 counts instructions
+#else
+  return f->f_lasti;  // 3.9 counts bytes
+#endif
+}
+
+bool is_real(Frame* f) {
 #if PY_VERSION_HEX >= 0x030C0000
   if (f->owner == FRAME_OWNED_BY_CSTACK) return false;
 #endif
+#if PY_VERSION_HEX >= 0x030B0000
   return code_of(f) != nullptr && !_PyFrame_IsIncomplete(f);
+#else
+  return code_of(f) != nullptr;
+#endif
 }
 
 }  // namespace
@@ -60,7 +90,7 @@ std::string msmemscope_python_stack(int depth, const std::vector<std::string>& s
   if (t == nullptr) return out;
   bool top = true;
   int taken = 0;
-  for (_PyInterpreterFrame* f = newest_frame(t); f != nullptr && taken < depth; f = f->previous) {
+  for (Frame* f = newest_frame(t); f != nullptr && taken < depth; f = older(f)) {
     if (!is_real(f)) continue;
     PyCodeObject* code = code_of(f);
     const char* file = text_of(code->co_filename);
@@ -75,7 +105,7 @@ std::string msmemscope_python_stack(int depth, const std::vector<std::string>& s
       if (skipped) continue;
       top = false;
     }
-    int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(f) * int(sizeof(_Py_CODEUNIT)));
+    int line = PyCode_Addr2Line(code, byte_offset(f));
     if (!out.empty()) out.push_back('\n');
     out += file;
     out += '(';
