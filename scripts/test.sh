@@ -29,8 +29,8 @@ cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 cargo build --release --workspace
 cargo test --release --workspace
-.venv/bin/ruff format --check --quiet python tests/python
-.venv/bin/ruff check --quiet python tests/python
+.venv/bin/ruff format --check --quiet python tests/python build_support
+.venv/bin/ruff check --quiet python tests/python build_support
 .venv/bin/python -m pytest -q tests/python
 # The PyTorch tests again on the dispatch-mode fallback (used where the native capture cannot be
 # built).

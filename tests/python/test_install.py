@@ -10,9 +10,9 @@ Two fresh virtual environments, each with its own Python and torch from PyPI:
 In each, from the environment's ``bin/`` alone (no variable of ours, no source tree on any
 path): the command runs when exec'ed, a decompose run of a small training loop prints the
 owner table with the exact weight bytes (the native capture built on first use against that
-torch), the Python API reads the run's dump, a host-leak window works after ``source msmemscope
---load-api-env=host`` (bash, and zsh where installed), installing kept the user's torch, and
-``pip uninstall`` leaves nothing behind.
+torch and Python), the Python API reads the run's dump and finds the leak's Python line, a
+host-leak window works after ``source msmemscope --load-api-env=host`` (bash, and zsh where
+installed), installing kept the user's torch, and ``pip uninstall`` leaves nothing behind.
 
 Slow (each environment downloads torch) and needs PyPI, as scripts/setup.sh does.
 """
@@ -236,7 +236,10 @@ def test_decompose_prints_the_weight_bytes_and_check_leaks_reads_the_dump(
 ) -> None:
     env = user_env.env()
     proc = run(
-        ["msmemscope", "--analysis=decompose", "-o", "out", "python", str(TRAIN)],
+        [
+            *("msmemscope", "--analysis=decompose", "--call-stack=python", "-o", "out"),
+            *("python", str(TRAIN)),
+        ],
         env=env,
         cwd=tmp_path,
     )
@@ -259,9 +262,13 @@ def test_decompose_prints_the_weight_bytes_and_check_leaks_reads_the_dump(
     import msmemscope
     leaks = msmemscope.check_leaks({str(dump)!r}, "step", 0)
     print("LEAKS", [(b["pool"], b["device"], b["size"]) for b in leaks])
+    print("WHERE", leaks[0]["python_stack"].splitlines()[0])
     """
     proc = run(["python", "-c", textwrap.dedent(code)], env=env, cwd=tmp_path)
     assert "LEAKS [('PTA', 'cpu', 4000)]\n" in proc.stdout, proc.stdout
+    # The interpreter's own frame records, read by the native capture (per Python version).
+    line = next(n for n, text in enumerate(TRAIN.read_text().splitlines(), 1) if "kept." in text)
+    assert f"WHERE {TRAIN}({line}): <module>\n" in proc.stdout, proc.stdout
 
 
 HOST_WINDOW = """

@@ -1,7 +1,8 @@
 """msmemscope's ``sitecustomize`` for Python programs started by the ``msmemscope`` launcher.
 
-The launcher puts this directory (and, in a source tree, the directory holding the ``msmemscope``
-package) on the program's ``PYTHONPATH``, so Python's ``site`` module imports this file at start-up. It:
+The launcher puts this directory (and, in a source tree, the directory holding the
+``msmemscope`` package) on the program's ``PYTHONPATH``, so Python's ``site`` module imports this
+file at start-up. It:
 
 1. installs a lazy import hook: once ``torch`` has been fully imported, it calls
    ``msmemscope.frameworks.torch_tracker.install()``. Until then it costs one string comparison
