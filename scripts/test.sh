@@ -24,6 +24,16 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
         exit 1
     fi
 fi
+# The host-leak tests check that libc's local functions are named from its detached debug
+# symbols (Debian's libc6-dbg).
+if ! dpkg-query -W -f='${Status}' libc6-dbg 2>/dev/null | grep -q 'install ok installed'; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq libc6-dbg >/dev/null
+    else
+        echo "libc6-dbg is needed by the tests: sudo apt-get install libc6-dbg" >&2
+        exit 1
+    fi
+fi
 .venv/bin/python -c "import selenium" 2>/dev/null || .venv/bin/pip install -q selenium
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

@@ -219,7 +219,6 @@ fn unavailable_modes_are_refused_in_one_line() {
         (&["--analysis=host-leaks", "--format=db"], "--analysis=host-leaks records host heap blocks, not the event dump, and does not take --format"),
         (&["--analysis=host-leaks", "--events=alloc,free"], "does not take --events"),
         (&["--analysis=host-leaks", "--level=op"], "does not take --level"),
-        (&["--analysis=host-leaks", "--call-stack=c:10"], "does not take --call-stack"),
         (&["--analysis=host-leaks", "--collect-mode=deferred"], "does not take --collect-mode"),
         (&["--analysis=host-leaks", "--device=npu:0"], "does not take --device"),
     ];

@@ -1,17 +1,20 @@
 //! End-to-end host-leak runs of whole programs whose shape once broke the runtime: a Rust
 //! binary and a C program whose first allocation on a thread happens inside
 //! `pthread_getattr_np` (a hang), a library opened with `RTLD_DEEPBIND` (false leaks), 400
-//! short threads (the runtime's own bookkeeping counted as pre-window frees). Fixtures are in
+//! short threads (the runtime's own bookkeeping counted as pre-window frees), libc frames left
+//! unnamed though its debug symbols were installed. Fixtures are in
 //! tests/fixtures/programs/, built here with gcc and rustc, and run under the real
 //! `msmemscope-cli --analysis=host-leaks` with the harness's hang timeout.
 //!
 //! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary),
-//! gcc and rustc on PATH.
+//! gcc and rustc on PATH; Debian's libc6-dbg for the debug-symbol test (installed here when
+//! running as root, as scripts/test.sh does; skipped when it cannot be had).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
+use common::attach_target::euid;
 use common::host_leak::*;
 use common::{Scratch, BIN};
 
@@ -300,4 +303,114 @@ fn thread_bookkeeping_is_not_a_pre_window_free() {
     );
     assert_eq!(ov.sites.len(), 2, "{}", ov.text);
     ov.check_sites_sum_to_total();
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. Names from installed debug symbols
+
+/// The libc this process runs on, the one the fixtures are linked against.
+fn libc_path() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.ends_with("/libc.so.6"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no libc.so.6 in /proc/self/maps:\n{maps}"))
+}
+
+/// Where a debug package installs `module`'s debug file: `/usr/lib/debug/.build-id/xx/yyyy.debug`
+/// for its build-id (from `readelf -n`).
+fn build_id_debug_file(module: &Path) -> PathBuf {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(module)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run readelf (binutils): {e}"));
+    let notes = String::from_utf8_lossy(&out.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{} has no build-id:\n{notes}", module.display()));
+    PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &id[..2],
+        &id[2..]
+    ))
+}
+
+/// libc's installed debug file, installing Debian's libc6-dbg when it is missing and this runs
+/// as root; `None` (the test skips) when it cannot be had.
+fn libc_debug_file() -> Option<PathBuf> {
+    let libc = libc_path();
+    let debug = build_id_debug_file(&libc);
+    if !debug.is_file() && euid() == 0 {
+        let install = || {
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "libc6-dbg"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !install() {
+            let _ = Command::new("apt-get").args(["update", "-qq"]).output();
+            install();
+        }
+    }
+    if debug.is_file() {
+        return Some(debug);
+    }
+    eprintln!(
+        "skipped: {} has no installed debug file {} (Debian's libc6-dbg), and it could not be \
+         installed (needs root and apt-get)",
+        libc.display(),
+        debug.display()
+    );
+    None
+}
+
+#[test]
+fn libc_frames_are_named_from_installed_debug_symbols() {
+    if libc_debug_file().is_none() {
+        return;
+    }
+    let scratch = Scratch::new("libc-frames");
+    let prog = build_c(scratch.path(), "libc_frames.c", "libc_frames", &[]);
+    let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[]);
+    assert_exited(&run.out, 0, "tool run");
+    let ov = run.overview();
+    assert_eq!(ov.sites.len(), 1, "{}", ov.text);
+    let site = &ov.sites[0];
+    assert_eq!(site.unfreed, (1, 2222), "{}", ov.text);
+    let functions: Vec<&str> = site
+        .frames
+        .iter()
+        .map(|f| f.split(' ').next().unwrap())
+        .collect();
+    // Before: `?? (libc.so.6+0x2724a)` below main, as libc's own table has no local names.
+    assert_eq!(
+        functions,
+        [
+            "leak_here",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main",
+            "_start"
+        ],
+        "{}",
+        ov.text
+    );
+    // The debug file's DWARF gives libc's frames their source lines too.
+    assert!(
+        site.frames[2].starts_with("__libc_start_call_main nptl/libc_start_call_main.h:"),
+        "{}",
+        ov.text
+    );
+    assert!(
+        site.frames[3].starts_with("__libc_start_main csu/libc-start.c:"),
+        "{}",
+        ov.text
+    );
+    assert_eq!(
+        ov.h("Symbolization coverage"),
+        "100.0% (5/5 reported frames resolved to a function)"
+    );
 }

@@ -11,6 +11,8 @@ pub mod control_socket;
 pub mod events;
 pub mod host_leak;
 pub mod launch_env;
+// Native Python frames: line numbers from code objects' line tables.
+pub mod pyframes;
 pub mod run_dir;
 // Stream-race sanitizer: sanitizer-op marks and the vector-clock checker.
 pub mod sanitizer;

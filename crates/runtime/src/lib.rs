@@ -16,6 +16,8 @@ mod libc_heap;
 mod lifecycle;
 mod log;
 pub mod pipeline;
+// The allocating thread's Python frames, for host-leak stacks.
+pub mod python;
 // Exports `mstxMarkA`, `mstxRangeStartA`, `mstxRangeEnd` (include/msmemscope/mstx.h) and
 // `InitializeInjectionNvtx2` (the NVTX injection entry point).
 pub mod marks;

@@ -78,6 +78,11 @@ pub struct DataHealth {
     pub untracked_below_threshold: CountBytes,
     pub symbolized_frames: u64,
     pub total_frames: u64,
+    /// Interned stacks cut at the key's depth.
+    pub cut_stacks: u64,
+    /// The CPython whose frames were read, and how many per stack (0: off).
+    pub python_version: Option<(u8, u8)>,
+    pub python_depth: usize,
     pub block_cap: u64,
     pub overflow_cap: u64,
     pub stack_cap: u64,
@@ -95,6 +100,11 @@ pub struct LeakSite {
     pub assessment: Assessment,
     /// Rendered frames, innermost first.
     pub frames: Vec<String>,
+    /// The Python frames the stack was allocated under (`file(line): function`), innermost
+    /// first; empty where no Python code ran.
+    pub python_frames: Vec<String>,
+    /// The stack went on beyond the key's depth: callers further out share this site.
+    pub cut: bool,
     /// The site's live bytes at each beat, `(beat, bytes)`, for displays (`leak_sites_N.json`);
     /// filled for the sites the report shows, empty when the site has no series.
     pub live_series: Vec<(f64, u64)>,

@@ -159,6 +159,20 @@ fn data_health(out: &mut String, report: &HostLeakReport) {
         )
     };
     let _ = writeln!(out, "Symbolization coverage: {coverage}");
+    let python = match h.python_version {
+        Some((major, minor)) if h.python_depth > 0 => format!(
+            "CPython {major}.{minor}, up to {} per stack (--call-stack=python:N)",
+            h.python_depth
+        ),
+        Some((major, minor)) => format!("off (CPython {major}.{minor}; --call-stack=python:0)"),
+        None => "none (no CPython whose frames can be read in this process)".to_string(),
+    };
+    let _ = writeln!(out, "Python frames: {python}");
+    let _ = writeln!(
+        out,
+        "Deep stacks: {} of {} stacks cut at the key's depth (callers further out share their site)",
+        h.cut_stacks, h.distinct_stacks
+    );
     let _ = writeln!(
         out,
         "Ledger caps: block table {}, overflow ledger {}, stack table {}",
@@ -318,7 +332,7 @@ fn site_block(out: &mut String, rank: &str, site: &LeakSite) {
         factor(Some(f.scale)),
         a.beats,
     );
-    if site.frames.is_empty() {
+    if site.frames.is_empty() && site.python_frames.is_empty() {
         let text = match site.stack_id {
             Some(id) => format!("(unresolved stack {id})"),
             None => "(unresolved stack: unknown bucket)".to_string(),
@@ -327,6 +341,17 @@ fn site_block(out: &mut String, rank: &str, site: &LeakSite) {
     }
     for frame in &site.frames {
         let _ = writeln!(out, "    {frame}");
+    }
+    // One hybrid stack, innermost first: the C frames above the interpreter (the extension's,
+    // the libraries'), then the Python frames that called them.
+    for frame in &site.python_frames {
+        let _ = writeln!(out, "    py {frame}");
+    }
+    if site.cut {
+        let _ = writeln!(
+            out,
+            "    (stack cut at the key's depth: callers further out share this site)"
+        );
     }
 }
 
@@ -361,6 +386,9 @@ mod tests {
             untracked_below_threshold: cb(0, 0),
             symbolized_frames: 2,
             total_frames: 2,
+            cut_stacks: 0,
+            python_version: None,
+            python_depth: 20,
             block_cap: 20_000_000,
             overflow_cap: 5_000_000,
             stack_cap: 400_000,
@@ -384,6 +412,8 @@ mod tests {
             ),
             assessment: assess(&series, &facts, &window),
             frames: vec![frame.to_string()],
+            python_frames: Vec::new(),
+            cut: false,
             live_series: Vec::new(),
         }
     }

@@ -31,6 +31,7 @@ fn site_json(rank: String, site: &LeakSite) -> Value {
         "allocated": count_bytes(site.allocated),
         "freed": count_bytes(site.freed),
         "frames": site.frames,
+        "python_frames": site.python_frames,
         "series": site.live_series.iter().map(|&(beat, bytes)| json!([beat, bytes])).collect::<Vec<_>>(),
     })
 }

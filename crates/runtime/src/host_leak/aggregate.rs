@@ -98,6 +98,7 @@ pub fn build_report(
     };
     let mut all_sites: Vec<LeakSite> = Vec::new();
     let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut python_of: HashMap<u32, Vec<String>> = HashMap::new();
     for s in stacks {
         let Some(unfreed) = unfreed_by_stack.get(&s.id) else {
             continue;
@@ -109,9 +110,12 @@ pub fn build_report(
             freed: s.counts.freed,
             assessment: assess_site(Some(s.id), &s.counts, unfreed),
             frames: Vec::new(),
+            python_frames: Vec::new(),
+            cut: s.cut,
             live_series: Vec::new(),
         });
         frames_of.insert(s.id, s.frames);
+        python_of.insert(s.id, s.python);
     }
     if let Some(unfreed) = unfreed_by_stack.get(&UNKNOWN_STACK) {
         all_sites.push(LeakSite {
@@ -121,6 +125,8 @@ pub fn build_report(
             freed: unknown.freed,
             assessment: assess_site(None, &unknown, unfreed),
             frames: Vec::new(),
+            python_frames: Vec::new(),
+            cut: false,
             live_series: Vec::new(),
         });
     }
@@ -139,6 +145,9 @@ pub fn build_report(
         if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
             site.frames = symbols.render(frames);
         }
+        if let Some(python) = site.stack_id.and_then(|id| python_of.remove(&id)) {
+            site.python_frames = python;
+        }
         if let lsi::Series::Points(points) = ledger.beats.series_of(site.stack_id, window_beats) {
             site.live_series = points
                 .iter()
@@ -148,10 +157,10 @@ pub fn build_report(
     }
 
     let details = event_mode.then(|| {
-        let by_id: HashMap<Option<u32>, &Vec<String>> = sites
+        let by_id: HashMap<Option<u32>, (&Vec<String>, &Vec<String>)> = sites
             .iter()
             .chain(resident.iter())
-            .map(|s| (s.stack_id, &s.frames))
+            .map(|s| (s.stack_id, (&s.frames, &s.python_frames)))
             .collect();
         let mut details: Vec<BlockDetail> = raw_blocks
             .into_iter()
@@ -161,8 +170,8 @@ pub fn build_report(
                     addr: addr as u64,
                     size,
                     alloc_ts_ns: ts,
-                    c_stack: by_id.get(&key).map(|f| (*f).clone()).unwrap_or_default(),
-                    python_stack: Vec::new(),
+                    c_stack: by_id.get(&key).map(|f| f.0.clone()).unwrap_or_default(),
+                    python_stack: by_id.get(&key).map(|f| f.1.clone()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -207,6 +216,9 @@ pub fn build_report(
         untracked_below_threshold: ledger.untracked_below_threshold.sum(),
         symbolized_frames: symbols.resolved,
         total_frames: symbols.total,
+        cut_stacks: ledger.stacks.cut_stacks(),
+        python_version: crate::python::version(),
+        python_depth: s.python_depth,
         block_cap: s.block_cap,
         overflow_cap: s.overflow_cap,
         stack_cap: s.stack_cap,

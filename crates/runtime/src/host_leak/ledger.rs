@@ -53,6 +53,7 @@ use super::settings::WindowSettings;
 use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
 use crate::clock::realtime_ns;
+use crate::python::{self, PyStack};
 use crate::unwind::{with_stack, CapturedStack};
 
 /// After a recycling pass that freed nothing, wait this long before scanning again.
@@ -109,6 +110,7 @@ pub enum Taken {
 
 impl Ledger {
     pub fn new(settings: WindowSettings, stage: u32) -> Ledger {
+        python::set_depth(settings.python_depth);
         let start_ns = realtime_ns();
         Ledger {
             beats: Beats::new(start_ns, settings.beat_ms),
@@ -272,7 +274,9 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
-        let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, tag));
+        let mut py = PyStack::empty();
+        python::capture(&mut py);
+        let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag));
         if self.snapshot_running.load(Ordering::Relaxed) {
             self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
             self.snapshot_arrival_bytes
@@ -311,11 +315,20 @@ impl Ledger {
         self.beats.record(beat, &mut live, closing);
     }
 
-    /// Inserts a block allocated from `stack`. `tag` is the stack's memo tag, where the stack's
-    /// id is kept with the stack-table generation it is valid in: `generation << 32 | id + 1`.
-    /// Returns the allocation's timestamp.
+    /// Inserts a block allocated from `stack` while Python code ran `py` (empty without it).
+    /// `tag` is the C stack's memo tag, where the stack's id is kept with the stack-table
+    /// generation it is valid in: `generation << 32 | id + 1`; it is only used for allocations
+    /// without Python frames, since one C stack serves many Python callers. Returns the
+    /// allocation's timestamp.
     #[inline]
-    fn insert(&self, ptr: usize, size: u64, stack: &CapturedStack, tag: &mut u64) -> u64 {
+    fn insert(
+        &self,
+        ptr: usize,
+        size: u64,
+        stack: &CapturedStack,
+        py: &PyStack,
+        tag: &mut u64,
+    ) -> u64 {
         let ts = realtime_ns();
         let mut may_recycle = true;
         loop {
@@ -341,14 +354,35 @@ impl Ledger {
                 std::thread::yield_now();
                 continue;
             }
-            let id = if stack.len == 0 {
+            let mut depth = stack.len.min(self.settings.c_depth);
+            // With Python frames, the Python depth decides whether callers were merged.
+            let cut = if py.len > 0 {
+                depth = python::frames_above_interpreter(&stack.frames[..depth]);
+                py.cut
+            } else {
+                stack.cut || depth < stack.len
+            };
+            let truncated;
+            let stack = if depth < stack.len {
+                truncated = CapturedStack {
+                    len: depth,
+                    ..*stack
+                };
+                &truncated
+            } else {
+                stack
+            };
+            let memoized = py.len == 0;
+            let id = if stack.len == 0 && py.len == 0 {
                 UNKNOWN_STACK
-            } else if *tag != 0 && *tag >> 32 == generation & 0xffff_ffff {
+            } else if memoized && *tag != 0 && *tag >> 32 == generation & 0xffff_ffff {
                 (*tag & 0xffff_ffff) as u32 - 1
             } else {
-                match self.stacks.intern(stack) {
+                match self.stacks.intern(stack, py, cut) {
                     Interned::Id(id) => {
-                        *tag = (generation & 0xffff_ffff) << 32 | (id as u64 + 1);
+                        if memoized {
+                            *tag = (generation & 0xffff_ffff) << 32 | (id as u64 + 1);
+                        }
                         id
                     }
                     Interned::Full if may_recycle => {
@@ -518,6 +552,8 @@ mod tests {
             stack_cap: 1 << 12,
             top_n: 10,
             beat_ms: 10,
+            c_depth: crate::unwind::MAX_FRAMES,
+            python_depth: 0,
         }
     }
 

@@ -3,6 +3,9 @@
 use msmemscope_core::config::{HostLeakMode, RunConfig};
 use msmemscope_core::host_leak::knobs;
 
+use crate::python::{DEFAULT_PY_DEPTH, MAX_PY_FRAMES};
+use crate::unwind::MAX_FRAMES;
+
 #[derive(Clone, Debug)]
 pub struct WindowSettings {
     pub mode: HostLeakMode,
@@ -14,6 +17,10 @@ pub struct WindowSettings {
     pub stack_cap: u64,
     pub top_n: usize,
     pub beat_ms: u64,
+    /// C frames in a stack key (`--call-stack=c:N`, at most the 20 captured).
+    pub c_depth: usize,
+    /// Python frames in a stack key (`--call-stack=python:N`; 0: none).
+    pub python_depth: usize,
 }
 
 /// The environment's overrides (`msmemscope_core::host_leak::knobs`: lower caps for tests and
@@ -51,6 +58,16 @@ impl WindowSettings {
             stack_cap: knobs::STACK_CAP.resolve(caps.stack_cap),
             top_n: knobs::TOP_N.resolve(caps.top_n) as usize,
             beat_ms: knobs::BEAT_MS.resolve(caps.beat_ms),
+            // A kind `--call-stack` does not name keeps its default: host-leak stacks always
+            // have C frames, and Python frames wherever Python code runs.
+            c_depth: config
+                .call_stack
+                .c
+                .map_or(MAX_FRAMES, |n| (n as usize).min(MAX_FRAMES)),
+            python_depth: config
+                .call_stack
+                .python
+                .map_or(DEFAULT_PY_DEPTH, |n| (n as usize).min(MAX_PY_FRAMES)),
         }
     }
 }

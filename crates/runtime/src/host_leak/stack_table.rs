@@ -18,6 +18,7 @@ use msmemscope_core::host_leak::CountBytes;
 use super::block_table::lock_until;
 use super::hashing::FastHash;
 use super::zeroed_array::{Zeroable, ZeroedArray};
+use crate::python::{self, PyStack};
 use crate::unwind::{CapturedStack, MAX_FRAMES};
 
 /// The unknown bucket's id.
@@ -25,21 +26,38 @@ pub const UNKNOWN_STACK: u32 = u32::MAX;
 const SHARDS: usize = 64;
 const STRIPES: usize = 4;
 
+/// A stack's identity: its C frames and, while Python code ran, its Python frames (so two
+/// Python callers of one C function are two stacks).
 #[derive(Clone, Copy)]
-pub struct StackKey(pub CapturedStack);
+pub struct StackKey {
+    pub c: CapturedStack,
+    pub python: PyStack,
+}
 
 impl PartialEq for StackKey {
     fn eq(&self, other: &Self) -> bool {
-        self.0.as_slice() == other.0.as_slice()
+        self.c.as_slice() == other.c.as_slice() && self.python.as_slice() == other.python.as_slice()
     }
 }
 impl Eq for StackKey {}
 impl Hash for StackKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        for &f in self.0.as_slice() {
+        for &f in self.c.as_slice() {
             state.write_u64(f);
         }
+        for f in self.python.as_slice() {
+            state.write_u64(f.code ^ (f.offset as u64).rotate_left(40));
+        }
     }
+}
+
+/// An interned stack's slot, and its Python frames as text (made when it was interned, while
+/// the frames' code objects were certainly alive).
+struct Entry {
+    slot: u32,
+    python: Box<[String]>,
+    /// The stack went on beyond the key's depth: callers further out share this entry.
+    cut: bool,
 }
 
 /// One stack's counters in one stripe.
@@ -208,11 +226,14 @@ pub enum Interned {
 pub struct StackRecord {
     pub id: u32,
     pub frames: Vec<u64>,
+    /// `file(line): function`, innermost first.
+    pub python: Vec<String>,
+    pub cut: bool,
     pub counts: StackCounts,
 }
 
 pub struct StackTable {
-    index: Box<[Mutex<HashMap<StackKey, u32, FastHash>>]>,
+    index: Box<[Mutex<HashMap<StackKey, Entry, FastHash>>]>,
     /// Slots `0..cap` for interned stacks, slot `cap` for the unknown bucket.
     counters: StripedCounters,
     /// Slot allocation: fresh slots from `next_slot`, recycled ones from `free_slots`.
@@ -220,6 +241,8 @@ pub struct StackTable {
     next_slot: AtomicU64,
     cap: u64,
     interned: AtomicU64,
+    /// Interned stacks that were cut at the key's depth.
+    cut_stacks: AtomicU64,
     recycled: AtomicU64,
     folded: Mutex<StackCounts>,
     unattributed_allocs: AtomicU64,
@@ -242,6 +265,7 @@ impl StackTable {
             next_slot: AtomicU64::new(0),
             cap,
             interned: AtomicU64::new(0),
+            cut_stacks: AtomicU64::new(0),
             recycled: AtomicU64::new(0),
             folded: Mutex::new(StackCounts::default()),
             unattributed_allocs: AtomicU64::new(0),
@@ -250,7 +274,7 @@ impl StackTable {
         }
     }
 
-    fn lock_index(&self, shard: usize) -> MutexGuard<'_, HashMap<StackKey, u32, FastHash>> {
+    fn lock_index(&self, shard: usize) -> MutexGuard<'_, HashMap<StackKey, Entry, FastHash>> {
         self.index[shard].lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -259,19 +283,32 @@ impl StackTable {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Finds or creates the id of `stack`. Call only while the generation is even.
-    pub fn intern(&self, stack: &CapturedStack) -> Interned {
-        let key = StackKey(*stack);
+    /// Finds or creates the id of the stack of C frames `stack` and Python frames `py`; `cut`
+    /// says the stack went on beyond them. Call only while the generation is even, from the
+    /// thread that captured `py`.
+    pub fn intern(&self, stack: &CapturedStack, py: &PyStack, cut: bool) -> Interned {
+        let key = StackKey {
+            c: *stack,
+            python: *py,
+        };
         let shard = (FastHash.hash_one(key) as usize) % SHARDS;
         let mut index = self.lock_index(shard);
-        if let Some(&id) = index.get(&key) {
-            return Interned::Id(id);
+        if let Some(entry) = index.get(&key) {
+            return Interned::Id(entry.slot);
         }
         let Some(slot) = self.take_slot() else {
             return Interned::Full;
         };
-        index.insert(key, slot);
+        let python = py
+            .as_slice()
+            .iter()
+            .map(|f| python::render(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
+            .collect();
+        index.insert(key, Entry { slot, python, cut });
         self.interned.fetch_add(1, Ordering::Relaxed);
+        if cut {
+            self.cut_stacks.fetch_add(1, Ordering::Relaxed);
+        }
         Interned::Id(slot)
     }
 
@@ -356,13 +393,14 @@ impl StackTable {
         let mut freed_slots = Vec::new();
         let mut folded = StackCounts::default();
         for shard in 0..SHARDS {
-            self.lock_index(shard).retain(|_, slot| {
-                if live.get(*slot as usize).copied().unwrap_or(true) {
+            self.lock_index(shard).retain(|_, entry| {
+                let slot = entry.slot;
+                if live.get(slot as usize).copied().unwrap_or(true) {
                     return true;
                 }
-                folded.merge(self.counters.sum(*slot as usize));
-                self.counters.reset(*slot as usize);
-                freed_slots.push(*slot);
+                folded.merge(self.counters.sum(slot as usize));
+                self.counters.reset(slot as usize);
+                freed_slots.push(slot);
                 false
             });
         }
@@ -429,6 +467,10 @@ impl StackTable {
         self.interned.load(Ordering::Relaxed)
     }
 
+    pub fn cut_stacks(&self) -> u64 {
+        self.cut_stacks.load(Ordering::Relaxed)
+    }
+
     pub fn recycled(&self) -> u64 {
         self.recycled.load(Ordering::Relaxed)
     }
@@ -451,11 +493,13 @@ impl StackTable {
                 unread += 1;
                 continue;
             };
-            for (key, &slot) in index.iter() {
+            for (key, entry) in index.iter() {
                 records.push(StackRecord {
-                    id: slot,
-                    frames: key.0.as_slice().to_vec(),
-                    counts: self.counters.sum(slot as usize),
+                    id: entry.slot,
+                    frames: key.c.as_slice().to_vec(),
+                    python: entry.python.to_vec(),
+                    cut: entry.cut,
+                    counts: self.counters.sum(entry.slot as usize),
                 });
             }
         }

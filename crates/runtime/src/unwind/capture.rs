@@ -16,6 +16,8 @@ pub const MAX_FRAMES: usize = msmemscope_core::host_leak::STACK_KEY_FRAMES;
 pub struct CapturedStack {
     pub frames: [u64; MAX_FRAMES],
     pub len: usize,
+    /// The stack went on beyond `MAX_FRAMES`.
+    pub cut: bool,
 }
 
 impl CapturedStack {
@@ -23,6 +25,7 @@ impl CapturedStack {
         CapturedStack {
             frames: [0; MAX_FRAMES],
             len: 0,
+            cut: false,
         }
     }
 
@@ -245,6 +248,7 @@ fn walk(
         Ok(value)
     };
     out.len = 0;
+    out.cut = false;
     unwind(
         snapshot,
         rules,
@@ -253,9 +257,14 @@ fn walk(
         start.bp,
         &mut read_stack,
         |address| {
+            // One frame past the key's depth is only looked at, to know the stack was cut.
+            if out.len == MAX_FRAMES {
+                out.cut = true;
+                return false;
+            }
             out.frames[out.len] = address;
             out.len += 1;
-            out.len < MAX_FRAMES
+            true
         },
     )
 }

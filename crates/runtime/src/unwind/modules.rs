@@ -48,8 +48,13 @@ impl Snapshot {
     }
 
     pub fn covers(&self, address: u64) -> bool {
+        self.range_of(address).is_some()
+    }
+
+    /// The code range of the module holding `address`.
+    pub fn range_of(&self, address: u64) -> Option<Range<u64>> {
         let i = self.ranges.partition_point(|r| r.start <= address);
-        i > 0 && address < self.ranges[i - 1].end
+        (i > 0 && address < self.ranges[i - 1].end).then(|| self.ranges[i - 1].clone())
     }
 }
 
@@ -126,6 +131,8 @@ pub fn refresh(force: bool) -> bool {
     if let Some(got) = got {
         got.finish();
     }
+    // A CPython among the objects (the executable, or a libpython loaded since).
+    crate::python::detect();
     true
 }
 

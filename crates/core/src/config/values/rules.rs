@@ -43,7 +43,6 @@ pub fn validate(config: &RunConfig, given: &GivenOptions) -> Result<(), ConfigEr
         let dump_only = [
             OptionName::Events,
             OptionName::Level,
-            OptionName::CallStack,
             OptionName::CollectMode,
             OptionName::Device,
             OptionName::Format,
