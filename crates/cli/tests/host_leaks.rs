@@ -989,6 +989,66 @@ fn lsi_separates_leaks_from_caches_and_rings() {
 }
 
 #[test]
+fn a_three_second_window_classifies_with_the_adaptive_beat() {
+    // No MSMEMSCOPE_HOST_BEAT_MS: the beat starts at 62.5 ms and stays there, 3 s being less
+    // than the 8 s that 128 points of 62.5 ms cover.
+    let run = run_tool(&[], &[], &["lsi-short"]);
+    assert_exited(&run.out, 0, "tool run");
+    assert_eq!(run.stdout(), "lsi-short done\n");
+    let ov = run.overview();
+    ov.check_sites_sum_to_total();
+    let series = ov
+        .text
+        .lines()
+        .find(|l| l.starts_with("Series: "))
+        .expect("series line");
+    let rest = series
+        .strip_prefix("Series: top-k=256, max-stacks=1024, beats=")
+        .unwrap_or_else(|| panic!("{series}"));
+    let (beats, rest) = rest.split_once(' ').unwrap();
+    // 48 beats in 3 s and the closing sample; a beat is taken by the first allocation after
+    // it falls due, so a sleep that wakes late on a loaded machine may skip one.
+    assert!((40..=50).contains(&num(beats)), "{series}");
+    let rest = rest
+        .strip_prefix("(start 62.5 ms, now 62.5 ms each), window=")
+        .unwrap_or_else(|| panic!("{series}"));
+    let (window, rest) = rest.split_once(' ').unwrap();
+    let window: f64 = window.parse().unwrap();
+    assert!((2.9..4.0).contains(&window), "{series}");
+    assert!(rest.starts_with("beats of 1000 ms, series="), "{series}");
+
+    let leak = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "short_steady_leak")
+        .unwrap_or_else(|| panic!("no steady leak row in:\n{}", ov.text));
+    assert_eq!(leak.class, "suspected_leak", "{}", ov.text);
+    assert!(!leak.factors.contains_key("degraded"), "{}", ov.text);
+    assert_eq!(leak.unfreed, (300, 300_000));
+    assert_eq!(leak.factors["Release"], "1.00");
+    assert_eq!(leak.factors["Scale"], "1.00");
+    assert_eq!(leak.factors["Lifetime"], "0.50"); // no frees
+    let growth: f64 = leak.factors["Growth"].parse().expect("Growth printed");
+    assert!(growth > 0.9, "{}", ov.text);
+    let pattern: f64 = leak.factors["Pattern"].parse().expect("Pattern printed");
+    assert!(pattern > 0.9, "{}", ov.text);
+    // The points after the 0.75 s warm-up: 37 when no beat was skipped.
+    let fitted = num(&leak.factors["beats"]);
+    assert!((30..=37).contains(&fitted), "{}", ov.text);
+
+    let table = ov
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "short_table_at_start")
+        .unwrap_or_else(|| panic!("no table row in:\n{}", ov.text));
+    assert!(table.resident, "{}", ov.text);
+    assert_eq!(table.class, "resident/early", "{}", ov.text);
+    assert!(!table.factors.contains_key("degraded"), "{}", ov.text);
+    assert_eq!(table.unfreed, (1, 65_536));
+    assert_eq!(table.factors["Growth"], "0.00");
+}
+
+#[test]
 fn short_program_rows_are_insufficient_series() {
     let run = run_tool(&[], &[], &["plain"]);
     assert_exited(&run.out, 0, "tool run");

@@ -4,15 +4,23 @@
 //! `LSI = 100 · (0.26·G + 0.21·R + 0.12·S + 0.12·P + 0.29·E)`, every factor clipped to [0, 1]:
 //!
 //! * **G, growth**: the weighted least-squares slope of the stack's live bytes per beat, over
-//!   the points after the warm-up beats, divided by the stack's mean allocated bytes per beat.
-//!   1 = everything allocated stays; 0 = flat or shrinking.
+//!   the points after the warm-up, divided by the stack's mean allocated bytes per beat.
+//!   1 = everything allocated stays; 0 = flat or shrinking. The warm-up (start-up allocations:
+//!   tables, configuration) is the window's first 5 s, or its first quarter when shorter than
+//!   20 s, so that a short window keeps most of its beats.
 //! * **R, release**: unfreed bytes / allocated bytes.
 //! * **S, lifetime**: mean age of the unfreed blocks against the mean lifetime of the freed
 //!   ones, as `age / (age + lifetime)`: 0.5 when alike, towards 1 when the survivors are far
 //!   older than blocks usually live. 0.5 with fewer than 8 frees.
 //! * **P, pattern**: the recent slope against the base slope: does the growth go on? Recent =
-//!   the last 25% of the series' beats, at least 10 beats, leaving at least 2 base points.
+//!   the last 25% of the series' beats, at least 10 of the beats the series were sampled at by
+//!   the window's end, leaving at least 2 base points.
 //! * **E, scale**: `max(log10(1 + unfreed count) / 2, log10(1 + unfreed MiB) / 2.8)`.
+//!
+//! A series' positions and slopes are in beats of the configured length (`WindowFacts::beat_ms`),
+//! also while the beat was finer (fractional positions); G and P are ratios, so the unit cancels.
+//! Only the warm-up and the recent span are lengths, converted from time and from the sampled
+//! beat.
 //!
 //! Without a usable series, G and P are unknown: shown as `-`, the row says why, and the LSI
 //! counts them as the neutral 0.5. Nothing is guessed.
@@ -32,10 +40,15 @@ pub const WEIGHT_RELEASE: f64 = 0.21;
 pub const WEIGHT_LIFETIME: f64 = 0.12;
 pub const WEIGHT_PATTERN: f64 = 0.12;
 pub const WEIGHT_SCALE: f64 = 0.29;
-/// Beats at the start of a window that growth ignores (start-up allocations).
-pub const WARMUP_BEATS: u32 = 5;
+/// The start of a window that growth ignores (start-up allocations), at most this long...
+pub const WARMUP_MS: f64 = 5000.0;
+/// ...and at most this share of the window.
+pub const WARMUP_SHARE: f64 = 0.25;
 /// Points after the warm-up needed for a slope.
 pub const MIN_POINTS: usize = 3;
+/// The recent span of the pattern covers at least this many sampled beats: fewer points give
+/// no stable recent slope.
+pub const RECENT_MIN_BEATS: f64 = 10.0;
 pub const MIN_FREES_FOR_LIFETIME: u64 = 8;
 pub const SUSPECTED_LEAK_LSI: f64 = 60.0;
 pub const NEUTRAL: f64 = 0.5;
@@ -100,13 +113,31 @@ pub struct SiteFacts {
 pub struct WindowFacts {
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The configured beat: the unit of series positions and slopes.
     pub beat_ms: u64,
+    /// The beat the series were sampled at by the window's end: `beat_ms` when it is fixed,
+    /// shorter or longer when the beat adapted to the window.
+    pub sampled_ms: f64,
 }
 
 impl WindowFacts {
+    pub fn window_ms(&self) -> f64 {
+        self.end_ns.saturating_sub(self.start_ns) as f64 / 1e6
+    }
+
+    /// The window's length in beats; at least 1 ms' worth, so that no rate divides by zero.
     pub fn beats(&self) -> f64 {
-        let ms = self.end_ns.saturating_sub(self.start_ns) as f64 / 1e6;
-        (ms / self.beat_ms.max(1) as f64).max(1.0)
+        self.window_ms().max(1.0) / self.beat_ms.max(1) as f64
+    }
+
+    /// The warm-up, in beats.
+    pub fn warmup_beats(&self) -> f64 {
+        WARMUP_MS.min(WARMUP_SHARE * self.window_ms()) / self.beat_ms.max(1) as f64
+    }
+
+    /// The shortest recent span of the pattern, in beats.
+    pub fn recent_min_beats(&self) -> f64 {
+        RECENT_MIN_BEATS * self.sampled_ms / self.beat_ms.max(1) as f64
     }
 }
 
@@ -194,14 +225,18 @@ pub fn weighted_slope(points: &[SeriesPoint]) -> Option<f64> {
 }
 
 /// Splits post-warm-up points into (base, recent): recent covers the last 25% of their beats,
-/// at least 10 beats, and each part keeps at least 2 points. `None` when that is impossible.
-pub fn split_recent(points: &[SeriesPoint]) -> Option<(&[SeriesPoint], &[SeriesPoint])> {
+/// at least `min_span` beats, and each part keeps at least 2 points. `None` when that is
+/// impossible.
+pub fn split_recent(
+    points: &[SeriesPoint],
+    min_span: f64,
+) -> Option<(&[SeriesPoint], &[SeriesPoint])> {
     if points.len() < 4 {
         return None;
     }
     let first = points.first()?.beat;
     let last = points.last()?.beat;
-    let span = ((last - first) * 0.25).max(10.0);
+    let span = ((last - first) * 0.25).max(min_span);
     let mut cut = points.partition_point(|p| p.beat < last - span);
     cut = cut.clamp(2, points.len() - 2);
     Some((&points[..cut], &points[cut..]))
@@ -237,11 +272,13 @@ fn rise(points: &[SeriesPoint], slope: f64) -> f64 {
 fn series_factors(
     points: &[SeriesPoint],
     mean_alloc_per_beat: f64,
+    window: &WindowFacts,
 ) -> Result<SeriesFactors, Degradation> {
+    let warmup = window.warmup_beats();
     let after: Vec<SeriesPoint> = points
         .iter()
         .copied()
-        .filter(|p| p.beat >= WARMUP_BEATS as f64)
+        .filter(|p| p.beat >= warmup)
         .collect();
     if after.len() < MIN_POINTS {
         return Err(Degradation::InsufficientSeries);
@@ -254,7 +291,7 @@ fn series_factors(
             0.0
         }
     };
-    let (pattern, tail_rise) = match split_recent(&after) {
+    let (pattern, tail_rise) = match split_recent(&after, window.recent_min_beats()) {
         Some((base, recent)) => {
             let base_slope = weighted_slope(base).unwrap_or(0.0);
             let recent_slope = weighted_slope(recent).unwrap_or(0.0);
@@ -317,7 +354,7 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
         clip(site.unfreed.bytes as f64 / site.allocated.bytes as f64)
     };
     let computed = match series {
-        Series::Points(points) => series_factors(points, mean_alloc_per_beat),
+        Series::Points(points) => series_factors(points, mean_alloc_per_beat, window),
         Series::Missing(reason) => Err(*reason),
     };
     let (growth, pattern, slope, fitted, tail_rise, mut degraded) = match &computed {
@@ -407,6 +444,7 @@ mod tests {
             start_ns: 0,
             end_ns: 20_000_000_000,
             beat_ms: 1000,
+            sampled_ms: 1000.0,
         }
     }
 
@@ -510,6 +548,7 @@ mod tests {
                 .copied()
                 .filter(|p| p.beat >= 5.0)
                 .collect::<Vec<_>>(),
+            10.0,
         )
         .map(|(b, r)| (b.to_vec(), r.to_vec()))
         .unwrap();
@@ -646,6 +685,82 @@ mod tests {
         let a = assess(&s, &site(cb(2, 200), cb(5, 500), 3), &window());
         assert!(a.lsi < SUSPECTED_LEAK_LSI, "{}", a.lsi);
         assert_eq!(a.class, Class::GrowthWatch);
+    }
+
+    fn window_of(ms: u64, beat_ms: u64, sampled_ms: f64) -> WindowFacts {
+        WindowFacts {
+            start_ns: 0,
+            end_ns: ms * 1_000_000,
+            beat_ms,
+            sampled_ms,
+        }
+    }
+
+    #[test]
+    fn warmup_and_recent_span_follow_the_window() {
+        // Long windows: the 5 s warm-up and 10 beats of 1 s, as with the fixed 1 s beat.
+        let w = window_of(100_000, 1000, 1000.0);
+        assert_eq!(
+            (w.beats(), w.warmup_beats(), w.recent_min_beats()),
+            (100.0, 5.0, 10.0)
+        );
+        assert_eq!(window_of(20_000, 1000, 1000.0).warmup_beats(), 5.0);
+        // 300 s sampled at 4 s: the recent span is at least 40 s.
+        assert_eq!(window_of(300_000, 1000, 4000.0).recent_min_beats(), 40.0);
+        // 3 s sampled at 62.5 ms: a quarter of the window, 10 beats of 62.5 ms.
+        let w = window_of(3000, 1000, 62.5);
+        assert_eq!(
+            (w.beats(), w.warmup_beats(), w.recent_min_beats()),
+            (3.0, 0.75, 0.625)
+        );
+        // A fixed 100 ms beat over 4 s: the warm-up is 1 s, 10 beats.
+        let w = window_of(4000, 100, 100.0);
+        assert_eq!(
+            (w.beats(), w.warmup_beats(), w.recent_min_beats()),
+            (40.0, 10.0, 10.0)
+        );
+        // An empty window still has a length to divide by.
+        assert_eq!(window_of(0, 1000, 62.5).beats(), 0.001);
+    }
+
+    /// Live bytes every 62.5 ms (1/16 beat) of a 3 s window, as the adaptive beat samples it.
+    fn short_series(f: impl Fn(f64) -> f64) -> Series {
+        Series::Points(
+            (1..=48)
+                .map(|k| SeriesPoint {
+                    beat: k as f64 / 16.0,
+                    live_bytes: f(k as f64 / 16.0),
+                    live_blocks: 1.0,
+                    weight: 1.0,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_short_window_classifies() {
+        let w = window_of(3000, 1000, 62.5);
+        // 1000 B kept every 10 ms: 100_000 B per 1 s beat, as much as is allocated.
+        let leak = short_series(|b| 100_000.0 * b);
+        let mut f = site(cb(300, 300_000), cb(300, 300_000), 0);
+        f.last_alloc_ns = 2_990_000_000;
+        let a = assess(&leak, &f, &w);
+        assert_eq!(a.degraded, None);
+        // The points from 0.75 beats (12/16) to 3 beats (48/16).
+        assert_eq!(a.beats, 37);
+        assert!(close(a.slope.unwrap(), 100_000.0));
+        assert_eq!(a.factors.growth, Some(1.0));
+        assert!(close(a.factors.pattern.unwrap(), 1.0));
+        assert!(close(a.lsi, 100.0 * (0.26 + 0.21 + 0.06 + 0.12 + 0.29)));
+        assert_eq!(a.class_label(), "suspected_leak");
+        // A table allocated at start and kept: flat after the warm-up.
+        let table = short_series(|_| 65_536.0);
+        let mut f = site(cb(1, 65_536), cb(1, 65_536), 0);
+        f.last_alloc_ns = 1_000_000;
+        let a = assess(&table, &f, &w);
+        assert_eq!(a.degraded, None);
+        assert_eq!(a.factors.growth, Some(0.0));
+        assert_eq!(a.class_label(), "resident/early");
     }
 
     #[test]

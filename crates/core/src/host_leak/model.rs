@@ -115,7 +115,13 @@ pub struct LeakSite {
 pub struct SeriesMeta {
     pub top_k: usize,
     pub max_series: usize,
+    /// The configured beat: the unit of the series' positions and of slopes.
     pub beat_ms: u64,
+    /// Whether the beat adapted to the window (no `MSMEMSCOPE_HOST_BEAT_MS`).
+    pub adaptive: bool,
+    /// The beat the window started and ended sampling at (both `beat_ms` when fixed).
+    pub first_beat_ms: f64,
+    pub last_beat_ms: f64,
     pub beats_taken: u64,
     pub window_beats: f64,
     pub series: usize,

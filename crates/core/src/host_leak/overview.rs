@@ -264,13 +264,38 @@ fn top_sites(out: &mut String, report: &HostLeakReport) {
         report.sites.len()
     );
     let m = &report.series;
+    // An adaptive beat is not the unit of the window and the slopes, so both are named.
+    let beats = if m.adaptive {
+        format!(
+            "beats={} (start {} ms, now {} ms each), window={:.1} beats of {} ms",
+            m.beats_taken,
+            ms(m.first_beat_ms),
+            ms(m.last_beat_ms),
+            m.window_beats,
+            m.beat_ms
+        )
+    } else {
+        format!(
+            "beats={} ({} ms each), window={:.1} beats",
+            m.beats_taken, m.beat_ms, m.window_beats
+        )
+    };
     let _ = writeln!(
         out,
-        "Series: top-k={}, max-stacks={}, beats={} ({} ms each), window={:.1} beats, series={}, evicted={}",
-        m.top_k, m.max_series, m.beats_taken, m.beat_ms, m.window_beats, m.series, m.evicted
+        "Series: top-k={}, max-stacks={}, {beats}, series={}, evicted={}",
+        m.top_k, m.max_series, m.series, m.evicted
     );
     for (rank, site) in report.sites.iter().take(shown).enumerate() {
         site_block(out, &format!("#{}", rank + 1), site);
+    }
+}
+
+/// `62.5`, `1000`: whole milliseconds without a fraction.
+fn ms(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
     }
 }
 
@@ -401,6 +426,7 @@ mod tests {
             start_ns: 0,
             end_ns: 20_000_000_000,
             beat_ms: 1000,
+            sampled_ms: 1000.0,
         };
         LeakSite {
             stack_id: Some(id),
@@ -440,6 +466,9 @@ mod tests {
                 top_k: 256,
                 max_series: 1024,
                 beat_ms: 1000,
+                adaptive: false,
+                first_beat_ms: 1000.0,
+                last_beat_ms: 1000.0,
                 beats_taken: 20,
                 window_beats: 20.0,
                 series: 3,
@@ -514,6 +543,22 @@ mod tests {
         );
         assert!(text.contains(
             "Series: top-k=256, max-stacks=1024, beats=20 (1000 ms each), window=20.0 beats, series=3, evicted=0\n"
+        ));
+        // An adaptive beat: 3 s at 62.5 ms; 128 s end at 1 s (128 beats, then 64 per doubling).
+        let mut r = report(sample(), false);
+        r.series.adaptive = true;
+        r.series.first_beat_ms = 62.5;
+        r.series.last_beat_ms = 62.5;
+        r.series.beats_taken = 48;
+        r.series.window_beats = 3.0;
+        assert!(render_overview(&r).contains(
+            "Series: top-k=256, max-stacks=1024, beats=48 (start 62.5 ms, now 62.5 ms each), window=3.0 beats of 1000 ms, series=3, evicted=0\n"
+        ));
+        r.series.last_beat_ms = 1000.0;
+        r.series.beats_taken = 384;
+        r.series.window_beats = 128.0;
+        assert!(render_overview(&r).contains(
+            "beats=384 (start 62.5 ms, now 1000 ms each), window=128.0 beats of 1000 ms,"
         ));
         let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
         assert_eq!(rows[0], "#1 [stack 2] unfreed 99 blocks / 10000 bytes; allocated 99 / 10000 bytes; freed 0 / 0 bytes");

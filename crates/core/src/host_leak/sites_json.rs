@@ -48,7 +48,11 @@ pub fn render_sites_json(report: &HostLeakReport) -> String {
         "pid": report.pid,
         "interim": report.interim,
         "window": {"start_ns": report.window.start_ns, "end_ns": report.window.end_ns},
+        // The unit of the series' positions; the beat they were sampled at may differ.
         "beat_ms": report.series.beat_ms,
+        "beat_adaptive": report.series.adaptive,
+        "beat_first_ms": report.series.first_beat_ms,
+        "beat_last_ms": report.series.last_beat_ms,
         "top_n": report.top_n,
         "unfreed": {"count": report.unfreed.count, "bytes": report.unfreed.bytes},
         "sites_total": report.sites.len(),

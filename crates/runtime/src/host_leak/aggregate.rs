@@ -78,12 +78,14 @@ pub fn build_report(
         allocations.merge(s.counts.allocated);
     }
 
+    // After the closing sample, which may have coarsened the series.
+    let summary = ledger.beats.summary();
     let window = WindowFacts {
         start_ns: ledger.start_ns,
         end_ns,
-        beat_ms: ledger.beats.beat_ms(),
+        beat_ms: summary.beat_ms,
+        sampled_ms: summary.last_beat_ms,
     };
-    let window_beats = window.beats();
     let assess_site = |id: Option<u32>, counts: &StackCounts, unfreed: &Unfreed| {
         let facts = SiteFacts {
             unfreed: unfreed.blocks,
@@ -94,7 +96,7 @@ pub fn build_report(
                 / counts.freed.count.max(1) as f64,
             last_alloc_ns: counts.last_alloc_ns,
         };
-        lsi::assess(&ledger.beats.series_of(id, window_beats), &facts, &window)
+        lsi::assess(&ledger.beats.series_of(id, &window), &facts, &window)
     };
     let mut all_sites: Vec<LeakSite> = Vec::new();
     let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -148,7 +150,7 @@ pub fn build_report(
         if let Some(python) = site.stack_id.and_then(|id| python_of.remove(&id)) {
             site.python_frames = python;
         }
-        if let lsi::Series::Points(points) = ledger.beats.series_of(site.stack_id, window_beats) {
+        if let lsi::Series::Points(points) = ledger.beats.series_of(site.stack_id, &window) {
             site.live_series = points
                 .iter()
                 .map(|p| (p.beat, p.live_bytes as u64))
@@ -194,7 +196,6 @@ pub fn build_report(
         prewindow_frees.merge(cb);
     }
 
-    let summary = ledger.beats.summary();
     let s = &ledger.settings;
     let health = DataHealth {
         mode: s.mode,
@@ -244,8 +245,11 @@ pub fn build_report(
             top_k: beats::TOP_K,
             max_series: beats::MAX_SERIES,
             beat_ms: summary.beat_ms,
+            adaptive: summary.adaptive,
+            first_beat_ms: summary.first_beat_ms,
+            last_beat_ms: summary.last_beat_ms,
             beats_taken: summary.beats_taken,
-            window_beats,
+            window_beats: window.beats(),
             series: summary.series,
             evicted: summary.evicted,
         },

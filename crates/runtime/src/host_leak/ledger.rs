@@ -113,7 +113,7 @@ impl Ledger {
         python::set_depth(settings.python_depth);
         let start_ns = realtime_ns();
         Ledger {
-            beats: Beats::new(start_ns, settings.beat_ms),
+            beats: Beats::new(start_ns, settings.beat_ms, settings.beat_fixed),
             sample_mask: settings.sample_rate.saturating_sub(1),
             blocks: BlockTable::new(settings.block_cap),
             stacks: StackTable::new(settings.stack_cap, (stage as u64) << 24),
@@ -283,12 +283,13 @@ impl Ledger {
                 .fetch_add(size, Ordering::Relaxed);
         }
         if let Some(beat) = self.beats.due(ts) {
-            self.take_beat(beat as f64, false);
+            self.take_beat(beat, false);
         }
         true
     }
 
-    /// Samples every stack's live memory into the beat series. A program thread skips the beat
+    /// Samples every stack's live memory into the beat series at `beat` (starting beats,
+    /// `Beats::beat_at`). A program thread skips the beat
     /// when another is taking one (or recycling); the closing sample waits for its turn.
     pub fn take_beat(&self, beat: f64, closing: bool) {
         let _gate = if closing {
@@ -554,6 +555,7 @@ mod tests {
             beat_ms: 10,
             c_depth: crate::unwind::MAX_FRAMES,
             python_depth: 0,
+            beat_fixed: true,
         }
     }
 

@@ -21,6 +21,8 @@ pub struct WindowSettings {
     pub c_depth: usize,
     /// Python frames in a stack key (`--call-stack=python:N`; 0: none).
     pub python_depth: usize,
+    /// `MSMEMSCOPE_HOST_BEAT_MS` was given: the beat stays `beat_ms` instead of adapting.
+    pub beat_fixed: bool,
 }
 
 /// The environment's overrides (`msmemscope_core::host_leak::knobs`: lower caps for tests and
@@ -68,6 +70,7 @@ impl WindowSettings {
                 .call_stack
                 .python
                 .map_or(DEFAULT_PY_DEPTH, |n| (n as usize).min(MAX_PY_FRAMES)),
+            beat_fixed: caps.beat_ms.is_some(),
         }
     }
 }
