@@ -274,9 +274,15 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
-        let mut py = PyStack::empty();
-        python::capture(&mut py);
-        let ts = with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag));
+        // A process without Python (or with its frames off) skips the frame buffer: filling
+        // it costs more than the rest of a memoized allocation's bookkeeping.
+        let ts = if python::active() {
+            let mut py = PyStack::empty();
+            python::capture(&mut py);
+            with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag))
+        } else {
+            with_stack(|stack, tag| self.insert(ptr, size, stack, &python::NO_FRAMES, tag))
+        };
         if self.snapshot_running.load(Ordering::Relaxed) {
             self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
             self.snapshot_arrival_bytes

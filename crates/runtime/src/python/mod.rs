@@ -76,6 +76,15 @@ static API: AtomicPtr<Api> = AtomicPtr::new(std::ptr::null_mut());
 /// How many frames to take (0: none). Set when a window opens.
 static DEPTH: AtomicUsize = AtomicUsize::new(0);
 
+/// The Python frames of an allocation made without Python.
+pub static NO_FRAMES: PyStack = PyStack::empty();
+
+/// Whether allocations take Python frames: an interpreter was found and frames are on.
+#[inline]
+pub fn active() -> bool {
+    DEPTH.load(Ordering::Relaxed) != 0 && !API.load(Ordering::Relaxed).is_null()
+}
+
 /// Sets how many Python frames allocations take from now on (0 turns them off).
 pub fn set_depth(depth: usize) {
     DEPTH.store(depth.min(MAX_PY_FRAMES), Ordering::Relaxed);

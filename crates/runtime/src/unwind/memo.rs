@@ -78,7 +78,10 @@ impl ReadLog {
 
     /// After the walk: reads that produced a frame's return address must match exactly; the
     /// others (saved frame pointers) only by class.
-    fn classify(&mut self, frames: &[u64], range: StackRange) {
+    /// Orders the reads for checking: those that read a return address (compared exactly)
+    /// first, then the others with their values replaced by their class. Returns how many are
+    /// exact.
+    fn classify(&mut self, frames: &[u64], range: StackRange) -> usize {
         for i in 0..self.len {
             let (addr, value) = self.reads[i];
             let is_return_address = frames.contains(&value);
@@ -87,14 +90,25 @@ impl ReadLog {
                 self.reads[i] = (addr, range.class_of(value));
             }
         }
+        let mut exact = 0;
+        for i in 0..self.len {
+            if self.exact[i] {
+                self.reads.swap(i, exact);
+                self.exact.swap(i, exact);
+                exact += 1;
+            }
+        }
+        exact
     }
 }
 
 pub struct Entry {
     key: MemoKey,
     range: StackRange,
+    /// The reads to check: `reads[..n_exact]` must hold exactly the same values,
+    /// `reads[n_exact..n_reads]` values of the same class.
     reads: [(u64, u64); MAX_READS],
-    exact: [bool; MAX_READS],
+    n_exact: usize,
     n_reads: usize,
     pub stack: CapturedStack,
     /// Free for the caller: 0 when the entry is new.
@@ -125,17 +139,19 @@ impl Memo {
         if entry.key != *key || entry.range != range {
             return None;
         }
-        for i in 0..entry.n_reads {
-            let (addr, expected) = entry.reads[i];
-            // SAFETY: every recorded address was inside this thread's stack range, at or above
-            // the same sp as now, so it is mapped and readable.
-            let value = unsafe { *(addr as *const u64) };
-            let value = if entry.exact[i] {
-                value
-            } else {
-                range.class_of(value)
-            };
-            if value != expected {
+        let reads = entry.reads.get(..entry.n_reads)?;
+        let (exact, classed) = reads.split_at(entry.n_exact.min(reads.len()));
+        // SAFETY (both loops): every recorded address was inside this thread's stack range, at
+        // or above the same sp as now, so it is mapped and readable.
+        for &(addr, expected) in exact {
+            // SAFETY: see above.
+            if unsafe { *(addr as *const u64) } != expected {
+                return None;
+            }
+        }
+        for &(addr, expected) in classed {
+            // SAFETY: see above.
+            if range.class_of(unsafe { *(addr as *const u64) }) != expected {
                 return None;
             }
         }
@@ -159,13 +175,13 @@ impl Memo {
         if log.overflowed {
             return None;
         }
-        log.classify(stack.as_slice(), range);
+        let n_exact = log.classify(stack.as_slice(), range);
         let slot = &mut self.entries[Self::slot(&key)];
         *slot = Some(Entry {
             key,
             range,
             reads: log.reads,
-            exact: log.exact,
+            n_exact,
             n_reads: log.len,
             stack: *stack,
             tag: 0,
