@@ -12,6 +12,10 @@ Measures, in one invocation with interleaved rounds:
     (so heaptrack may run a smaller N and still be comparable).
   * live: L blocks of S bytes held until exit. Reported as peak memory overhead
     per live block, with the tool's fixed overhead (a 0-block run) removed.
+
+With --breakdown it runs none of that: it counts instructions under valgrind's
+callgrind (1 churn thread, with and without msmemscope, N and 0 pairs) and
+prints the instructions per malloc/free pair by part of the hook.
 """
 
 from __future__ import annotations
@@ -45,31 +49,74 @@ VMHWM_RE = re.compile(rb"alloc_workload: vmhwm_kb=(\d+)")
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--threads", type=int, default=2, help="churn threads (default 2)")
-    p.add_argument("--pairs", type=int, default=2_000_000, help="malloc/free pairs per thread (default 2000000)")
-    p.add_argument("--heaptrack-pairs", type=int, default=None,
-                   help="pairs per thread for heaptrack's churn runs (default: same as --pairs)")
-    p.add_argument("--max-size", type=int, default=512, help="churn block sizes are 8..MAX (default 512)")
-    p.add_argument("--live-blocks", type=int, default=1_000_000, help="live-mode blocks (default 1000000)")
-    p.add_argument("--live-size", type=int, default=64, help="live-mode block size in bytes (default 64)")
-    p.add_argument("--cli", type=Path, default=REPO / "target/release/msmemscope-cli",
-                   help="msmemscope-cli to test; libmsmemscope_runtime.so is taken from next to it "
-                        "(both are copied to a temp dir first, so a concurrent rebuild cannot disturb the runs)")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=2_000_000,
+        help="malloc/free pairs per thread (default 2000000)",
+    )
+    p.add_argument(
+        "--heaptrack-pairs",
+        type=int,
+        default=None,
+        help="pairs per thread for heaptrack's churn runs (default: same as --pairs)",
+    )
+    p.add_argument(
+        "--max-size", type=int, default=512, help="churn block sizes are 8..MAX (default 512)"
+    )
+    p.add_argument(
+        "--live-blocks", type=int, default=1_000_000, help="live-mode blocks (default 1000000)"
+    )
+    p.add_argument(
+        "--live-size", type=int, default=64, help="live-mode block size in bytes (default 64)"
+    )
+    p.add_argument(
+        "--cli",
+        type=Path,
+        default=REPO / "target/release/msmemscope-cli",
+        help="msmemscope-cli to test; libmsmemscope_runtime.so is taken from next to it "
+        "(both are copied to a temp dir first, so a concurrent rebuild cannot disturb the runs)",
+    )
     p.add_argument("--no-heaptrack", action="store_true", help="skip heaptrack")
     p.add_argument("--no-live", action="store_true", help="skip the live-block memory mode")
-    p.add_argument("--out-dir", type=Path, default=BENCH_DIR / "out", help="where the JSON goes (default bench/out)")
-    p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (printed) for inspection")
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=BENCH_DIR / "out",
+        help="where the JSON goes (default bench/out)",
+    )
+    p.add_argument(
+        "--keep-temp", action="store_true", help="keep the temp dir (printed) for inspection"
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="instead of the timing runs, count instructions under valgrind's callgrind (1 thread) "
+        "and print where msmemscope's added cost per malloc/free pair goes, by part",
+    )
+    p.add_argument(
+        "--breakdown-pairs",
+        type=int,
+        default=200_000,
+        help="malloc/free pairs of the --breakdown runs (default 200000; a few seconds a run)",
+    )
     a = p.parse_args()
     if a.heaptrack_pairs is None:
         a.heaptrack_pairs = a.pairs
     if a.rounds < 1 or a.threads < 1 or a.pairs < 1 or a.heaptrack_pairs < 1 or a.max_size < 9:
         p.error("rounds, threads, pairs must be >= 1 and max-size >= 9")
+    if a.breakdown_pairs < 1:
+        p.error("breakdown-pairs must be >= 1")
     return a
 
 
 # ---------------------------------------------------------------- measurement
+
 
 def _tree_pids(root: int) -> list[int]:
     """root and all its descendants, via /proc/PID/task/TID/children."""
@@ -164,6 +211,7 @@ def run_once(cmd: list[str], tmp: Path, sample_tree: bool, cleanup: list[Path]) 
 
 # ---------------------------------------------------------------- setup
 
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -175,10 +223,367 @@ def sha256(path: Path) -> str:
 def git_info() -> dict:
     def g(*a: str) -> str:
         try:
-            return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", "-C", str(REPO), *a], capture_output=True, text=True, check=True
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return ""
-    return {"head": g("rev-parse", "--short", "HEAD"), "dirty_files": len(g("status", "--porcelain").splitlines())}
+
+    return {
+        "head": g("rev-parse", "--short", "HEAD"),
+        "dirty_files": len(g("status", "--porcelain").splitlines()),
+    }
+
+
+# ---------------------------------------------------------------- --breakdown (callgrind)
+
+# The parts of the cost of a malloc/free pair, in print order. Callgrind counts instructions
+# (deterministic, unlike wall time on a shared machine), but Rust inlines most of the hook into a
+# few symbols, so the parts come from the *source file* of each instruction (callgrind_annotate's
+# `file:function` self costs), not from function names. See classify() for the rules.
+PARTS = [
+    ("unwind", "unwind: capture + memo (unwind/*.rs)"),
+    ("stack", "stack id + counters (stack_table, striped, atomics)"),
+    ("block", "block table (block_table, hashing, hashbrown)"),
+    ("mutex", "std Mutex lock/unlock, poison checks"),
+    ("clock", "clock (clock.rs, clock_gettime)"),
+    ("beats", "beats (beats.rs)"),
+    ("python", "python frames (python/*.rs)"),
+    ("ledger", "ledger glue (ledger.rs)"),
+    ("hooks", "hooks + guard (hooks/*.rs, guard.rs)"),
+    ("tls", "TLS (__tls_get_addr, std thread_local)"),
+    ("runtime_other", "runtime: other Rust code"),
+    ("glibc", "glibc malloc/free (malloc/*.c)"),
+    ("workload", "the workload's own code"),
+]
+# Runtime source files (path below crates/runtime/src/) -> part. First match wins.
+RUNTIME_FILE_PARTS = [
+    ("unwind/", "unwind"),
+    ("host_leak/stack_table.rs", "stack"),
+    ("host_leak/striped.rs", "stack"),
+    # hashing.rs's mix() picks the block table's shard and hashes its keys; on this path the
+    # stack id comes from the unwind memo, not from hashing a stack
+    ("host_leak/block_table.rs", "block"),
+    ("host_leak/hashing.rs", "block"),
+    ("host_leak/overflow.rs", "block"),
+    ("clock.rs", "clock"),
+    ("host_leak/beats.rs", "beats"),
+    ("python/", "python"),
+    ("host_leak/ledger.rs", "ledger"),
+    ("hooks/", "hooks"),
+    ("guard.rs", "hooks"),
+]
+# std/core/dependency source inlined into the runtime whose file alone says what it is doing.
+# panicking.rs is there because a MutexGuard checks thread::panicking() when taken and dropped
+# (poisoning); the hooks' catch_unwind costs nothing on the path that does not panic.
+LIB_FILE_PARTS = [
+    ("/std/src/sys/sync/", "mutex"),
+    ("/std/src/sync/poison", "mutex"),
+    ("/std/src/sync/mutex", "mutex"),
+    ("/std/src/panicking.rs", "mutex"),
+    ("/std/src/sys/thread_local/", "tls"),
+    ("/std/src/thread/local.rs", "tls"),
+    ("/std/src/collections/hash/", "block"),
+    ("/hashbrown-", "block"),
+]
+# The rest of the inlined library code (pointer, slice, option, integer helpers...) goes to the
+# part of the function it was inlined into. First match wins.
+SYMBOL_PARTS = [
+    ("msmemscope_runtime::unwind::", "unwind"),
+    # not inlined; on the hot path its one caller is capture.rs's per-thread unwinder slot
+    ("core::option::Option<T>::get_or_insert_with", "unwind"),
+    ("hashbrown::", "block"),
+    ("msmemscope_runtime::host_leak::stack_table::", "stack"),
+    ("msmemscope_runtime::host_leak::block_table::", "block"),
+    ("msmemscope_runtime::host_leak::beats::", "beats"),
+    ("msmemscope_runtime::python::", "python"),
+    ("msmemscope_runtime::host_leak::ledger::", "ledger"),
+    ("msmemscope_runtime::hooks::", "hooks"),
+]
+# The exported hooks are plain C symbols (hooks/malloc.rs).
+HOOK_SYMBOLS = {
+    "malloc",
+    "free",
+    "calloc",
+    "realloc",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "valloc",
+    "pvalloc",
+    "malloc_usable_size",
+}
+# Inclusive costs (self + callees) from `callgrind_annotate --inclusive=yes`. A function has an
+# entry per source file it inlines; the entry of its own file (the one calls go to) holds the whole
+# inclusive cost, the others only their own lines, so the largest entry is the function's cost.
+INCLUSIVE = [
+    ("malloc", "malloc hook (hooks/malloc.rs; incl. glibc malloc)"),
+    ("free", "free hook (hooks/malloc.rs; incl. glibc free)"),
+    ("msmemscope_runtime::host_leak::ledger::Ledger::on_alloc", "Ledger::on_alloc"),
+    ("msmemscope_runtime::unwind::capture::with_stack", "unwind::capture::with_stack"),
+    ("msmemscope_runtime::host_leak::ledger::Ledger::insert", "Ledger::insert (in with_stack)"),
+]
+CG_LINE_RE = re.compile(r"^\s*([\d,]+)\s+(\S.*?)(?: \[([^\[\]]+)\])?$")
+
+
+def classify(file: str, fn: str, obj: str | None, exe: str) -> str:
+    """The part (a PARTS key) of one `file:function` self cost, or "other"."""
+    if file.endswith(".rs"):  # the only Rust in the workload process is the runtime
+        if "crates/runtime/src/" in file:
+            rel = file.split("crates/runtime/src/", 1)[1]
+            return next(
+                (p for pre, p in RUNTIME_FILE_PARTS if rel.startswith(pre)), "runtime_other"
+            )
+        if file.endswith("/core/src/sync/atomic.rs"):
+            # the counters are the atomics of the hot path (stack_table.rs, striped.rs); the
+            # unwind code's few are its own
+            return "unwind" if fn.startswith("msmemscope_runtime::unwind::") else "stack"
+        for frag, part in LIB_FILE_PARTS:
+            if frag in file:
+                return part
+        for pre, part in SYMBOL_PARTS:
+            if fn.startswith(pre):
+                return part
+        return "hooks" if fn in HOOK_SYMBOLS else "runtime_other"
+    if fn.startswith("__tls_get_addr"):
+        return "tls"
+    if "/malloc/" in file:  # glibc's malloc/malloc.c, arena.c ...
+        return "glibc"
+    if fn.startswith(("clock_gettime", "__clock_gettime", "__vdso_clock_gettime")):
+        return "clock"
+    if obj == exe:
+        return "workload"
+    return "other"
+
+
+def cg_annotate(path: Path, inclusive: bool) -> tuple[int, list[tuple[int, str, str, str | None]]]:
+    """callgrind_annotate's program total and its (Ir, file, function, object) rows, all of them."""
+    cmd = [
+        "callgrind_annotate",
+        f"--inclusive={'yes' if inclusive else 'no'}",
+        "--threshold=100",
+        "--auto=no",
+        "--show-percs=no",
+        str(path),
+    ]
+    # stderr dropped: with --threshold=100 the script warns about uninitialized values
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    total, rows, in_rows = None, [], False
+    for line in text.splitlines():
+        if line.rstrip().endswith("PROGRAM TOTALS"):
+            total = int(line.split()[0].replace(",", ""))
+        elif line.split()[1:2] == ["file:function"]:
+            in_rows = True
+        elif in_rows and (m := CG_LINE_RE.match(line)):
+            file, _, fn = m.group(2).partition(":")
+            rows.append((int(m.group(1).replace(",", "")), file, fn, m.group(3)))
+    if total is None:
+        sys.exit(f"no PROGRAM TOTALS in callgrind_annotate output of {path}")
+    return total, rows
+
+
+def callgrind_run(cmd: list[str], out_dir: Path, exe: Path) -> Path:
+    """Runs cmd under callgrind (following children) and returns the workload process's file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    full = [
+        "valgrind",
+        "--tool=callgrind",
+        "--trace-children=yes",
+        f"--callgrind-out-file={out_dir}/cg.%p",
+        *cmd,
+    ]
+    p = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
+    if p.returncode != 0:
+        sys.stderr.write(f"command failed (rc={p.returncode}): {shlex.join(full)}\n")
+        sys.stderr.write(p.stderr[-4000:].decode(errors="replace"))
+        sys.exit(1)
+
+    def cmd_line(f: Path) -> str:
+        with open(f, errors="replace") as fh:
+            return next((ln for ln in fh if ln.startswith("cmd:")), "")
+
+    # Under the CLI there are two files (the CLI, the workload it runs): the workload's is the
+    # one whose cmd: names it, and the largest such (it holds every malloc/free).
+    files = [f for f in out_dir.glob("cg.*") if str(exe) in cmd_line(f).split()[1:2]]
+    if not files:
+        sys.exit(f"no callgrind file of {exe} in {out_dir}")
+    return max(files, key=lambda f: f.stat().st_size)
+
+
+def breakdown(
+    a: argparse.Namespace, tmp: Path, exe: Path, cli: Path, cli_src: Path, lib: Path, cc: list[str]
+) -> int:
+    """--breakdown: instructions per malloc/free pair by part, from callgrind (1 thread)."""
+    for tool in ("valgrind", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            sys.exit(f"--breakdown needs {tool} (apt-get install valgrind)")
+    vg_version = subprocess.run(
+        ["valgrind", "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    N = a.breakdown_pairs
+    commands: dict[str, str] = {}
+    counts: dict[str, dict] = {}
+    for tool in ("msmemscope", "plain"):
+        for n in (0, N):
+            d = tmp / f"cg_{tool}_{n}"
+            wl = [str(exe), "churn", "1", str(n), str(a.max_size)]
+            cmd = (
+                wl
+                if tool == "plain"
+                else [str(cli), "--analysis=host-leaks", "-q", "-o", str(d / "out"), *wl]
+            )
+            key = f"{tool}/{n}"
+            commands[key] = (
+                "valgrind --tool=callgrind --trace-children=yes "
+                f"--callgrind-out-file={d}/cg.%p {shlex.join(cmd)}"
+            ).replace(str(tmp), "$TMP")
+            print(f"callgrind {key} ...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            f = callgrind_run(cmd, d, exe)
+            total, rows = cg_annotate(f, inclusive=False)
+            parts = dict.fromkeys([k for k, _ in PARTS] + ["other"], 0)
+            other_ir: dict[str, int] = {}  # the entries that fall into "other", for the printout
+            for ir, file, fn, obj in rows:
+                part = classify(file, fn, obj, str(exe))
+                parts[part] += ir
+                if part == "other":
+                    other_ir[f"{file}:{fn}"] = other_ir.get(f"{file}:{fn}", 0) + ir
+            _, inc_rows = cg_annotate(f, inclusive=True)
+            inc = dict.fromkeys([k for k, _ in INCLUSIVE], 0)
+            for ir, file, fn, _ in inc_rows:
+                if file.endswith(".rs") and fn in inc:  # .rs: the runtime's malloc, not glibc's
+                    inc[fn] = max(inc[fn], ir)
+            counts[key] = {
+                "total": total,
+                "parts": parts,
+                "inclusive": inc,
+                "other_ir": other_ir,
+                "wall_s": time.perf_counter() - t0,
+            }
+
+    def per_pair(tool: str, get) -> float:
+        return (get(counts[f"{tool}/{N}"]) - get(counts[f"{tool}/0"])) / N
+
+    table = []
+    for key, label in PARTS:
+        ms = per_pair("msmemscope", lambda c, k=key: c["parts"][k])
+        pl = per_pair("plain", lambda c, k=key: c["parts"][k])
+        table.append({"part": key, "label": label, "msmemscope": ms, "plain": pl, "added": ms - pl})
+    ms_total = per_pair("msmemscope", lambda c: c["total"])
+    pl_total = per_pair("plain", lambda c: c["total"])
+    named = {col: sum(r[col] for r in table) for col in ("msmemscope", "plain", "added")}
+    # "other" is the rest of the total (ld.so, the rest of libc...), so the column adds up exactly
+    other = {
+        "part": "other",
+        "label": "other (rest of the total)",
+        "msmemscope": ms_total - named["msmemscope"],
+        "plain": pl_total - named["plain"],
+        "added": (ms_total - pl_total) - named["added"],
+    }
+    total_row = {
+        "part": "total",
+        "label": "total per pair",
+        "msmemscope": ms_total,
+        "plain": pl_total,
+        "added": ms_total - pl_total,
+    }
+    inclusive = [
+        {
+            "function": fn,
+            "label": label,
+            "msmemscope": per_pair("msmemscope", lambda c, f=fn: c["inclusive"][f]),
+        }
+        for fn, label in INCLUSIVE
+    ]
+    # the largest entries that fell into "other", to show when the grouping misses something
+    ent_N, ent_0 = counts[f"msmemscope/{N}"]["other_ir"], counts["msmemscope/0"]["other_ir"]
+    top_other = sorted(((ir - ent_0.get(e, 0)) / N, e) for e, ir in ent_N.items())[::-1][:5]
+    top_other = [(v, e) for v, e in top_other if v >= 0.1]
+
+    W = 78
+    print("=" * W)
+    print("msmemscope host-leaks cost breakdown (callgrind instruction counts)")
+    gi = git_info()
+    print(
+        f"msmemscope: {cli_src} (sha256 {sha256(cli)}), runtime sha256 {sha256(lib)}, "
+        f"git {gi['head']} ({gi['dirty_files']} dirty files); {vg_version}"
+    )
+    print(
+        f"churn, 1 thread, {N} pairs, sizes 8..{a.max_size}; per pair = (Ir at N - Ir at 0) / N, "
+        "whole workload process (all its threads)"
+    )
+    print("workload build: " + shlex.join(cc).replace(str(tmp), "$TMP"))
+    print("commands:")
+    for k, v in commands.items():
+        print(f"  {k:16s} {v}")
+    print("-" * W)
+    print(
+        f"  {'part (instructions per malloc/free pair)':52s} "
+        f"{'msmemscope':>10s} {'plain':>6s} {'added':>7s}"
+    )
+
+    def row(r: dict) -> None:
+        print(f"  {r['label']:52s} {r['msmemscope']:>10.1f} {r['plain']:>6.1f} {r['added']:>7.1f}")
+
+    for r in table:
+        row(r)
+    row({"label": "sum of the parts above", **named})
+    row(other)
+    row(total_row)
+    print("-" * W)
+    print("  inclusive (self + callees), msmemscope run, per pair:")
+    for r in inclusive:
+        print(f"    {r['label']:50s} {r['msmemscope']:>10.1f}")
+    if top_other:
+        print(
+            "  largest entries in 'other' (added per pair): "
+            + "; ".join(f"{e.rsplit('/', 1)[-1]} {v:.1f}" for v, e in top_other[:3])
+        )
+    print("=" * W)
+
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    out = a.out_dir / f"host_leaks_breakdown_{stamp}.json"
+    doc = {
+        "timestamp": stamp,
+        "machine": {
+            "nproc": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "msmemscope": {
+            "cli": str(cli_src),
+            "cli_sha256": sha256(cli),
+            "runtime_sha256": sha256(lib),
+            "git": gi,
+        },
+        "valgrind_version": vg_version,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "workload_build": shlex.join(cc).replace(str(tmp), "$TMP"),
+        "commands": commands,
+        "breakdown": {
+            "unit": "instructions (callgrind Ir) per malloc/free pair, N=0 run subtracted",
+            "pairs": N,
+            "parts": table,
+            "sum_of_parts": named,
+            "other": other,
+            "total": total_row,
+            "inclusive": inclusive,
+            "top_other": [{"entry": e, "added_per_pair": v} for v, e in top_other],
+        },
+        "runs": {
+            k: {
+                "total_ir": c["total"],
+                "parts_ir": c["parts"],
+                "inclusive_ir": c["inclusive"],
+                "wall_s": c["wall_s"],
+            }
+            for k, c in counts.items()
+        },
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results saved to {out}")
+    return 0
 
 
 def main() -> int:
@@ -213,17 +618,26 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     cli = snap / cli_src.name
     shutil.copy2(cli_src, cli)
     shutil.copy2(lib_src, snap / lib_src.name)
+    if a.breakdown:
+        return breakdown(a, tmp, exe, cli, cli_src, snap / lib_src.name, cc)
 
     heaptrack = None if a.no_heaptrack else shutil.which("heaptrack")
     if not a.no_heaptrack and heaptrack is None:
         notes.append("heaptrack not found: SKIPPED (install with `apt-get install heaptrack`)")
-        print("NOTE: heaptrack not found, skipping it. Install with: apt-get install heaptrack", file=sys.stderr)
+        print(
+            "NOTE: heaptrack not found, skipping it. Install with: apt-get install heaptrack",
+            file=sys.stderr,
+        )
     ht_version = ""
     if heaptrack:
-        ht_version = subprocess.run([heaptrack, "--version"], capture_output=True, text=True).stdout.strip()
+        ht_version = subprocess.run(
+            [heaptrack, "--version"], capture_output=True, text=True
+        ).stdout.strip()
     if not HAVE_TIME:
-        notes.append(f"{TIME_BIN} missing: peak RSS from os.wait4, which includes the forking Python's RSS "
-                     "(deltas are still meaningful)")
+        notes.append(
+            f"{TIME_BIN} missing: peak RSS from os.wait4, which includes the forking Python's RSS "
+            "(deltas are still meaningful)"
+        )
 
     counter = [0]
 
@@ -263,8 +677,10 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
             cases.append((tool, "live", ["live", str(a.live_blocks), str(a.live_size)], True))
             cases.append((tool, "live0", ["live", "0", str(a.live_size)], True))
 
-    commands = {f"{tool}/{case}": shlex.join(cmd_for(tool, wl)[0]).replace(str(tmp), "$TMP")
-                for tool, case, wl, _ in cases}
+    commands = {
+        f"{tool}/{case}": shlex.join(cmd_for(tool, wl)[0]).replace(str(tmp), "$TMP")
+        for tool, case, wl, _ in cases
+    }
     counter[0] = 0
 
     results: dict[str, list[dict]] = {f"{t}/{c}": [] for t, c, _, _ in cases}
@@ -275,11 +691,17 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
             run_once(cmd, tmp, False, cl)
     t_start = time.perf_counter()
     for r in range(a.rounds):
-        order = cases[r % len(cases):] + cases[: r % len(cases)]  # rotate to spread drift across configs
+        order = (
+            cases[r % len(cases) :] + cases[: r % len(cases)]
+        )  # rotate to spread drift across configs
         for tool, case, wl, sample in order:
             cmd, cl = cmd_for(tool, wl)
             results[f"{tool}/{case}"].append(run_once(cmd, tmp, sample, cl))
-        print(f"round {r + 1}/{a.rounds} done ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr, flush=True)
+        print(
+            f"round {r + 1}/{a.rounds} done ({time.perf_counter() - t_start:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def med(key: str, field: str) -> float | None:
         vals = [x[field] for x in results.get(key, []) if x[field] is not None]
@@ -333,7 +755,9 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
                     "median_0_blocks_kb": v0,
                     "fixed_overhead_kb": v0 - p0,
                     "overhead_bytes_per_block_all_in": (vL - pL) * 1024 / L if L else None,
-                    "overhead_bytes_per_block_marginal": ((vL - v0) - (pL - p0)) * 1024 / L if L else None,
+                    "overhead_bytes_per_block_marginal": ((vL - v0) - (pL - p0)) * 1024 / L
+                    if L
+                    else None,
                 }
             row["median_wall_s"] = med(f"{tool}/live", "wall_s")
             summary["live"][tool] = row
@@ -342,72 +766,113 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     W = 78
     print("=" * W)
     print("msmemscope host-leaks overhead benchmark")
-    print(f"machine: nproc={os.cpu_count()} ({platform.processor() or platform.machine()}), "
-          f"{platform.system()} {platform.release()}, python {platform.python_version()}")
+    print(
+        f"machine: nproc={os.cpu_count()} ({platform.processor() or platform.machine()}), "
+        f"{platform.system()} {platform.release()}, python {platform.python_version()}"
+    )
     gi = git_info()
-    print(f"msmemscope: {cli_src} (sha256 {sha256(cli)}), runtime sha256 {sha256(snap / lib_src.name)}, "
-          f"git {gi['head']} ({gi['dirty_files']} dirty files)")
+    print(
+        f"msmemscope: {cli_src} (sha256 {sha256(cli)}), "
+        f"runtime sha256 {sha256(snap / lib_src.name)}, "
+        f"git {gi['head']} ({gi['dirty_files']} dirty files)"
+    )
     print(f"heaptrack: {ht_version or 'not run'}")
-    print(f"rounds={a.rounds} (interleaved, rotated order; medians shown), threads={T}, "
-          f"pairs/thread={N}" + (f" (heaptrack: {NH})" if heaptrack and NH != N else "")
-          + f", sizes 8..{a.max_size}")
+    print(
+        f"rounds={a.rounds} (interleaved, rotated order; medians shown), threads={T}, "
+        f"pairs/thread={N}"
+        + (f" (heaptrack: {NH})" if heaptrack and NH != N else "")
+        + f", sizes 8..{a.max_size}"
+    )
     print("workload build: " + shlex.join(cc).replace(str(tmp), "$TMP"))
     print("commands:")
     for k, v in commands.items():
         print(f"  {k:22s} {v}")
     print("-" * W)
-    print("churn (wall time of the whole process; 'fixed' = tool's start/exit cost from a 0-pair run)")
-    print(f"  {'tool':11s} {'pairs':>9s} {'median s':>9s} {'added s':>8s} {'fixed s':>8s} "
-          f"{'ns/pair all-in':>15s} {'ns/pair marginal':>17s}")
+    print(
+        "churn (wall time of the whole process; 'fixed' = tool's start/exit cost from a 0-pair run)"
+    )
+    print(
+        f"  {'tool':11s} {'pairs':>9s} {'median s':>9s} {'added s':>8s} {'fixed s':>8s} "
+        f"{'ns/pair all-in':>15s} {'ns/pair marginal':>17s}"
+    )
     for tool in tools:
         s = summary["churn"][tool]
         if tool == "plain":
-            print(f"  {tool:11s} {s['total_pairs']:>9d} {s['median_wall_s']:>9.3f} {'-':>8s} {'-':>8s} "
-                  f"{'-':>15s} {(s['median_wall_s'] - s['median_wall_0_pairs_s']) / s['total_pairs'] * 1e9:>17.1f}")
+            plain_ns = (s["median_wall_s"] - s["median_wall_0_pairs_s"]) / s["total_pairs"] * 1e9
+            print(
+                f"  {tool:11s} {s['total_pairs']:>9d} {s['median_wall_s']:>9.3f} "
+                f"{'-':>8s} {'-':>8s} {'-':>15s} "
+                f"{plain_ns:>17.1f}"
+            )
             continue
-        print(f"  {tool:11s} {s['total_pairs']:>9d} {s['median_wall_s']:>9.3f} {s['added_s']:>8.3f} "
-              f"{s['fixed_added_s']:>8.3f} {s['added_ns_per_pair_all_in']:>15.1f} "
-              f"{s['added_ns_per_pair_marginal']:>17.1f}")
+        print(
+            f"  {tool:11s} {s['total_pairs']:>9d} {s['median_wall_s']:>9.3f} {s['added_s']:>8.3f} "
+            f"{s['fixed_added_s']:>8.3f} {s['added_ns_per_pair_all_in']:>15.1f} "
+            f"{s['added_ns_per_pair_marginal']:>17.1f}"
+        )
     verdict = None
     if heaptrack:
         if ratio is None:
             verdict = "BELOW FLOOR (msmemscope added no measurable time; ratio undefined)"
             print("ratio heaptrack/msmemscope added ns per pair: undefined (msmemscope added <= 0)")
         else:
-            print(f"ratio heaptrack/msmemscope added ns per pair: marginal {ratio:.2f}x"
-                  + (f", all-in {ratio_all_in:.2f}x" if ratio_all_in else "")
-                  + f"  (floor {FLOOR:.0f}x, target {TARGET:.0f}x)")
+            print(
+                f"ratio heaptrack/msmemscope added ns per pair: marginal {ratio:.2f}x"
+                + (f", all-in {ratio_all_in:.2f}x" if ratio_all_in else "")
+                + f"  (floor {FLOOR:.0f}x, target {TARGET:.0f}x)"
+            )
             if ratio >= TARGET:
                 verdict = f"PASS (meets target: {ratio:.2f}x >= {TARGET:.0f}x)"
             elif ratio >= FLOOR:
-                verdict = f"PASS (above floor {FLOOR:.0f}x, below target {TARGET:.0f}x: {ratio:.2f}x)"
+                verdict = (
+                    f"PASS (above floor {FLOOR:.0f}x, below target {TARGET:.0f}x: {ratio:.2f}x)"
+                )
             else:
                 verdict = f"BELOW FLOOR ({ratio:.2f}x < {FLOOR:.0f}x)"
     if not a.no_live:
         print("-" * W)
-        print(f"live: {L} blocks of {a.live_size} B held until exit; overhead per live block in bytes "
-              "(marginal = tool's 0-block fixed cost removed)")
+        print(
+            f"live: {L} blocks of {a.live_size} B held until exit; "
+            "overhead per live block in bytes "
+            "(marginal = tool's 0-block fixed cost removed)"
+        )
         labels = {
             "tree_peak_kb": "peak summed RSS of all processes (sampled every 5 ms)",
             "max_rss_kb": "peak RSS of the largest single process (ru_maxrss)",
             "vmhwm_kb": "workload's own VmHWM at end of main (excludes exit-time work and helpers)",
         }
-        print("  (plain's 'marginal' is the allocator's own bytes per block; heaptrack keeps its state in "
-              "heaptrack_interpret, a separate process, so only the summed RSS is a fair total for it)")
+        print(
+            "  (plain's 'marginal' is the allocator's own bytes per block; "
+            "heaptrack keeps its state in heaptrack_interpret, a separate process, "
+            "so only the summed RSS is a fair total for it)"
+        )
         for field, label in labels.items():
             print(f"  {label}:")
-            print(f"    {'tool':11s} {'median MiB':>10s} {'fixed MiB':>10s} {'B/blk all-in':>13s} {'B/blk marginal':>15s}")
+            print(
+                f"    {'tool':11s} {'median MiB':>10s} {'fixed MiB':>10s} "
+                f"{'B/blk all-in':>13s} {'B/blk marginal':>15s}"
+            )
             for tool in tools:
                 s = summary["live"][tool].get(field)
                 if not s:
                     continue
                 if tool == "plain":  # marginal = what the allocator itself spends per block
-                    print(f"    {tool:11s} {s['median_kb'] / 1024:>10.1f} {'-':>10s} {'-':>13s} "
-                          f"{(s['median_kb'] - s['median_0_blocks_kb']) * 1024 / L if L else 0:>15.1f}")
+                    plain_b = (s["median_kb"] - s["median_0_blocks_kb"]) * 1024 / L if L else 0
+                    print(
+                        f"    {tool:11s} {s['median_kb'] / 1024:>10.1f} {'-':>10s} {'-':>13s} "
+                        f"{plain_b:>15.1f}"
+                    )
                     continue
-                print(f"    {tool:11s} {s['median_kb'] / 1024:>10.1f} {s['fixed_overhead_kb'] / 1024:>10.1f} "
-                      f"{s['overhead_bytes_per_block_all_in']:>13.1f} {s['overhead_bytes_per_block_marginal']:>15.1f}")
-        print("  wall s: " + ", ".join(f"{t} {summary['live'][t]['median_wall_s']:.3f}" for t in tools))
+                print(
+                    f"    {tool:11s} {s['median_kb'] / 1024:>10.1f} "
+                    f"{s['fixed_overhead_kb'] / 1024:>10.1f} "
+                    f"{s['overhead_bytes_per_block_all_in']:>13.1f} "
+                    f"{s['overhead_bytes_per_block_marginal']:>15.1f}"
+                )
+        print(
+            "  wall s: "
+            + ", ".join(f"{t} {summary['live'][t]['median_wall_s']:.3f}" for t in tools)
+        )
     for n in notes:
         print("NOTE: " + n)
     print("-" * W)
@@ -423,9 +888,17 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     out = a.out_dir / f"host_leaks_{stamp}.json"
     doc = {
         "timestamp": stamp,
-        "machine": {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "msmemscope": {"cli": str(cli_src), "cli_sha256": sha256(cli), "runtime_sha256": sha256(snap / lib_src.name),
-                       "git": gi},
+        "machine": {
+            "nproc": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "msmemscope": {
+            "cli": str(cli_src),
+            "cli_sha256": sha256(cli),
+            "runtime_sha256": sha256(snap / lib_src.name),
+            "git": gi,
+        },
         "heaptrack_version": ht_version or None,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "workload_build": shlex.join(cc).replace(str(tmp), "$TMP"),

@@ -96,40 +96,35 @@ def sites(overview: str) -> list[tuple[int, int, str, list[str]]]:
     return found
 
 
+def run_service(tmp: Path, python: Path, *options: str, seconds: str = "3") -> str:
+    """Runs leaky_service.py with `python` under the CLI's host-leak analysis (the extension
+    built for it); returns the leak overview."""
+    shutil.copy(SERVICE, tmp / SERVICE.name)
+    build_leaker(python, tmp)
+    cmd = [str(CLI), "--analysis=host-leaks", *options, "-o", "out"]
+    cmd += [str(python), SERVICE.name, seconds]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=tmp, env=clean_env()
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "served 200 requests\n"
+    (overview,) = tmp.glob("out/msmemscope_*/host_leak/leak_overview_1.txt")
+    return overview.read_text()
+
+
 @pytest.mark.parametrize(
     "python", interpreters(), ids=lambda p: f"python{p.name.removeprefix('python')}"
 )
 def test_two_python_callers_of_one_leaking_c_function_are_two_sites(
     python: Path, tmp_path: Path
 ) -> None:
-    shutil.copy(SERVICE, tmp_path / SERVICE.name)
-    build_leaker(python, tmp_path)
     version = subprocess.run(
         [str(python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    proc = subprocess.run(
-        [
-            str(CLI),
-            "--analysis=host-leaks",
-            "--host-leak-mode=event",
-            "-o",
-            "out",
-            str(python),
-            SERVICE.name,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=clean_env(),
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "served 200 requests\n"
-    (overview_path,) = tmp_path.glob("out/msmemscope_*/host_leak/leak_overview_1.txt")
-    overview = overview_path.read_text()
+    overview = run_service(tmp_path, python, "--host-leak-mode=event")
     script = str(tmp_path / SERVICE.name)  # the main script's path is made absolute
     upload = f"py {script}({line_of('leaker.leak(1500)')}): handle_upload"
     thumbnail = f"py {script}({line_of('leaker.leak(700)')}): handle_thumbnail"
@@ -171,28 +166,7 @@ def test_two_python_callers_of_one_leaking_c_function_are_two_sites(
 
 
 def test_python_frames_can_be_turned_off(tmp_path: Path) -> None:
-    shutil.copy(SERVICE, tmp_path / SERVICE.name)
-    build_leaker(Path(sys.executable), tmp_path)
-    proc = subprocess.run(
-        [
-            str(CLI),
-            "--analysis=host-leaks",
-            "--call-stack=python:0",
-            "-o",
-            "out",
-            sys.executable,
-            SERVICE.name,
-            "0.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=clean_env(),
-    )
-    assert proc.returncode == 0, proc.stderr
-    (overview_path,) = tmp_path.glob("out/msmemscope_*/host_leak/leak_overview_1.txt")
-    overview = overview_path.read_text()
+    overview = run_service(tmp_path, Path(sys.executable), "--call-stack=python:0", seconds="0.5")
     # Without Python frames the sites are C stacks through the interpreter's eval loop, which
     # do not tell the two handlers apart; every leaked block is still accounted.
     leaking = [

@@ -96,6 +96,24 @@ impl Symbolizer {
         }
     }
 
+    /// Takes the modules as they are now (modules are added as libraries load, so the list is
+    /// usually the old one and more), keeping what was already loaded for the modules in both:
+    /// a process that closes many windows reads each file's symbols and DWARF once.
+    pub fn set_modules(&mut self, mut modules: Vec<ModuleInfo>) {
+        modules.sort_by_key(|m| m.start);
+        if modules == self.modules {
+            return;
+        }
+        let mut loaded = HashMap::new();
+        for (old, symbols) in self.loaded.drain() {
+            if let Some(new) = modules.iter().position(|m| *m == self.modules[old]) {
+                loaded.insert(new, symbols);
+            }
+        }
+        self.modules = modules;
+        self.loaded = loaded;
+    }
+
     pub fn with_fallback(
         mut self,
         fallback: Box<dyn Fn(u64) -> Option<String> + Send>,

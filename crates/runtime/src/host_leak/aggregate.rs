@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use msmemscope_core::config::HostLeakMode;
@@ -18,6 +19,7 @@ use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::symbolize::Symbolizer;
 
 use super::beats;
+use super::block_table::lock_until;
 use super::ledger::Ledger;
 use super::stack_table::StackCounts;
 use super::stack_table::UNKNOWN_STACK;
@@ -273,9 +275,25 @@ fn minus(a: CountBytes, b: CountBytes) -> CountBytes {
     }
 }
 
+/// The symbolizer of every window of the process: a module's symbols and DWARF (and its
+/// installed debug file's, libc's being tens of megabytes) are read once, not once a window.
+static SYMBOLIZER: Mutex<Option<SharedSymbolizer>> = Mutex::new(None);
+
+struct SharedSymbolizer(Symbolizer);
+
+// SAFETY: the symbolizer's loaders may hold reference-counted parts that are not Send, but
+// every one of them stays inside the symbolizer, which is only ever used by one thread at a
+// time, under SYMBOLIZER's lock.
+unsafe impl Send for SharedSymbolizer {}
+
+/// How long a report waits for the shared symbolizer (held by another report, or by a thread
+/// that does not exist in this forked child) before it uses one of its own.
+const SYMBOLIZER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Symbolizes each distinct return address once and counts coverage over reported frames.
 struct SymbolCache {
-    symbolizer: Symbolizer,
+    symbolizer: Option<std::sync::MutexGuard<'static, Option<SharedSymbolizer>>>,
+    own: Option<Symbolizer>,
     rendered: HashMap<u64, (Vec<String>, bool)>,
     resolved: u64,
     total: u64,
@@ -285,9 +303,24 @@ impl SymbolCache {
     fn new() -> SymbolCache {
         // Modules loaded since the last scan (still mapped now) are added before resolving.
         modules::refresh(false);
-        let symbolizer =
-            Symbolizer::new(modules::seen_modules()).with_fallback(Box::new(dladdr_name));
+        let fresh =
+            || Symbolizer::new(modules::seen_modules()).with_fallback(Box::new(dladdr_name));
+        let mut own = None;
+        let symbolizer = match lock_until(&SYMBOLIZER, Instant::now() + SYMBOLIZER_WAIT) {
+            Some(mut shared) => {
+                match shared.as_mut() {
+                    Some(s) => s.0.set_modules(modules::seen_modules()),
+                    None => *shared = Some(SharedSymbolizer(fresh())),
+                }
+                Some(shared)
+            }
+            None => {
+                own = Some(fresh());
+                None
+            }
+        };
         SymbolCache {
+            own,
             symbolizer,
             rendered: HashMap::new(),
             resolved: 0,
@@ -298,9 +331,15 @@ impl SymbolCache {
     fn render(&mut self, frames: &[u64]) -> Vec<String> {
         let mut out = Vec::with_capacity(frames.len());
         for &address in frames {
-            let symbolizer = &mut self.symbolizer;
+            let symbolizer = match self.symbolizer.as_mut() {
+                Some(shared) => shared.as_mut().map(|s| &mut s.0),
+                None => self.own.as_mut(),
+            };
             let (lines, ok) = self.rendered.entry(address).or_insert_with(|| {
-                let frames = symbolizer.symbolize_return_address(address);
+                let frames = match symbolizer {
+                    Some(symbolizer) => symbolizer.symbolize_return_address(address),
+                    None => Vec::new(),
+                };
                 let ok = frames.iter().any(|f| f.is_resolved());
                 (frames.iter().map(|f| f.render()).collect(), ok)
             });
