@@ -30,8 +30,11 @@ impl StackRange {
     /// all others are one class.
     #[inline]
     pub fn class_of(&self, value: u64) -> u64 {
-        if value == 0 || (self.low.saturating_sub(BELOW_STACK_MARGIN) <= value && value < self.high)
-        {
+        // One unsigned compare for "low - margin <= value < high", without branches: this runs
+        // for every checked read of every memoized allocation.
+        let low = self.low.saturating_sub(BELOW_STACK_MARGIN);
+        let in_stack = value.wrapping_sub(low) < self.high.wrapping_sub(low);
+        if value == 0 || in_stack {
             value
         } else {
             u64::MAX
