@@ -220,6 +220,24 @@ def sha256(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def provenance(stamp: str, cli_src: Path, cli: Path, runtime: Path, gi: dict) -> dict:
+    """The head of a result file: when, on what machine, with which msmemscope build."""
+    return {
+        "timestamp": stamp,
+        "machine": {
+            "nproc": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "msmemscope": {
+            "cli": str(cli_src),
+            "cli_sha256": sha256(cli),
+            "runtime_sha256": sha256(runtime),
+            "git": gi,
+        },
+    }
+
+
 def git_info() -> dict:
     def g(*a: str) -> str:
         try:
@@ -545,18 +563,7 @@ def breakdown(
     stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
     out = a.out_dir / f"host_leaks_breakdown_{stamp}.json"
     doc = {
-        "timestamp": stamp,
-        "machine": {
-            "nproc": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "msmemscope": {
-            "cli": str(cli_src),
-            "cli_sha256": sha256(cli),
-            "runtime_sha256": sha256(lib),
-            "git": gi,
-        },
+        **provenance(stamp, cli_src, cli, lib, gi),
         "valgrind_version": vg_version,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "workload_build": shlex.join(cc).replace(str(tmp), "$TMP"),
@@ -887,18 +894,7 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
     out = a.out_dir / f"host_leaks_{stamp}.json"
     doc = {
-        "timestamp": stamp,
-        "machine": {
-            "nproc": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "msmemscope": {
-            "cli": str(cli_src),
-            "cli_sha256": sha256(cli),
-            "runtime_sha256": sha256(snap / lib_src.name),
-            "git": gi,
-        },
+        **provenance(stamp, cli_src, cli, snap / lib_src.name, gi),
         "heaptrack_version": ht_version or None,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "workload_build": shlex.join(cc).replace(str(tmp), "$TMP"),

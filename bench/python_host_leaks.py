@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -48,6 +47,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The same provenance helpers as the C benchmark's (this script's directory is on sys.path).
+from host_leaks import git_info, sha256
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -149,29 +151,6 @@ def parse_args() -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-def git_info() -> dict:
-    def g(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    return {
-        "head": g("rev-parse", "--short", "HEAD"),
-        "dirty_files": len(g("status", "--porcelain").splitlines()),
-    }
 
 
 def clean_env() -> dict[str, str]:
