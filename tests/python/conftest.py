@@ -129,6 +129,19 @@ def unfreed_blocks_of_size(report: str, size: int) -> int:
     return total
 
 
+def interpreter(version: str) -> Path | None:
+    """A CPython ``version`` (``"3.10"``) of this machine: pyenv's, else the system's."""
+    found: list[Path] = []
+    for root in (os.environ.get("PYENV_ROOT"), str(Path.home() / ".pyenv")):
+        if root:
+            found += sorted(Path(root).glob(f"versions/{version}.*/bin/python{version}"))
+    found += [Path(d) / f"python{version}" for d in ("/usr/local/bin", "/usr/bin")]
+    for path in found:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def ok(result: subprocess.CompletedProcess[str]) -> str:
     """The stdout of a run that must have succeeded; its stderr in the failure message."""
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env
+from conftest import CLI, clean_env, interpreter
 
 HERE = Path(__file__).resolve().parent
 SERVICE = HERE / "scripts" / "leaky_service.py"
@@ -35,14 +35,8 @@ def line_of(text: str) -> int:
 
 
 def other_python() -> Path | None:
-    """A CPython 3.12 or 3.13 of this machine (pyenv), for the second interpreter version."""
-    for version in ("3.13", "3.12"):
-        found = sorted(
-            (Path.home() / ".pyenv" / "versions").glob(f"{version}.*/bin/python{version}")
-        )
-        if found:
-            return found[-1]
-    return None
+    """A CPython 3.13 or 3.12 of this machine, for the second interpreter version."""
+    return interpreter("3.13") or interpreter("3.12")
 
 
 def interpreters() -> list[Path]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, clean_env, unfreed_blocks_of_size
+from conftest import REPO, clean_env, interpreter, unfreed_blocks_of_size
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TRAIN = SCRIPTS / "install_train.py"
@@ -62,19 +62,6 @@ MANYLINUX_LIBS = {
     "libglib-2.0.so.0",
     "ld-linux-x86-64.so.2",
 }
-
-
-def interpreter(version: str) -> Path | None:
-    """A CPython ``version`` (``"3.10"``) of this machine: pyenv's, else the system's."""
-    found: list[Path] = []
-    for root in (os.environ.get("PYENV_ROOT"), str(Path.home() / ".pyenv")):
-        if root:
-            found += sorted(Path(root).glob(f"versions/{version}.*/bin/python{version}"))
-    found += [Path(d) / f"python{version}" for d in ("/usr/local/bin", "/usr/bin")]
-    for path in found:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def run(
