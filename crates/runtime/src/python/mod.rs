@@ -196,13 +196,12 @@ pub fn frames_above_interpreter(frames: &[u64]) -> usize {
 fn parse_version(text: &[u8]) -> Option<(u8, u8)> {
     let head = text.split(|&b| b == b' ').next()?;
     let mut parts = head.split(|&b| b == b'.');
+    // The leading digits of a part ("0rc1" -> 0), without allocating: this runs from the
+    // module scan, which hooks may trigger.
     let number = |part: Option<&[u8]>| -> Option<u8> {
-        let digits: Vec<u8> = part?
-            .iter()
-            .copied()
-            .take_while(u8::is_ascii_digit)
-            .collect();
-        std::str::from_utf8(&digits).ok()?.parse().ok()
+        let part = part?;
+        let digits = part.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&part[..digits]).ok()?.parse().ok()
     };
     Some((number(parts.next())?, number(parts.next())?))
 }
