@@ -262,7 +262,7 @@ def git_info() -> dict:
 PARTS = [
     ("unwind", "unwind: capture + memo (unwind/*.rs)"),
     ("stack", "stack id + counters (stack_table, striped, atomics)"),
-    ("block", "block table (block_table, hashing, hashbrown)"),
+    ("block", "block table (block_table, block_map, hashing)"),
     ("mutex", "std Mutex lock/unlock, poison checks"),
     ("clock", "clock (clock.rs, clock_gettime)"),
     ("beats", "beats (beats.rs)"),
@@ -282,6 +282,7 @@ RUNTIME_FILE_PARTS = [
     # hashing.rs's mix() picks the block table's shard and hashes its keys; on this path the
     # stack id comes from the unwind memo, not from hashing a stack
     ("host_leak/block_table.rs", "block"),
+    ("host_leak/block_map.rs", "block"),
     ("host_leak/hashing.rs", "block"),
     ("host_leak/overflow.rs", "block"),
     ("clock.rs", "clock"),
@@ -313,6 +314,7 @@ SYMBOL_PARTS = [
     ("hashbrown::", "block"),
     ("msmemscope_runtime::host_leak::stack_table::", "stack"),
     ("msmemscope_runtime::host_leak::block_table::", "block"),
+    ("msmemscope_runtime::host_leak::block_map::", "block"),
     ("msmemscope_runtime::host_leak::beats::", "beats"),
     ("msmemscope_runtime::python::", "python"),
     ("msmemscope_runtime::host_leak::ledger::", "ledger"),

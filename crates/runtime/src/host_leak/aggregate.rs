@@ -45,7 +45,7 @@ pub fn build_report(
     let mut unfreed_sizes = SizeHistogram::default();
     let mut raw_blocks: Vec<(usize, u64, u64, u32)> = Vec::new();
     let mut unread = ledger.blocks.for_each_shard(deadline, |shard| {
-        for (&ptr, block) in shard {
+        for (ptr, block) in shard.iter() {
             let entry = unfreed_by_stack.entry(block.stack).or_default();
             entry.blocks.add(block.size);
             entry.age_ms_sum += end_ms.saturating_sub(block.alloc_ms as u64);

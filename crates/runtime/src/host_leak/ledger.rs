@@ -346,11 +346,7 @@ impl Ledger {
             }
             if self.blocks.is_full(&shard, ptr) {
                 drop(shard);
-                self.truncation
-                    .fetch_or(truncation::BLOCK_TABLE_FULL, Ordering::Relaxed);
-                if !self.overflow.insert(ptr, size) {
-                    self.stop(ts);
-                }
+                self.to_overflow(ptr, size, ts);
                 return ts;
             }
             // A stack id is taken and used under the block shard lock, with the stack table
@@ -403,20 +399,24 @@ impl Ledger {
                     Interned::Full => UNKNOWN_STACK,
                 }
             };
-            self.stacks.count_alloc(id, size, ts);
-            if shard
-                .insert(
-                    ptr,
-                    Block {
-                        size,
-                        alloc_ms: self.window_ms(ts),
-                        stack: id,
-                    },
-                )
-                .is_some()
-            {
-                // The address was still recorded: its free happened where no hook saw it.
-                self.missed_frees.fetch_add(1, Ordering::Relaxed);
+            let block = Block {
+                size,
+                alloc_ms: self.window_ms(ts),
+                stack: id,
+            };
+            match shard.insert(ptr, block) {
+                Ok(replaced) => {
+                    self.stacks.count_alloc(id, size, ts);
+                    if replaced.is_some() {
+                        // The address was still recorded: its free happened where no hook saw it.
+                        self.missed_frees.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // No memory for a bigger shard: kept without its stack, as past the cap.
+                Err(_) => {
+                    drop(shard);
+                    self.to_overflow(ptr, size, ts);
+                }
             }
             return ts;
         }
@@ -453,6 +453,15 @@ impl Ledger {
         freed.len() as u64
     }
 
+    /// Accounts a block the block table cannot take, without its stack.
+    fn to_overflow(&self, ptr: usize, size: u64, ts: u64) {
+        self.truncation
+            .fetch_or(truncation::BLOCK_TABLE_FULL, Ordering::Relaxed);
+        if !self.overflow.insert(ptr, size) {
+            self.stop(ts);
+        }
+    }
+
     fn stop(&self, ts: u64) {
         self.truncation
             .fetch_or(truncation::ACCOUNTING_STOPPED, Ordering::Relaxed);
@@ -476,7 +485,7 @@ impl Ledger {
             if self.closed.load(Ordering::Relaxed) {
                 Err(())
             } else {
-                let block = shard.remove(&ptr);
+                let block = shard.remove(ptr);
                 if let Some(block) = &block {
                     // Still under the shard lock: a recycling pass sees either the block or
                     // its free.
@@ -535,7 +544,12 @@ impl Ledger {
                     self.stacks
                         .count_alloc(UNKNOWN_STACK, block.size, self.alloc_ns(&block));
                 }
-                shard.insert(ptr, block);
+                // The shard held this block a moment ago, so it has room without growing; were
+                // it to fail, the block stays counted as freed.
+                if shard.insert(ptr, block).is_err() {
+                    self.stacks
+                        .count_free(block.stack, block.size, self.lifetime_ms(&block));
+                }
             }
             Taken::Overflow(size) => self.overflow.restore(ptr, size),
             Taken::NotFound { .. } | Taken::Ignored => {}

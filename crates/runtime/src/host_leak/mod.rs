@@ -2,6 +2,7 @@
 
 pub mod aggregate;
 pub mod beats;
+pub mod block_map;
 pub mod block_table;
 pub mod hashing;
 pub mod ledger;
