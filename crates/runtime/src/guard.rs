@@ -1,38 +1,79 @@
 //! The per-thread reentrancy guard. A hook records only when the thread is not already inside
 //! the runtime: allocations made by libc on our behalf (thread-stack queries, TLS destructor
 //! registration, `dl_iterate_phdr`) pass straight through.
+//!
+//! The guard also carries the thread's counter stripe: a hook looks its thread-local slots up
+//! once, on entry, instead of once per use (each lookup is a `__tls_get_addr` call in a
+//! shared library).
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What a thread keeps while it may be inside the runtime.
+struct ThreadSlots {
+    inside: Cell<bool>,
+    /// This thread's counter stripe (`usize::MAX` until first asked).
+    stripe: Cell<usize>,
+}
 
 thread_local! {
     // `const` initialisation and no destructor: reading it never allocates or registers anything.
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
+    static SLOTS: ThreadSlots = const {
+        ThreadSlots {
+            inside: Cell::new(false),
+            stripe: Cell::new(usize::MAX),
+        }
+    };
 }
 
-/// Proof that this thread has entered the runtime; leaving happens on drop.
-pub struct Entered(());
+/// Proof that this thread has entered the runtime; leaving happens on drop. Not `Send`: it
+/// points into this thread's thread-local storage.
+pub struct Entered {
+    slots: *const ThreadSlots,
+}
 
 impl Entered {
     /// Enters the runtime, or returns `None` when this thread is already inside it (or its TLS
     /// is gone, at thread exit).
     #[inline]
     pub fn try_enter() -> Option<Entered> {
-        INSIDE
-            .try_with(|inside| {
-                if inside.replace(true) {
+        SLOTS
+            .try_with(|slots| {
+                if slots.inside.replace(true) {
                     None
                 } else {
-                    Some(Entered(()))
+                    Some(Entered { slots })
                 }
             })
             .ok()
             .flatten()
+    }
+
+    #[inline]
+    fn slots(&self) -> &ThreadSlots {
+        // SAFETY: `slots` is this thread's (an `Entered` never leaves the thread that made it),
+        // and thread-local storage without a destructor lives as long as the thread.
+        unsafe { &*self.slots }
+    }
+
+    /// This thread's stripe of the striped counters: handed out round-robin at a thread's first
+    /// use, so that the first threads of a program never share one.
+    #[inline]
+    pub fn stripe(&self) -> usize {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let slot = &self.slots().stripe;
+        let mut index = slot.get();
+        if index == usize::MAX {
+            index = NEXT.fetch_add(1, Ordering::Relaxed) % (usize::MAX / 2);
+            slot.set(index);
+        }
+        index
     }
 }
 
 impl Drop for Entered {
     #[inline]
     fn drop(&mut self) {
-        let _ = INSIDE.try_with(|inside| inside.set(false));
+        self.slots().inside.set(false);
     }
 }

@@ -41,12 +41,12 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
     }
     if let Some(ledger) = window::active().or_else(begin_run_now) {
         match Entered::try_enter() {
-            Some(_entered) => {
+            Some(entered) => {
                 caught(|| {
                     // An entry for this address is stale (its free passed where no hook saw
                     // it). It only matters for a block the ledger does not hold, whose free
                     // would find it: looked up off the common path, for those alone.
-                    if !ledger.on_alloc(ptr as usize, size) {
+                    if !ledger.on_alloc(ptr as usize, size, &entered) {
                         own_blocks::remove(ptr as usize);
                     }
                 });
@@ -67,11 +67,11 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
             match Entered::try_enter() {
                 Some(entered) => {
                     caught(|| {
-                        let taken = ledger.take(ptr as usize);
+                        let taken = ledger.take(ptr as usize, &entered);
                         if !(matches!(taken, Taken::NotFound { .. })
                             && own_blocks::remove(ptr as usize))
                         {
-                            ledger.settle_free(ptr as usize, taken);
+                            ledger.settle_free(ptr as usize, taken, &entered);
                         }
                     });
                     drop(entered);
@@ -155,7 +155,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     let generation = ledger.stacks.generation();
     // `None`: the recording panicked; the reallocation still happens, once.
     let taken = caught(|| {
-        let taken = ledger.take(ptr as usize);
+        let taken = ledger.take(ptr as usize, &entered);
         let own = matches!(taken, Taken::NotFound { .. }) && own_blocks::remove(ptr as usize);
         (taken, own)
     });
@@ -168,7 +168,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
                 if own {
                     own_blocks::insert(ptr as usize);
                 }
-                ledger.restore(ptr as usize, taken, generation)
+                ledger.restore(ptr as usize, taken, generation, &entered)
             });
         }
         drop(entered);
@@ -179,7 +179,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         let own = match taken {
             Some((_, true)) => true,
             Some((taken, false)) => {
-                ledger.settle_free(ptr as usize, taken);
+                ledger.settle_free(ptr as usize, taken, &entered);
                 false
             }
             None => false,
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         if own {
             own_blocks::insert(new as usize);
         } else {
-            if !ledger.on_alloc(new as usize, size) {
+            if !ledger.on_alloc(new as usize, size, &entered) {
                 own_blocks::remove(new as usize);
             }
         }

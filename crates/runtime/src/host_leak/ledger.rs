@@ -53,6 +53,7 @@ use super::settings::WindowSettings;
 use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
 use crate::clock::realtime_ns;
+use crate::guard::Entered;
 use crate::python::{self, PyStack};
 use crate::unwind::{with_stack, CapturedStack};
 
@@ -259,16 +260,17 @@ impl Ledger {
             .then(|| self.stopped_at_ns.load(Ordering::Relaxed))
     }
 
-    /// Records a successful allocation. Runs with the reentrancy guard held.
+    /// Records a successful allocation, made by the thread that holds `entered`.
     #[inline]
-    pub fn on_alloc(&self, ptr: usize, size: usize) -> bool {
+    pub fn on_alloc(&self, ptr: usize, size: usize, entered: &Entered) -> bool {
         let size = size as u64;
+        let stripe = entered.stripe();
         if size < self.settings.block_size_threshold {
-            self.untracked_below_threshold.add(size);
+            self.untracked_below_threshold.add(size, stripe);
             return false;
         }
         if !self.sampled(ptr) {
-            self.untracked_sampled.add(size);
+            self.untracked_sampled.add(size, stripe);
             return false;
         }
         if self.stopped.load(Ordering::Relaxed) {
@@ -279,9 +281,9 @@ impl Ledger {
         let ts = if python::active() {
             let mut py = PyStack::empty();
             python::capture(&mut py);
-            with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag))
+            with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag, stripe))
         } else {
-            with_stack(|stack, tag| self.insert(ptr, size, stack, &python::NO_FRAMES, tag))
+            with_stack(|stack, tag| self.insert(ptr, size, stack, &python::NO_FRAMES, tag, stripe))
         };
         if self.snapshot_running.load(Ordering::Relaxed) {
             self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
@@ -335,6 +337,7 @@ impl Ledger {
         stack: &CapturedStack,
         py: &PyStack,
         tag: &mut u64,
+        stripe: usize,
     ) -> u64 {
         let ts = realtime_ns();
         let mut may_recycle = true;
@@ -406,7 +409,7 @@ impl Ledger {
             };
             match shard.insert(ptr, block) {
                 Ok(replaced) => {
-                    self.stacks.count_alloc(id, size, ts);
+                    self.stacks.count_alloc(id, size, ts, stripe);
                     if replaced.is_some() {
                         // The address was still recorded: its free happened where no hook saw it.
                         self.missed_frees.fetch_add(1, Ordering::Relaxed);
@@ -474,7 +477,7 @@ impl Ledger {
     /// other thread can be handed the same address while it is still recorded as live.
     // Always inlined: the hooks' free path shares the thread-local lookups with it.
     #[inline(always)]
-    pub fn take(&self, ptr: usize) -> Taken {
+    pub fn take(&self, ptr: usize, entered: &Entered) -> Taken {
         if self.stopped.load(Ordering::Relaxed) {
             return Taken::Ignored;
         }
@@ -489,8 +492,12 @@ impl Ledger {
                 if let Some(block) = &block {
                     // Still under the shard lock: a recycling pass sees either the block or
                     // its free.
-                    self.stacks
-                        .count_free(block.stack, block.size, self.lifetime_ms(block));
+                    self.stacks.count_free(
+                        block.stack,
+                        block.size,
+                        self.lifetime_ms(block),
+                        entered.stripe(),
+                    );
                 }
                 Ok(block)
             }
@@ -510,7 +517,7 @@ impl Ledger {
 
     /// Accounts a free whose block was taken with [`Ledger::take`].
     #[inline]
-    pub fn settle_free(&self, ptr: usize, taken: Taken) {
+    pub fn settle_free(&self, ptr: usize, taken: Taken, entered: &Entered) {
         match taken {
             Taken::Block(_) | Taken::Overflow(_) => {}
             Taken::NotFound { usable } => {
@@ -518,9 +525,9 @@ impl Ledger {
                     // Most likely a block below the threshold, allocated in the window. The
                     // usable size can exceed the request by up to one allocator granule, so a
                     // block just under the threshold may be counted as pre-window instead.
-                    self.frees_untracked.add(usable);
+                    self.frees_untracked.add(usable, entered.stripe());
                 } else {
-                    self.prewindow_frees[bucket_index(usable)].add(usable);
+                    self.prewindow_frees[bucket_index(usable)].add(usable, entered.stripe());
                 }
             }
             Taken::Ignored => {}
@@ -528,7 +535,8 @@ impl Ledger {
     }
 
     /// Puts back what [`Ledger::take`] removed, when the `realloc` that followed failed.
-    pub fn restore(&self, ptr: usize, taken: Taken, block_generation: u64) {
+    pub fn restore(&self, ptr: usize, taken: Taken, block_generation: u64, entered: &Entered) {
+        let stripe = entered.stripe();
         match taken {
             Taken::Block(mut block) => {
                 // The counters are touched under the shard lock, as in `insert` and `take`.
@@ -537,18 +545,26 @@ impl Ledger {
                     return;
                 }
                 self.stacks
-                    .uncount_free(block.stack, block.size, self.lifetime_ms(&block));
+                    .uncount_free(block.stack, block.size, self.lifetime_ms(&block), stripe);
                 // The block was out of the table while its stack may have been recycled.
                 if self.stacks.generation() != block_generation {
                     block.stack = UNKNOWN_STACK;
-                    self.stacks
-                        .count_alloc(UNKNOWN_STACK, block.size, self.alloc_ns(&block));
+                    self.stacks.count_alloc(
+                        UNKNOWN_STACK,
+                        block.size,
+                        self.alloc_ns(&block),
+                        stripe,
+                    );
                 }
                 // The shard held this block a moment ago, so it has room without growing; were
                 // it to fail, the block stays counted as freed.
                 if shard.insert(ptr, block).is_err() {
-                    self.stacks
-                        .count_free(block.stack, block.size, self.lifetime_ms(&block));
+                    self.stacks.count_free(
+                        block.stack,
+                        block.size,
+                        self.lifetime_ms(&block),
+                        stripe,
+                    );
                 }
             }
             Taken::Overflow(size) => self.overflow.restore(ptr, size),
@@ -579,6 +595,11 @@ mod tests {
         }
     }
 
+    /// The guard, as a hook holds it (the tests run outside any hook).
+    fn entered() -> Entered {
+        Entered::try_enter().expect("not inside the runtime")
+    }
+
     fn far() -> Instant {
         Instant::now() + std::time::Duration::from_secs(30)
     }
@@ -607,20 +628,20 @@ mod tests {
         let ledger = Ledger::new(settings(), 1);
         let ptrs = blocks(8);
         for &p in &ptrs[..4] {
-            ledger.on_alloc(p, 64);
+            ledger.on_alloc(p, 64, &entered());
         }
         assert_eq!(live_blocks(&ledger), 4);
-        let taken = ledger.take(ptrs[0]);
+        let taken = ledger.take(ptrs[0], &entered());
         assert!(matches!(taken, Taken::Block(_)));
         assert!(ledger.freeze(far()));
         // Hooks that loaded the ledger before it closed change nothing: no block, no free.
         for &p in &ptrs[4..] {
-            ledger.on_alloc(p, 64);
+            ledger.on_alloc(p, 64, &entered());
         }
-        assert!(matches!(ledger.take(ptrs[1]), Taken::Ignored));
+        assert!(matches!(ledger.take(ptrs[1], &entered()), Taken::Ignored));
         ledger.take_beat(1.0, false);
         // A realloc whose real call failed after the window closed puts nothing back.
-        ledger.restore(ptrs[0], taken, ledger.stacks.generation());
+        ledger.restore(ptrs[0], taken, ledger.stacks.generation(), &entered());
         assert_eq!(live_blocks(&ledger), 3);
         let (stacks, unknown, _) = ledger.stacks.collect(far());
         let allocated: u64 =
@@ -634,9 +655,9 @@ mod tests {
 
         assert!(ledger.release(far()));
         assert_eq!(live_blocks(&ledger), 0);
-        ledger.on_alloc(ptrs[4], 64);
+        ledger.on_alloc(ptrs[4], 64, &entered());
         ledger.take_beat(2.0, false);
-        assert!(matches!(ledger.take(ptrs[2]), Taken::Ignored));
+        assert!(matches!(ledger.take(ptrs[2], &entered()), Taken::Ignored));
         assert_eq!(live_blocks(&ledger), 0);
         let (stacks, unknown, unread) = ledger.stacks.collect(far());
         assert!(stacks.is_empty());
@@ -663,11 +684,11 @@ mod tests {
                         let ptrs = blocks(64);
                         while go.load(Ordering::Relaxed) {
                             for &p in &ptrs {
-                                ledger.on_alloc(p, 64);
+                                ledger.on_alloc(p, 64, &entered());
                             }
                             for &p in &ptrs {
-                                let taken = ledger.take(p);
-                                ledger.settle_free(p, taken);
+                                let taken = ledger.take(p, &entered());
+                                ledger.settle_free(p, taken, &entered());
                             }
                             let beat = ledger.beats.beat_at(realtime_ns());
                             ledger.take_beat(beat, false);

@@ -119,15 +119,13 @@ impl StripedCounters {
     }
 
     #[inline]
-    fn mine(&self, slot: usize) -> Option<&Counter> {
-        self.stripes
-            .get(super::striped::stripe_index() % STRIPES)?
-            .get(slot)
+    fn mine(&self, slot: usize, stripe: usize) -> Option<&Counter> {
+        self.stripes.get(stripe % STRIPES)?.get(slot)
     }
 
     #[inline]
-    fn add(&self, slot: usize, size: u64, ts: u64) {
-        if let Some(c) = self.mine(slot) {
+    fn add(&self, slot: usize, size: u64, ts: u64, stripe: usize) {
+        if let Some(c) = self.mine(slot, stripe) {
             c.allocated.fetch_add(1, Ordering::Relaxed);
             c.allocated_bytes.fetch_add(size, Ordering::Relaxed);
             c.last_alloc_ns.store(ts, Ordering::Relaxed);
@@ -136,8 +134,8 @@ impl StripedCounters {
 
     /// Counts a free; `sign` -1 undoes one (a `realloc` that failed after its block was taken).
     #[inline]
-    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool) {
-        if let Some(c) = self.mine(slot) {
+    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool, stripe: usize) {
+        if let Some(c) = self.mine(slot, stripe) {
             if undo {
                 c.freed.fetch_sub(1, Ordering::Relaxed);
                 c.freed_bytes.fetch_sub(size, Ordering::Relaxed);
@@ -328,25 +326,25 @@ impl StackTable {
 
     /// Counts an allocation against `id` (or the unknown bucket).
     #[inline]
-    pub fn count_alloc(&self, id: u32, size: u64, ts: u64) {
+    pub fn count_alloc(&self, id: u32, size: u64, ts: u64, stripe: usize) {
         if id == UNKNOWN_STACK {
             self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
         }
-        self.counters.add(self.slot_of(id), size, ts);
+        self.counters.add(self.slot_of(id), size, ts, stripe);
     }
 
     /// Counts the free of a block of `id` that lived `lifetime_ms`. Called under the block's
     /// shard lock, so a recycling pass sees either the block or its free.
     #[inline]
-    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64) {
+    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: usize) {
         self.counters
-            .free(self.slot_of(id), size, lifetime_ms, false);
+            .free(self.slot_of(id), size, lifetime_ms, false, stripe);
     }
 
     /// Undoes [`StackTable::count_free`].
-    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64) {
+    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: usize) {
         self.counters
-            .free(self.slot_of(id), size, lifetime_ms, true);
+            .free(self.slot_of(id), size, lifetime_ms, true, stripe);
     }
 
     #[inline]

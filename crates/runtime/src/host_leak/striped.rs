@@ -27,9 +27,10 @@ impl Default for StripedCountBytes {
 }
 
 impl StripedCountBytes {
+    /// Counts a block in `stripe` (the calling thread's, [`crate::guard::Entered::stripe`]).
     #[inline]
-    pub fn add(&self, bytes: u64) {
-        let stripe = &self.stripes[stripe_index() % STRIPES];
+    pub fn add(&self, bytes: u64, stripe: usize) {
+        let stripe = &self.stripes[stripe % STRIPES];
         stripe.count.fetch_add(1, Ordering::Relaxed);
         stripe.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
@@ -42,24 +43,4 @@ impl StripedCountBytes {
         }
         total
     }
-}
-
-/// This thread's stripe: handed out round-robin at a thread's first use, so that the first
-/// threads of a program never share one.
-#[inline]
-pub fn stripe_index() -> usize {
-    use std::cell::Cell;
-    use std::sync::atomic::AtomicUsize;
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! { static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) }; }
-    STRIPE
-        .try_with(|stripe| {
-            let mut index = stripe.get();
-            if index == usize::MAX {
-                index = NEXT.fetch_add(1, Ordering::Relaxed);
-                stripe.set(index);
-            }
-            index
-        })
-        .unwrap_or(0)
 }

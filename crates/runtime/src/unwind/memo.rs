@@ -37,10 +37,13 @@ impl StackRange {
         if value == 0 || in_stack {
             value
         } else {
-            u64::MAX
+            OUTSIDE
         }
     }
 }
+
+/// The class of every value a walk cannot follow into the stack.
+const OUTSIDE: u64 = u64::MAX;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct MemoKey {
@@ -80,18 +83,14 @@ impl ReadLog {
     }
 
     /// After the walk: reads that produced a frame's return address must match exactly; the
-    /// others (saved frame pointers) only by class.
-    /// Orders the reads for checking: those that read a return address (compared exactly)
-    /// first, then the others with their values replaced by their class. Returns how many are
-    /// exact.
+    /// others (saved frame pointers) only by class. A class other than "outside the stack" has
+    /// one member, so those reads are exact too.
+    /// Orders the reads for checking: the exact ones first, then those that must only stay
+    /// outside the stack. Returns how many are exact.
     fn classify(&mut self, frames: &[u64], range: StackRange) -> usize {
         for i in 0..self.len {
-            let (addr, value) = self.reads[i];
-            let is_return_address = frames.contains(&value);
-            self.exact[i] = is_return_address;
-            if !is_return_address {
-                self.reads[i] = (addr, range.class_of(value));
-            }
+            let value = self.reads[i].1;
+            self.exact[i] = frames.contains(&value) || range.class_of(value) != OUTSIDE;
         }
         let mut exact = 0;
         for i in 0..self.len {
@@ -109,7 +108,7 @@ pub struct Entry {
     key: MemoKey,
     range: StackRange,
     /// The reads to check: `reads[..n_exact]` must hold exactly the same values,
-    /// `reads[n_exact..n_reads]` values of the same class.
+    /// `reads[n_exact..n_reads]` values outside the stack.
     reads: [(u64, u64); MAX_READS],
     n_exact: usize,
     n_reads: usize,
@@ -152,9 +151,9 @@ impl Memo {
                 return None;
             }
         }
-        for &(addr, expected) in classed {
+        for &(addr, _) in classed {
             // SAFETY: see above.
-            if range.class_of(unsafe { *(addr as *const u64) }) != expected {
+            if range.class_of(unsafe { *(addr as *const u64) }) != OUTSIDE {
                 return None;
             }
         }
