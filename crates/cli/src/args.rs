@@ -349,6 +349,8 @@ pub fn help_text() -> String {
          msmemscope --pid PID [--command WORD]\n  \
          msmemscope report DIR   one HTML page per run (DIR: a run or the output directory)\n  \
          msmemscope export --format torch-snapshot DIR   the run for PyTorch's memory viewer\n  \
+         msmemscope ranks DIR... [--engine native|duckdb|spark] [--output-format table|csv|json]\n      \
+         [--threshold PCT]   one line per rank and device; which ranks stand out\n  \
          source msmemscope --load-api-env[=host|npu|cuda|all]\n  \
          source msmemscope --unload-api-env\n\n\
          Options take their value as --option=value or --option value. Lists are separated by\n\
@@ -729,6 +731,7 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 pub enum Subcommand {
     Report(PathBuf),
     ExportTorchSnapshot(PathBuf),
+    Ranks(crate::ranks::Options),
 }
 
 /// The subcommand argv starts with, if any.
@@ -747,6 +750,7 @@ pub fn parse_subcommand(args: &[OsString]) -> Option<Result<Subcommand, UsageErr
             ))),
         }),
         "export" => Some(parse_export(rest)),
+        "ranks" => Some(crate::ranks::parse(rest).map(Subcommand::Ranks)),
         _ => None,
     }
 }

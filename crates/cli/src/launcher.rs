@@ -187,7 +187,7 @@ fn python_autostart_path() -> Option<OsString> {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Layout {
+pub(crate) enum Layout {
     /// A directory that holds only the package (a source tree's `python/`, or one the user
     /// named): it may go on the target's `PYTHONPATH` as it is.
     SourceTree,
@@ -200,7 +200,7 @@ enum Layout {
 /// The directory holding the `msmemscope` Python package: `MSMEMSCOPE_PYTHON_DIR`, the source
 /// tree's `python/` two levels above this executable (`target/release`), or the
 /// `site-packages` this executable was installed into (`msmemscope/bin/`).
-fn python_package_root() -> Option<(PathBuf, Layout)> {
+pub(crate) fn python_package_root() -> Option<(PathBuf, Layout)> {
     let exe = std::env::current_exe().ok();
     let ancestor = |n: usize| {
         let mut dir = exe.as_deref()?;

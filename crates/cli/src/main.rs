@@ -8,6 +8,7 @@ mod compare;
 mod forward;
 mod knobs;
 mod launcher;
+mod ranks;
 mod report;
 
 use std::process::ExitCode;
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
     match args::parse_subcommand(&argv) {
         Some(Ok(args::Subcommand::Report(dir))) => return report::run(&dir),
         Some(Ok(args::Subcommand::ExportTorchSnapshot(dir))) => return report::run_export(&dir),
+        Some(Ok(args::Subcommand::Ranks(options))) => return ranks::run(&options),
         Some(Err(UsageError(line))) => {
             eprintln!("msmemscope: {line}");
             return ExitCode::from(2);

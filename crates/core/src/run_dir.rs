@@ -176,9 +176,13 @@ impl RunDir {
             .map_err(|e| format!("cannot open run directory {}: {e}", path.display()))?;
         let dir = RunDir { path, fd };
         dir.ensure_dir(Path::new(launch_env::LOG_DIR))?;
+        let mut recorded = config.clone();
+        if recorded.distributed.is_none() {
+            recorded.distributed = crate::config::Distributed::from_env();
+        }
         dir.write_new(
             Path::new(launch_env::CONFIG_FILE),
-            config.to_json().as_bytes(),
+            recorded.to_json().as_bytes(),
         )?;
         Ok(dir)
     }

@@ -9,6 +9,7 @@ pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;
 pub mod myers;
+pub mod rank_summary;
 
 use crate::config::{Analysis as Requested, RunConfig};
 use crate::events::EventRow;

@@ -120,6 +120,32 @@ pub struct RunConfig {
     pub sample_rate_requested: u64,
     /// The effective sample rate: a power of two, at most [`MAX_SAMPLE_RATE`].
     pub sample_rate: u64,
+    /// Where the run sits in a distributed job, from the environment the run directory was made
+    /// in: how `msmemscope ranks` tells the ranks' runs apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed: Option<Distributed>,
+}
+
+/// A distributed job's coordinates of one process, as torchrun (and most launchers) pass them.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Distributed {
+    /// `RANK`, or `LOCAL_RANK` when only that is set.
+    pub rank: u64,
+    pub local_rank: Option<u64>,
+    pub world_size: Option<u64>,
+}
+
+impl Distributed {
+    /// From `RANK`, `LOCAL_RANK` and `WORLD_SIZE`; `None` outside a distributed job.
+    pub fn from_env() -> Option<Distributed> {
+        let read = |name: &str| std::env::var(name).ok()?.trim().parse::<u64>().ok();
+        let local_rank = read("LOCAL_RANK");
+        Some(Distributed {
+            rank: read("RANK").or(local_rank)?,
+            local_rank,
+            world_size: read("WORLD_SIZE"),
+        })
+    }
 }
 
 impl Default for RunConfig {
@@ -140,6 +166,7 @@ impl Default for RunConfig {
             block_size_threshold: 0,
             sample_rate_requested: 1,
             sample_rate: 1,
+            distributed: None,
         }
     }
 }
