@@ -25,6 +25,9 @@ $VPY -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
 $VPY -c "import numpy" 2>/dev/null || missing+=(numpy)
 $VPY -c "import nvtx" 2>/dev/null || missing+=(nvtx)
 $VPY -c "import xdist" 2>/dev/null || missing+=(pytest-xdist)
+# The SQL engines of `msmemscope ranks` (Spark also needs Java: scripts/test.sh installs it).
+$VPY -c "import duckdb" 2>/dev/null || missing+=(duckdb)
+$VPY -c "import pyspark" 2>/dev/null || missing+=(pyspark)
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     $VPY -m pip install --quiet --disable-pip-version-check "${missing[@]}"

@@ -34,6 +34,15 @@ if ! dpkg-query -W -f='${Status}' libc6-dbg 2>/dev/null | grep -q 'install ok in
         exit 1
     fi
 fi
+# `msmemscope ranks --engine spark` runs pyspark, which needs a Java runtime (Debian's default).
+if ! command -v java >/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq default-jre-headless >/dev/null
+    else
+        echo "java is needed by the tests: sudo apt-get install default-jre-headless" >&2
+        exit 1
+    fi
+fi
 .venv/bin/python -c "import selenium" 2>/dev/null || .venv/bin/pip install -q selenium
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

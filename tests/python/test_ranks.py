@@ -1,0 +1,155 @@
+"""``msmemscope ranks`` on a real two-rank FSDP2 job on CPU (gloo), one rank of which leaks:
+the table names the leaking rank, and the native, DuckDB and Spark engines give identical
+tables over the same run directories."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from conftest import CLI, NEEDS_CLI_AND_TORCH, REPO, clean_env
+
+pytestmark = [
+    *NEEDS_CLI_AND_TORCH,
+    pytest.mark.skipif(
+        not (dist.is_available() and dist.is_gloo_available()),
+        reason="torch with the gloo backend is not installed",
+    ),
+]
+
+SCRIPT = REPO / "tests" / "python" / "scripts" / "ranks_train.py"
+WORLD = 2
+LEAKY = 1
+# ranks_train.py keeps two tensors of 250,000 float32 on the leaky rank.
+KEPT_BYTES = 2 * 1_000_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranks(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CLI), "ranks", *map(str, args)],
+        env=clean_env(MSMEMSCOPE_PYTHON=sys.executable, **env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both ranks at once, each under its own launcher (as the FSDP tests run them), rank 1
+    leaking; then the dumps exported to Parquet for the SQL engines."""
+    out = tmp_path_factory.mktemp("job")
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = clean_env(
+            OMP_NUM_THREADS="1",
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(WORLD),
+            LOCAL_WORLD_SIZE=str(WORLD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        cmd = [str(CLI), "--analysis=decompose,leaks", "-o", str(out / f"rank{rank}")]
+        cmd += [sys.executable, str(SCRIPT), f"leak={LEAKY}"]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    for rank, proc in enumerate(procs):
+        try:
+            stdout, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{stdout}\n{stderr}"
+    exported = subprocess.run(
+        [str(CLI), "export", "--format", "parquet", str(out)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert exported.returncode == 0, exported.stderr
+    return out
+
+
+def table(job: Path, engine: str) -> dict:
+    done = ranks(job, "--engine", engine, "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_leaking_rank_stands_out(job: Path) -> None:
+    rows = table(job, "native")["rows"]
+    assert [(r["rank"], r["device"]) for r in rows] == [(0, "cpu"), (1, "cpu")]
+    healthy, leaky = rows
+    # The leaky rank leaks exactly what the healthy one does, plus the two kept tensors.
+    assert leaky["leaked_bytes"] - healthy["leaked_bytes"] == KEPT_BYTES
+    assert leaky["leaked_blocks"] - healthy["leaked_blocks"] == 2
+    assert "leaks" in leaky["stands_out"].split(",")
+    assert healthy["stands_out"] == ""
+    # Both kept tensors are alive at the leaky rank's peak, labelled as activations.
+    assert leaky["top_owner"] == "PTA@activation"
+    assert leaky["top_owner_bytes"] >= KEPT_BYTES
+    assert leaky["peak_allocated"] >= healthy["peak_allocated"] + KEPT_BYTES
+    assert healthy["reserved_peak"] is None  # CPU: no reserved pool
+    text = ranks(job)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[-1] == f"stands out: rank {LEAKY} on cpu ({leaky['stands_out']})"
+
+
+def test_native_duckdb_and_spark_give_identical_tables(job: Path) -> None:
+    native = table(job, "native")
+    assert table(job, "duckdb") == native
+    assert table(job, "spark") == native
+
+
+def test_csv_output_and_the_rank_from_config_json(job: Path) -> None:
+    done = ranks(job / "rank1", "--output-format", "csv")
+    assert done.returncode == 0, done.stderr
+    header, line, *rest = done.stdout.splitlines()
+    assert rest == []
+    assert header.split(",")[:4] == ["rank", "run", "device", "dump"]
+    assert line.split(",")[0] == "1"
+    config = json.loads(next((job / "rank1").glob("msmemscope_*/config.json")).read_text())
+    assert config["distributed"] == {"rank": 1, "local_rank": 1, "world_size": WORLD}
+
+
+def test_bad_input_is_one_line_and_status_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, expected in [
+        ((), "ranks needs at least one directory"),
+        ((tmp_path / "missing",), "no such directory"),
+        ((empty,), "holds no run directory"),
+        ((empty, "--engine", "pandas"), 'invalid ranks --engine "pandas"'),
+        ((empty, "--threshold", "x"), 'invalid ranks --threshold "x"'),
+        ((empty, "--output-format=xml"), 'invalid ranks --output-format "xml"'),
+    ]:
+        done = ranks(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.count("\n") == 1 and expected in done.stderr, (args, done.stderr)
+
+
+def test_sql_engines_without_parquet_say_what_to_do(job: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(job / "rank0", copy)
+    for parquet in copy.rglob("*.parquet"):
+        parquet.unlink()
+    done = ranks(copy, "--engine", "duckdb")
+    assert done.returncode == 2
+    assert "export --format parquet" in done.stderr
