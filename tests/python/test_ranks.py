@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
 from conftest import CLI, NEEDS_CLI_AND_TORCH, REPO, clean_env
 
 pytestmark = [
@@ -66,7 +67,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cmd = [str(CLI), "--analysis=decompose,leaks", "-o", str(out / f"rank{rank}")]
         cmd += [sys.executable, str(SCRIPT), f"leak={LEAKY}"]
         procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         )
     for rank, proc in enumerate(procs):
         try:
@@ -109,7 +112,9 @@ def test_the_leaking_rank_stands_out(job: Path) -> None:
     assert healthy["reserved_peak"] is None  # CPU: no reserved pool
     text = ranks(job)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.splitlines()[-1] == f"stands out: rank {LEAKY} on cpu ({leaky['stands_out']})"
+    assert (
+        text.stdout.splitlines()[-1] == f"stands out: rank {LEAKY} on cpu ({leaky['stands_out']})"
+    )
 
 
 def test_native_duckdb_and_spark_give_identical_tables(job: Path) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 from conftest import NEEDS_CLI_AND_TORCH, REPO, clean_env, ok, run_python, run_under_cli
@@ -341,3 +342,35 @@ def test_install_in_process_and_errors_never_reach_the_program(tmp_path: Path) -
         rows = list(csv.DictReader(f))
     sizes = [attrs(r)["size"] for r in of(rows, "MALLOC")]
     assert 400 in sizes and 200 not in sizes
+
+
+def test_threads_ending_as_the_interpreter_exits_do_not_abort(tmp_path: Path) -> None:
+    """Dispatch-mode fallback: a thread that entered the mode and ends just before the
+    interpreter finalizes. The mode used to stay on the thread's C++ mode stack, released by a
+    thread-local destructor that needs the GIL: with the main thread already finalizing, the
+    process aborted ("terminate called without an active exception") in about one run in five.
+    """
+    script = tmp_path / "threads_at_exit.py"
+    script.write_text(
+        "import threading, torch\n"
+        "def work():\n"
+        "    torch.ones(300, dtype=torch.float64).sum()\n"
+        "threads = [threading.Thread(target=work) for _ in range(8)]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+    )
+    for attempt in range(4):
+        out = tmp_path / f"out{attempt}"
+        done = subprocess.run(
+            [str(CLI), "--analysis=none", "-o", str(out), sys.executable, str(script)],
+            env=clean_env(OMP_NUM_THREADS="1", MSMEMSCOPE_TORCH_CAPTURE="python"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (attempt, done.returncode, done.stderr)
+        assert "Exception ignored" not in done.stderr, done.stderr
+        with next(out.glob("*/device_cpu/dump/*.csv")).open() as f:
+            rows = list(csv.DictReader(f))
+        # Each thread's tensor: 2400 bytes.
+        assert sum(1 for r in rows if r["Event"] == "MALLOC" and '"size":2400' in r["Attr"]) == 8

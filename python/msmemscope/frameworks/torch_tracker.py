@@ -590,6 +590,34 @@ def _enter_on_this_thread(mode: MemscopeDispatchMode) -> None:
     if any(m is mode for m in _get_current_dispatch_mode_stack()):
         return
     mode.__enter__()
+    if threading.current_thread() is not threading.main_thread():
+        _thread_end.leaver = _LeaveOnThreadEnd(mode)
+
+
+class _LeaveOnThreadEnd:
+    """Takes the mode off its thread's mode stack when the thread ends.
+
+    Left there, the mode would be released by the thread's C++ thread-local destructor, after the
+    thread's Python state is gone; releasing a Python object needs the GIL, and when the main
+    thread is finalizing the interpreter by then (it may be, once it has joined the thread),
+    taking the GIL ends the thread inside that destructor and the process aborts ("terminate
+    called without an active exception"). A ``threading.local`` value is released while the
+    thread still holds the GIL, before its join returns.
+    """
+
+    def __init__(self, mode: MemscopeDispatchMode):
+        self.mode = mode
+
+    def __del__(self) -> None:
+        try:
+            stack = _get_current_dispatch_mode_stack()
+            if stack and stack[-1] is self.mode:
+                self.mode.__exit__(None, None, None)
+        except Exception:  # at thread end nothing may escape (it would print a warning)
+            pass
+
+
+_thread_end = threading.local()
 
 
 def installed() -> bool:
