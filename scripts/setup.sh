@@ -25,7 +25,9 @@ $VPY -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
 $VPY -c "import numpy" 2>/dev/null || missing+=(numpy)
 $VPY -c "import nvtx" 2>/dev/null || missing+=(nvtx)
 $VPY -c "import xdist" 2>/dev/null || missing+=(pytest-xdist)
-# The SQL engines of `msmemscope ranks` (Spark also needs Java: scripts/test.sh installs it).
+# The Parquet tests read the dumps with pyarrow and DuckDB; `msmemscope ranks` runs its SQL on
+# DuckDB and Spark (Spark also needs Java: scripts/test.sh installs it).
+$VPY -c "import pyarrow" 2>/dev/null || missing+=(pyarrow)
 $VPY -c "import duckdb" 2>/dev/null || missing+=(duckdb)
 $VPY -c "import pyspark" 2>/dev/null || missing+=(pyspark)
 if [ ${#missing[@]} -gt 0 ]; then

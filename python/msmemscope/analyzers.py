@@ -1,4 +1,5 @@
-"""Offline analyses of a dump file (``memscope_dump_{ts}.csv`` or ``.db``), run in Rust.
+"""Offline analyses of a dump file (``memscope_dump_{ts}.csv``, ``.db`` or ``.parquet``), run
+in Rust.
 
 They need no tracing and no runtime library: any dump written by msmemscope can be checked,
 in the process that wrote it or anywhere else::
@@ -15,7 +16,7 @@ Misuse raises ``TypeError`` (a wrong type) or ``ValueError`` (a bad value, a mis
 file) with a message naming the argument; an unreadable file raises ``OSError``. An input must be
 a regular file (a FIFO or a device is refused, not read); a row longer than 16 MiB, a field that
 does not parse (an Attr ``size`` beyond 64 bits included) or rows out of ID order make it
-malformed, named by its line (CSV) or row ID (SQLite).
+malformed, named by its line (CSV) or row ID (SQLite, Parquet).
 """
 
 from __future__ import annotations

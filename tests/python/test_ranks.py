@@ -79,14 +79,15 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 p.kill()
             raise
         assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{stdout}\n{stderr}"
-    exported = subprocess.run(
-        [str(CLI), "export", "--format", "parquet", str(out)],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert exported.returncode == 0, exported.stderr
+    for rank in range(WORLD):
+        exported = subprocess.run(
+            [str(CLI), "export", "--format", "parquet", str(out / f"rank{rank}")],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert exported.returncode == 0, exported.stderr
     return out
 
 
@@ -150,11 +151,16 @@ def test_bad_input_is_one_line_and_status_2(tmp_path: Path) -> None:
         assert done.stderr.count("\n") == 1 and expected in done.stderr, (args, done.stderr)
 
 
-def test_sql_engines_without_parquet_say_what_to_do(job: Path, tmp_path: Path) -> None:
+def test_sql_engines_export_what_has_no_parquet_yet(job: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
-    shutil.copytree(job / "rank0", copy)
-    for parquet in copy.rglob("*.parquet"):
+    shutil.copytree(job, copy)
+    removed = list(copy.rglob("*.parquet"))
+    assert len(removed) == WORLD
+    for parquet in removed:
         parquet.unlink()
-    done = ranks(copy, "--engine", "duckdb")
-    assert done.returncode == 2
-    assert "export --format parquet" in done.stderr
+    done = ranks(copy, "--engine", "duckdb", "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("for the SQL engine") == WORLD, done.stderr
+    assert all(p.is_file() for p in removed)
+    native = ranks(copy, "--output-format", "json")
+    assert json.loads(done.stdout) == json.loads(native.stdout)

@@ -267,7 +267,8 @@ const OPTIONS: &[OptSpec] = &[
         None,
         Kind::Config(OptionName::Format),
         "FORMAT",
-        "dump file format (default csv): ",
+        "dump file format (default csv; parquet is written as CSV while the program runs and \
+         converted when it ends): ",
     ),
     opt(
         Some("data-format"),
@@ -349,6 +350,7 @@ pub fn help_text() -> String {
          msmemscope --pid PID [--command WORD]\n  \
          msmemscope report DIR   one HTML page per run (DIR: a run or the output directory)\n  \
          msmemscope export --format torch-snapshot DIR   the run for PyTorch's memory viewer\n  \
+         msmemscope export --format parquet DIR   memscope_dump_*.parquet beside each dump (DuckDB, Spark)\n  \
          msmemscope ranks DIR... [--engine native|duckdb|spark] [--output-format table|csv|json]\n      \
          [--threshold PCT]   one line per rank and device; which ranks stand out\n  \
          source msmemscope --load-api-env[=host|npu|cuda|all]\n  \
@@ -725,13 +727,15 @@ fn build(scanned: Scanned) -> Result<(Command, GivenOptions), UsageError> {
 
 // --- report / export subcommands (offline, on a finished run) -------------------------------
 
-/// `msmemscope report DIR` and `msmemscope export --format torch-snapshot DIR`: the first
-/// argument is the subcommand's word (a program named so runs as `msmemscope -- report`).
+/// `msmemscope report DIR` and `msmemscope export --format torch-snapshot|parquet DIR`: the
+/// first argument is the subcommand's word (a program named so runs as `msmemscope -- report`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Subcommand {
     Report(PathBuf),
     ExportTorchSnapshot(PathBuf),
     Ranks(crate::ranks::Options),
+    /// A Parquet file beside each dump of the run(s) in DIR.
+    ExportParquet(PathBuf),
 }
 
 /// The subcommand argv starts with, if any.
@@ -763,18 +767,17 @@ fn quoted(args: &[OsString]) -> String {
 }
 
 fn parse_export(rest: &[OsString]) -> Result<Subcommand, UsageError> {
-    const USAGE: &str = "usage: msmemscope export --format torch-snapshot DIR";
+    const USAGE: &str = "usage: msmemscope export --format torch-snapshot|parquet DIR";
+    const ACCEPTED: &str = "accepted values are torch-snapshot, parquet";
     let mut format = None;
     let mut dir = None;
     let mut args = rest.iter();
     while let Some(arg) = args.next() {
         let bytes = arg.as_bytes();
         if bytes == b"--format" {
-            let value = args.next().ok_or_else(|| {
-                UsageError(
-                    "export --format needs a value: accepted values are torch-snapshot".to_owned(),
-                )
-            })?;
+            let value = args
+                .next()
+                .ok_or_else(|| UsageError(format!("export --format needs a value: {ACCEPTED}")))?;
             format = Some(value.clone());
         } else if let Some(value) = bytes.strip_prefix(b"--format=") {
             format = Some(OsStr::from_bytes(value).to_owned());
@@ -787,17 +790,23 @@ fn parse_export(rest: &[OsString]) -> Result<Subcommand, UsageError> {
             dir = Some(PathBuf::from(arg));
         }
     }
-    match (format, dir) {
-        (None, _) => Err(UsageError(format!(
-            "export needs --format torch-snapshot; {USAGE}"
-        ))),
-        (Some(f), _) if f != "torch-snapshot" => Err(UsageError(format!(
-            "invalid export --format \"{}\": accepted values are torch-snapshot",
-            f.to_string_lossy().escape_debug()
-        ))),
-        (Some(_), None) => Err(UsageError(format!("export needs a directory; {USAGE}"))),
-        (Some(_), Some(dir)) => Ok(Subcommand::ExportTorchSnapshot(dir)),
-    }
+    let make: fn(PathBuf) -> Subcommand = match format.as_ref().map(|f| f.as_bytes()) {
+        None => {
+            return Err(UsageError(format!(
+                "export needs --format torch-snapshot or parquet; {USAGE}"
+            )))
+        }
+        Some(b"torch-snapshot") => Subcommand::ExportTorchSnapshot,
+        Some(b"parquet") => Subcommand::ExportParquet,
+        Some(_) => {
+            return Err(UsageError(format!(
+                "invalid export --format \"{}\": {ACCEPTED}",
+                format.unwrap_or_default().to_string_lossy().escape_debug()
+            )))
+        }
+    };
+    dir.map(make)
+        .ok_or_else(|| UsageError(format!("export needs a directory; {USAGE}")))
 }
 
 /// What this build can run, stated in `--help`; edited together with [`refuse_unavailable`].
@@ -920,7 +929,7 @@ mod tests {
         for accepted in [
             "debug, info, warning, error",
             "op, kernel",
-            "csv, db",
+            "csv, db, parquet",
             "summary, event",
         ] {
             assert!(text.contains(accepted), "help lacks {accepted}");
@@ -970,7 +979,7 @@ mod tests {
         );
         assert_eq!(
             error(&["--data-format", "xml", "prog"]),
-            "invalid --data-format \"xml\": accepted values are csv, db"
+            "invalid --data-format \"xml\": accepted values are csv, db, parquet"
         );
         assert!(error(&["--steps=1,2,3,4,5,6", "p"]).starts_with("invalid --steps \"1,2,3,4,5,6\""));
         assert!(error(&["--analysis=host-leaks,leaks", "p"])

@@ -7,7 +7,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use msmemscope_core::config::{LogLevel, RunConfig};
+use msmemscope_core::config::{DataFormat, LogLevel, RunConfig};
 use msmemscope_core::launch_env;
 
 use msmemscope_core::run_dir::RunDir;
@@ -156,6 +156,9 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     if config.host_leaks() {
         report_host_leaks(&dir, config, &status);
     } else {
+        if config.format == DataFormat::Parquet {
+            convert_journals(&dir);
+        }
         report_event_dump(&dir, config);
     }
     if report {
@@ -221,6 +224,56 @@ pub(crate) fn python_package_root() -> Option<(PathBuf, Layout)> {
         .into_iter()
         .filter_map(|(dir, layout)| Some((dir?, layout)))
         .find(|(dir, _)| dir.join("msmemscope").join("__init__.py").is_file())
+}
+
+/// `--format parquet`: the target wrote CSV journals (a Parquet file needs a footer, which a
+/// killed process never writes); now that it has ended, however it ended, each becomes
+/// `memscope_dump_{ts}.parquet` and the journal goes. A journal cut by a kill loses its partial
+/// last row (said); one that cannot be converted stays, a complete CSV dump (said, with the
+/// command that converts it later).
+fn convert_journals(run: &RunDir) {
+    use msmemscope_core::events::parquet::export::{export, Source};
+    let devices: Vec<String> = std::fs::read_dir(run.resolved())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("device_"))
+        .collect();
+    for device in devices {
+        let Ok(dir) = run.open_dir(&Path::new(&device).join("dump")) else {
+            continue;
+        };
+        for name in crate::report::parquet::dump_names(&dir, &["csv"]).unwrap_or_default() {
+            let started = std::time::Instant::now();
+            let exported = export(&dir, &name, Source::Journal, true);
+            if let Ok(done) = &exported {
+                let seconds = started.elapsed().as_secs_f64();
+                log(
+                    run,
+                    &format!(
+                        "converted {device}/dump/{name} to Parquet: {} rows in {seconds:.3} s \
+                         ({:.0} rows/s)",
+                        done.rows,
+                        done.rows as f64 / seconds.max(1e-9)
+                    ),
+                );
+            }
+            match exported {
+                Ok(done) if done.cut_row_left_out => eprintln!(
+                    "msmemscope: {}: the last row, cut off when the target was killed, is left out",
+                    done.path.display()
+                ),
+                Ok(_) => {}
+                Err(e) => eprintln!(
+                    "msmemscope: event dump not converted to Parquet: {e}; the rows stay in {} \
+                     (msmemscope export --format parquet {} converts it)",
+                    dir.path().join(&name).display(),
+                    run.path().display()
+                ),
+            }
+        }
+    }
 }
 
 fn report_event_dump(run: &RunDir, config: &RunConfig) {

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Some(Ok(args::Subcommand::Report(dir))) => return report::run(&dir),
         Some(Ok(args::Subcommand::ExportTorchSnapshot(dir))) => return report::run_export(&dir),
         Some(Ok(args::Subcommand::Ranks(options))) => return ranks::run(&options),
+        Some(Ok(args::Subcommand::ExportParquet(dir))) => return report::parquet::run(&dir),
         Some(Err(UsageError(line))) => {
             eprintln!("msmemscope: {line}");
             return ExitCode::from(2);

@@ -1,8 +1,8 @@
 //! Inputs that are not usable dumps, through every offline command that reads one
-//! (`--compare`, `report DIR`, `export --format torch-snapshot DIR`): a sparse multi-GB file
-//! (a line that never ends), a FIFO, a symlink to /dev/zero, an Attr `size` beyond 64 bits,
-//! rows out of ID order or repeated, and a SQLite dump of another schema. Each is refused with
-//! one line and exit status 2, writes nothing and leaves every input as it was.
+//! (`--compare`, `report DIR`, `export --format torch-snapshot|parquet DIR`): a sparse
+//! multi-GB file (a line that never ends), a FIFO, a symlink to /dev/zero, an Attr `size`
+//! beyond 64 bits, rows out of ID order or repeated, and a SQLite dump of another schema. Each
+//! is refused with one line and exit status 2, writes nothing and leaves every input as it was.
 //!
 //! The commands run under a 4 GiB address-space limit and a deadline, so that a regression
 //! fails the test instead of exhausting the machine or hanging it.
@@ -153,6 +153,24 @@ fn refused_everywhere(tag: &str, name: &str, make: impl Fn(&Path), line: impl Fn
             run.as_os_str(),
         ]),
         &line(&dump),
+    );
+    refused(
+        &cli(&[
+            "export".as_ref(),
+            "--format=parquet".as_ref(),
+            run.as_os_str(),
+        ]),
+        &line(&dump),
+    );
+    let dumps: Vec<_> = std::fs::read_dir(run.join("device_cpu/dump"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        dumps,
+        [dump.file_name().unwrap()],
+        "the dump directory gained files"
     );
     assert_eq!(content(&dump), before);
     let left: Vec<_> = std::fs::read_dir(&run)

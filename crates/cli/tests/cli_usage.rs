@@ -123,7 +123,7 @@ fn bad_values_are_one_line_and_launch_nothing() {
         (&["-o", ""], "invalid --output-path \"\""),
         (
             &["--format=xml"],
-            "invalid --format \"xml\": accepted values are csv, db",
+            "invalid --format \"xml\": accepted values are csv, db, parquet",
         ),
         (&["--data-format=xml"], "invalid --data-format \"xml\""),
         (

@@ -181,15 +181,15 @@ fn usage_errors_are_one_line_and_exit_2() {
         ),
         (
             vec!["export".as_ref(), dir.as_os_str()],
-            "msmemscope: export needs --format torch-snapshot; usage: msmemscope export --format torch-snapshot DIR".into(),
+            "msmemscope: export needs --format torch-snapshot or parquet; usage: msmemscope export --format torch-snapshot|parquet DIR".into(),
         ),
         (
             vec!["export".as_ref(), "--format".as_ref(), "svg".as_ref(), dir.as_os_str()],
-            "msmemscope: invalid export --format \"svg\": accepted values are torch-snapshot".into(),
+            "msmemscope: invalid export --format \"svg\": accepted values are torch-snapshot, parquet".into(),
         ),
         (
             vec!["export".as_ref(), "--format=torch-snapshot".as_ref()],
-            "msmemscope: export needs a directory; usage: msmemscope export --format torch-snapshot DIR".into(),
+            "msmemscope: export needs a directory; usage: msmemscope export --format torch-snapshot|parquet DIR".into(),
         ),
         (
             vec!["report".as_ref(), missing.as_os_str()],
@@ -234,6 +234,10 @@ fn usage_errors_are_one_line_and_exit_2() {
     assert!(help.contains("msmemscope report DIR"), "{help}");
     assert!(
         help.contains("msmemscope export --format torch-snapshot DIR"),
+        "{help}"
+    );
+    assert!(
+        help.contains("msmemscope export --format parquet DIR"),
         "{help}"
     );
 }

@@ -103,6 +103,14 @@ fn names(relative: &Path) -> std::io::Result<Vec<CString>> {
     Ok(out)
 }
 
+/// `name` as the one component it must be (a file directly in a held directory).
+fn single_name(name: &Path) -> std::io::Result<CString> {
+    match names(name)?.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(std::io::Error::from_raw_os_error(libc::EINVAL)),
+    }
+}
+
 fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
     // SAFETY: all-zero bytes are a valid `stat`; fstat writes it for valid descriptors.
     let (mut sa, mut sb): (libc::stat, libc::stat) = unsafe { std::mem::zeroed() };
@@ -354,6 +362,97 @@ impl RunDir {
         }
         // SAFETY: fd was just opened and is owned by nobody else.
         Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// The existing directory `relative` below this one, held open the same way (no symlink
+    /// followed on the way), named `self.path()/relative` in messages.
+    pub fn open_dir(&self, relative: &Path) -> std::io::Result<RunDir> {
+        let fd = self
+            .walk(&names(relative)?, false)?
+            .map_or_else(|| self.fd.try_clone(), Ok)?;
+        Ok(RunDir {
+            path: self.path.join(relative),
+            fd,
+        })
+    }
+
+    /// Opens the existing regular file `name` of this directory for reading and writing, never
+    /// through a symlink.
+    pub fn open_read_write(&self, name: &Path) -> std::io::Result<File> {
+        let c = single_name(name)?;
+        // SAFETY: a valid directory descriptor, a NUL-terminated name; owned by the File.
+        let fd = unsafe {
+            libc::openat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            return Err(os_error());
+        }
+        // SAFETY: fd was just opened and is owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        Ok(file)
+    }
+
+    /// Whether this directory has an entry `name` (a symlink counts, dangling or not).
+    pub fn has_entry(&self, name: &Path) -> std::io::Result<bool> {
+        let c = single_name(name)?;
+        // SAFETY: all-zero bytes are a valid `stat`, written by fstatat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid directory descriptor, a NUL-terminated name, a valid out-pointer.
+        let r = unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        match r {
+            0 => Ok(true),
+            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            _ => Err(os_error()),
+        }
+    }
+
+    /// Gives the complete file `from` its final name `to` in this directory, never replacing
+    /// an entry of that name (`AlreadyExists` then): `renameat2(RENAME_NOREPLACE)`, or where
+    /// the file system lacks it, a hard link and the removal of `from`.
+    pub fn publish(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        let (a, b) = (single_name(from)?, single_name(to)?);
+        let dir = self.fd.as_raw_fd();
+        // SAFETY: valid directory descriptors and NUL-terminated names.
+        if unsafe { libc::renameat2(dir, a.as_ptr(), dir, b.as_ptr(), libc::RENAME_NOREPLACE) } == 0
+        {
+            return Ok(());
+        }
+        let e = os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+            return Err(e);
+        }
+        // SAFETY: as above; linkat without AT_SYMLINK_FOLLOW links `from` itself.
+        if unsafe { libc::linkat(dir, a.as_ptr(), dir, b.as_ptr(), 0) } != 0 {
+            return Err(os_error());
+        }
+        self.remove_file(from)
+    }
+
+    /// Removes the file `name` of this directory (a symlink itself, never its target).
+    pub fn remove_file(&self, name: &Path) -> std::io::Result<()> {
+        let c = single_name(name)?;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+            return Err(os_error());
+        }
+        Ok(())
     }
 
     /// The content of the file `relative`, read without following a symlink.

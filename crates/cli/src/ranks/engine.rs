@@ -6,6 +6,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use msmemscope_core::events::parquet::export::{export, Exported, Source};
+use msmemscope_core::run_dir::RunDir;
+
 use crate::launcher::{python_package_root, Layout};
 
 use super::discover::Dump;
@@ -72,16 +75,34 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
     })
 }
 
-/// The Parquet file with `dump`'s rows.
+/// The Parquet file with `dump`'s rows: the one beside it, or else one exported now (as
+/// `msmemscope export --format parquet` does, said on stderr).
 fn parquet_of(dump: &Dump) -> Result<String, Failure> {
     let parquet = dump.parquet();
     if !parquet.is_file() {
-        return Err(Failure::input(format!(
-            "{} has no Parquet file beside it (the SQL engines read Parquet): run `msmemscope export --format parquet` on its run first",
-            dump.path.display()
-        )));
+        let exported = export_beside(dump)?;
+        eprintln!(
+            "msmemscope: ranks: exported {} ({} rows) for the SQL engine",
+            exported.path.display(),
+            exported.rows
+        );
     }
     Ok(parquet.to_string_lossy().into_owned())
+}
+
+fn export_beside(dump: &Dump) -> Result<Exported, Failure> {
+    let (Some(dir), Some(name)) = (dump.path.parent(), dump.path.file_name()) else {
+        return Err(Failure::input(format!(
+            "{}: not a dump",
+            dump.path.display()
+        )));
+    };
+    let held = RunDir::open(dir).map_err(Failure::input)?;
+    match export(&held, &name.to_string_lossy(), Source::Dump, true) {
+        Ok(done) => Ok(done),
+        Err(e) if e.is_input() => Err(Failure::input(e.to_string())),
+        Err(e) => Err(Failure::other(e.to_string())),
+    }
 }
 
 /// The Python to run and its `PYTHONPATH`: `MSMEMSCOPE_PYTHON`, else the interpreter of the

@@ -90,21 +90,27 @@ pub fn parse(rest: &[OsString]) -> Result<Options, UsageError> {
                     "native" => Engine::Native,
                     "duckdb" => Engine::Duckdb,
                     "spark" => Engine::Spark,
-                    other => return Err(UsageError(format!(
+                    other => {
+                        return Err(UsageError(format!(
                         "invalid ranks --engine \"{}\": accepted values are native, duckdb, spark",
                         other.escape_debug()
-                    ))),
+                    )))
+                    }
                 }
             }
-            b"--output-format" => options.format = match value("--output-format")?.as_str() {
-                "table" => OutputFormat::Table,
-                "csv" => OutputFormat::Csv,
-                "json" => OutputFormat::Json,
-                other => return Err(UsageError(format!(
+            b"--output-format" => {
+                options.format = match value("--output-format")?.as_str() {
+                    "table" => OutputFormat::Table,
+                    "csv" => OutputFormat::Csv,
+                    "json" => OutputFormat::Json,
+                    other => {
+                        return Err(UsageError(format!(
                     "invalid ranks --output-format \"{}\": accepted values are table, csv, json",
                     other.escape_debug()
-                ))),
-            },
+                )))
+                    }
+                }
+            }
             b"--threshold" => {
                 let text = value("--threshold")?;
                 options.threshold_pct = text

@@ -1,5 +1,5 @@
 //! `msmemscope report DIR`: one self-contained HTML page per run (`msmemscope_report.html` in
-//! the run directory), and `msmemscope export --format torch-snapshot DIR`.
+//! the run directory), and `msmemscope export --format torch-snapshot|parquet DIR`.
 //!
 //! Everything heavy happens here, in one streaming pass per dump file: the timeline is reduced
 //! to time buckets (`timeline.rs`), the leaks analysis is core's, the other views read the
@@ -10,6 +10,7 @@
 //! not what its name says (one line naming it); 1 when writing fails.
 
 mod page;
+pub mod parquet;
 mod pickle;
 mod sections;
 mod timeline;
@@ -105,7 +106,9 @@ pub fn runs_of(dir: &Path) -> Result<Vec<PathBuf>, Failure> {
     Ok(runs)
 }
 
-/// `device_*/dump/memscope_dump_*.{csv,db}` of a run, with the device directory's name.
+/// `device_*/dump/memscope_dump_*.{csv,db,parquet}` of a run, with the device directory's
+/// name. A `.parquet` beside a `.csv` or `.db` of the same name is its export, the same rows:
+/// only the original is listed, so no row is read twice.
 pub fn dump_files(run: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     let mut files = Vec::new();
     let entries = match std::fs::read_dir(run) {
@@ -121,14 +124,25 @@ pub fn dump_files(run: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
         let Ok(dumps) = std::fs::read_dir(entry.path().join("dump")) else {
             continue;
         };
+        let mut here = Vec::new();
         for dump in dumps.flatten() {
             let file = dump.file_name().to_string_lossy().into_owned();
             if file.starts_with("memscope_dump_")
-                && (file.ends_with(".csv") || file.ends_with(".db"))
+                && [".csv", ".db", ".parquet"]
+                    .iter()
+                    .any(|e| file.ends_with(e))
             {
-                files.push((name.clone(), dump.path()));
+                here.push(dump.path());
             }
         }
+        let exported = |p: &PathBuf| {
+            p.extension().is_some_and(|e| e == "parquet")
+                && ["csv", "db"]
+                    .iter()
+                    .any(|e| here.contains(&p.with_extension(e)))
+        };
+        let originals: Vec<PathBuf> = here.iter().filter(|p| !exported(p)).cloned().collect();
+        files.extend(originals.into_iter().map(|p| (name.clone(), p)));
     }
     files.sort();
     Ok(files)
@@ -211,7 +225,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
 
 /// The run's `config.json` as text, when it is a regular file of a config's size: the page
 /// shows it if it can, and a FIFO or a device in its place must neither block nor fill memory.
-fn read_config(path: &Path) -> Option<String> {
+pub(super) fn read_config(path: &Path) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
     const MAX_CONFIG_BYTES: u64 = 1 << 20;

@@ -51,6 +51,9 @@ pub enum CollectMode {
 pub enum DataFormat {
     Csv,
     Db,
+    /// Written as the CSV journal while the program runs, turned into
+    /// `memscope_dump_{ts}.parquet` when it ends (`events::parquet::export`).
+    Parquet,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -447,12 +447,16 @@ pub fn parse_output_path(value: &str) -> Result<PathBuf, ConfigError> {
     Ok(path)
 }
 
-/// `--format csv|db` (also spelled `--data-format`; see [`ConfigError::for_option`]).
+/// `--format csv|db|parquet` (also spelled `--data-format`; see [`ConfigError::for_option`]).
 pub fn parse_format(value: &str) -> Result<DataFormat, ConfigError> {
     one_of(
         OptionName::Format,
         value,
-        &[("csv", DataFormat::Csv), ("db", DataFormat::Db)],
+        &[
+            ("csv", DataFormat::Csv),
+            ("db", DataFormat::Db),
+            ("parquet", DataFormat::Parquet),
+        ],
     )
 }
 
@@ -670,6 +674,7 @@ mod tests {
         assert_eq!(parse_collect_mode("deferred"), Ok(CollectMode::Deferred));
         assert!(parse_collect_mode("later").is_err());
         assert_eq!(parse_format("db"), Ok(DataFormat::Db));
+        assert_eq!(parse_format("parquet"), Ok(DataFormat::Parquet));
         assert!(parse_format("CSV").is_err());
         assert_eq!(parse_host_leak_mode("event"), Ok(HostLeakMode::Event));
         assert!(parse_host_leak_mode("events").is_err());
@@ -836,11 +841,11 @@ mod tests {
         let e = set_option(&mut config, OptionName::DataFormat, "xml").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "invalid --data-format \"xml\": accepted values are csv, db"
+            "invalid --data-format \"xml\": accepted values are csv, db, parquet"
         );
         assert_eq!(
             e.render(NameStyle::Python),
-            "invalid data_format \"xml\": accepted values are csv, db"
+            "invalid data_format \"xml\": accepted values are csv, db, parquet"
         );
         assert_eq!(
             OptionName::from_python_key("data_format"),

@@ -5,6 +5,7 @@
 pub mod abi;
 pub mod csv;
 pub mod db;
+pub mod parquet;
 pub mod reader;
 pub mod row;
 

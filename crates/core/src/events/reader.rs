@@ -74,6 +74,7 @@ pub fn open(
 ) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>>>, ReadError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") => Ok(Box::new(DbRows::open(path)?)),
+        Some("parquet") => Ok(Box::new(super::parquet::ParquetRows::open(path)?)),
         _ => Ok(Box::new(CsvRows::open(path)?)),
     }
 }

@@ -353,8 +353,10 @@ pub fn flush(timeout: Duration) {
     }
 }
 
-/// At exit: the last rows reach the files.
-pub fn shutdown() {
+/// At exit: the last rows reach the files. `--format parquet` journals become Parquet files
+/// here when `convert` (runs without a launcher; the launcher converts its target's, since it
+/// outlives a killed one); however long that takes, it is the end of the run.
+pub fn shutdown(convert: bool) {
     if let Some(p) = PIPELINE.get() {
         if p.tracing.load(Ordering::Acquire) {
             emit(
@@ -364,9 +366,19 @@ pub fn shutdown() {
             p.tracing.store(false, Ordering::Release);
         }
         ensure_writer();
-        if let Ok(writer) = p.writer.lock() {
-            if let Some(w) = writer.as_ref() {
-                w.stop(Duration::from_secs(30));
+        let journals = match p.writer.lock() {
+            Ok(writer) => writer
+                .as_ref()
+                .and_then(|w| w.stop(Duration::from_secs(30))),
+            Err(_) => None,
+        };
+        let journals = journals.unwrap_or_default();
+        if convert && !journals.is_empty() {
+            // The conversion's C code (zstd) allocates with malloc: never the program's.
+            let _entered = crate::guard::Entered::try_enter();
+            match run_dir() {
+                Ok(dir) => sinks::convert_journals(&dir, &journals),
+                Err(e) => crate::log::error(&format!("event dump: not converted to Parquet: {e}")),
             }
         }
     }

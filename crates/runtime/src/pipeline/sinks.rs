@@ -3,6 +3,11 @@
 //! launches) go to every device file open at the time. Until the first device file opens they
 //! wait in memory (so `--device=cuda:0` makes no CPU file just for them); if the run ends
 //! without any device row, they go to the CPU file.
+//!
+//! `--format parquet` writes the CSV as a journal (a Parquet file is only readable once its
+//! footer is written, and a killed process writes none): flushed as the CSV is, so a crash
+//! loses what a CSV run loses, and turned into `memscope_dump_{ts}.parquet` when the run ends
+//! ([`convert_journals`]), by the launcher in launched runs (it outlives a killed target).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -79,6 +84,8 @@ pub struct Sinks {
     pub paths: Vec<PathBuf>,
     /// The same files reached through the run directory's descriptor, for reading back.
     held_paths: Vec<PathBuf>,
+    /// `--format parquet`: the CSV journals, relative to the run directory.
+    journals: Vec<PathBuf>,
 }
 
 impl Sinks {
@@ -91,15 +98,29 @@ impl Sinks {
             unrouted: Vec::new(),
             paths: Vec::new(),
             held_paths: Vec::new(),
+            journals: Vec::new(),
         }
+    }
+
+    /// `--format parquet`: the CSV journals written so far (relative to the run directory).
+    pub fn journals(&self) -> Vec<PathBuf> {
+        self.journals.clone()
     }
 
     fn sink_for(&mut self, device: DeviceId) -> Result<&mut Box<dyn Sink>, String> {
         if !self.open.contains_key(&device) {
             let dir = Path::new(device.dir_name().as_str()).join("dump");
             let (sink, relative): (Box<dyn Sink>, PathBuf) = match self.format {
-                DataFormat::Csv => {
-                    let (path, mut file) = create_unique(&self.run_dir, &dir, &self.stamp, "csv")?;
+                DataFormat::Csv | DataFormat::Parquet => {
+                    let (path, mut file) = if self.format == DataFormat::Parquet {
+                        // The Parquet file's name must be free too when the journal ends.
+                        create_unique(&self.run_dir, &dir, &self.stamp, "csv", Some("parquet"))?
+                    } else {
+                        create_unique(&self.run_dir, &dir, &self.stamp, "csv", None)?
+                    };
+                    if self.format == DataFormat::Parquet {
+                        self.journals.push(path.clone());
+                    }
                     writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
                     let file = std::io::BufWriter::with_capacity(1 << 20, file);
                     (
@@ -112,7 +133,7 @@ impl Sinks {
                 }
                 DataFormat::Db => {
                     // Create the file ourselves first: exclusive and never through a symlink.
-                    let (path, file) = create_unique(&self.run_dir, &dir, &self.stamp, "db")?;
+                    let (path, file) = create_unique(&self.run_dir, &dir, &self.stamp, "db", None)?;
                     drop(file);
                     // SQLite opens by name (and makes its journal next to it): the name goes
                     // through the held descriptor (/proc/self/fd/N/...), not the run's path.
@@ -155,7 +176,15 @@ impl Sinks {
         let Some(first) = self.held_paths.first() else {
             return Ok(());
         };
-        let rows = msmemscope_core::events::reader::open(first).map_err(|e| e.to_string())?;
+        // The reader of the format written (not `reader::open`, whose Parquet reader the
+        // runtime does not need to carry).
+        use msmemscope_core::events::reader::{CsvRows, DbRows};
+        let rows: Box<dyn Iterator<Item = _>> = match self.format {
+            DataFormat::Db => Box::new(DbRows::open(first).map_err(|e| e.to_string())?),
+            DataFormat::Csv | DataFormat::Parquet => {
+                Box::new(CsvRows::open(first).map_err(|e| e.to_string())?)
+            }
+        };
         for row in rows {
             let row = row.map_err(|e| e.to_string())?;
             if row.device == DeviceId::None {
@@ -193,26 +222,68 @@ impl Sinks {
 }
 
 /// `memscope_dump_{stamp}.{ext}`, or with `_2`, `_3`… when a file of that name exists (another
-/// process of the run wrote it in the same second).
+/// process of the run wrote it in the same second), or one of that stem and extension `also`.
 fn create_unique(
     run_dir: &RunDir,
     dir: &Path,
     stamp: &str,
     ext: &str,
+    also: Option<&str>,
 ) -> Result<(PathBuf, std::fs::File), String> {
     let mut last_error = String::new();
     for n in 1..100 {
-        let name = if n == 1 {
-            format!("memscope_dump_{stamp}.{ext}")
+        let stem = if n == 1 {
+            format!("memscope_dump_{stamp}")
         } else {
-            format!("memscope_dump_{stamp}_{n}.{ext}")
+            format!("memscope_dump_{stamp}_{n}")
         };
+        if let Some(also) = also {
+            let taken = run_dir
+                .open_dir(dir)
+                .and_then(|d| d.has_entry(Path::new(&format!("{stem}.{also}"))));
+            if matches!(taken, Ok(true)) {
+                continue;
+            }
+        }
         // The directories on the way (`device_*/dump/`) are made 0750 by the same helper.
-        let relative = dir.join(name);
+        let relative = dir.join(format!("{stem}.{ext}"));
         match run_dir.create_file(&relative) {
             Ok(file) => return Ok((relative, file)),
             Err(e) => last_error = e,
         }
     }
     Err(last_error)
+}
+
+/// Turns each `--format parquet` journal into `memscope_dump_{ts}.parquet` beside it and
+/// removes the journal; a journal that cannot be converted stays, and the log says why (it is
+/// a complete CSV dump, and `msmemscope export --format parquet` converts it later).
+pub fn convert_journals(run_dir: &RunDir, journals: &[PathBuf]) {
+    use msmemscope_core::events::parquet::export::{export, Source};
+    for journal in journals {
+        let (Some(parent), Some(name)) = (journal.parent(), journal.file_name()) else {
+            continue;
+        };
+        let name = name.to_string_lossy();
+        let converted = run_dir
+            .open_dir(parent)
+            .map_err(|e| format!("cannot open {}: {e}", run_dir.path().join(parent).display()))
+            .and_then(|dir| export(&dir, &name, Source::Journal, false).map_err(|e| e.to_string()));
+        match converted {
+            Ok(done) => crate::log::info(&format!(
+                "event dump: {} ({} rows{})",
+                done.path.display(),
+                done.rows,
+                if done.cut_row_left_out {
+                    "; the journal's last row was cut off and is left out"
+                } else {
+                    ""
+                }
+            )),
+            Err(e) => crate::log::error(&format!(
+                "event dump: not converted to Parquet: {e}; the rows stay in {}",
+                run_dir.path().join(journal).display()
+            )),
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use msmemscope_core::analysis::Analysis;
 use msmemscope_core::symbolize::Symbolizer;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use msmemscope_core::run_dir::RunDir;
 
@@ -34,7 +34,11 @@ struct Control {
 
 pub struct Writer {
     control: Arc<(Mutex<Control>, Condvar)>,
+    /// `--format parquet`: the journals, handed over when the writer stops.
+    journals: Journals,
 }
+
+type Journals = Arc<Mutex<Vec<PathBuf>>>;
 
 struct State {
     sinks: Sinks,
@@ -46,6 +50,7 @@ struct State {
     symbolizer: Option<Symbolizer>,
     symbols: HashMap<u64, String>,
     written: u64,
+    journals: Journals,
 }
 
 impl Writer {
@@ -58,6 +63,7 @@ impl Writer {
     ) -> Option<Writer> {
         let control: Arc<(Mutex<Control>, Condvar)> = Arc::default();
         let theirs = control.clone();
+        let journals = Journals::default();
         let mut state = State {
             sinks,
             analyses,
@@ -67,6 +73,7 @@ impl Writer {
             symbolizer: None,
             symbols: HashMap::new(),
             written: 0,
+            journals: journals.clone(),
         };
         // Block every signal while spawning: the new thread inherits the mask.
         let spawned = with_signals_blocked(|| {
@@ -82,11 +89,12 @@ impl Writer {
                     }));
                 })
         });
-        spawned.ok().map(|_| Writer { control })
+        spawned.ok().map(|_| Writer { control, journals })
     }
 
-    /// Writes everything queued so far and waits (at most `timeout`) until it is on disk.
-    pub fn flush(&self, timeout: Duration) {
+    /// Writes everything queued so far and waits (at most `timeout`) until it is on disk. False
+    /// when the writer was still at it when the time ran out.
+    pub fn flush(&self, timeout: Duration) -> bool {
         let (lock, cv) = &*self.control;
         // Poisoned only by a panic on the writer thread, which has ended (or is ending) then.
         let mut c = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -97,21 +105,31 @@ impl Writer {
         while c.flushed < want && !c.stopped {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return;
+                return false;
             }
             c = match cv.wait_timeout(c, left) {
                 Ok((guard, _)) => guard,
                 Err(e) => e.into_inner().0,
             };
         }
+        true
     }
 
-    /// Flushes and ends the thread (waits at most `timeout`).
-    pub fn stop(&self, timeout: Duration) {
+    /// Flushes and ends the thread (waits at most `timeout`). The `--format parquet` journals,
+    /// complete, once it has ended; `None` while it still writes.
+    pub fn stop(&self, timeout: Duration) -> Option<Vec<PathBuf>> {
         if let Ok(mut c) = self.control.0.lock() {
             c.stop = true;
         }
-        self.flush(timeout);
+        if !self.flush(timeout) {
+            return None;
+        }
+        Some(
+            self.journals
+                .lock()
+                .map(|j| j.clone())
+                .unwrap_or_else(|e| e.into_inner().clone()),
+        )
     }
 }
 
@@ -146,6 +164,9 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
         acknowledged = flush_to;
         if stop {
             finish_analyses(state);
+            if let Ok(mut journals) = state.journals.lock() {
+                *journals = state.sinks.journals();
+            }
             // What the writer cost, for the benchmark and for users sizing a long run. Logged
             // before the acknowledgement: the process exits right after it.
             let cpu = thread_cpu_seconds();

@@ -137,7 +137,7 @@ impl OptionName {
             OptionName::Analysis => "a list of leaks, decompose, inefficient, oom[:K] (K from 1 to 1000, default 10); or host-leaks alone; or none alone",
             OptionName::Watch => "start[:outid],end[,full-content] where start and end are op names and outid an output index",
             OptionName::OutputPath => "a non-empty directory path",
-            OptionName::Format | OptionName::DataFormat => "csv, db",
+            OptionName::Format | OptionName::DataFormat => "csv, db, parquet",
             OptionName::HostLeakMode => "summary, event",
             OptionName::BlockSizeThreshold => "a byte count from 0 to 18446744073709551615",
             OptionName::SampleRate => "a positive integer, rounded up to a power of two and clipped to 1073741824 (2^30)",
