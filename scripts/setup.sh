@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the tests and the demo need, idempotently: a virtual environment in .venv
-# with the Python tools (maturin, pytest, pytest-xdist, ruff, numpy, torch, nvtx), the release
-# build of the workspace, and the msmemscope Python package installed in .venv in development
-# mode (its Python files are used from python/msmemscope/, the extension is built into it) with
-# a copy of the runtime library in python/msmemscope/lib/.
+# with the Python tools (maturin, pytest, pytest-xdist, ruff, mypy, numpy, torch, nvtx), the
+# release build of the workspace, and the msmemscope Python package installed in .venv in
+# development mode (its Python files are used from python/msmemscope/, the extension is built
+# into it) with a copy of the runtime library in python/msmemscope/lib/.
 # Needs Rust, Python 3.11 with pip, gcc, and PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,7 @@ missing=()
 $VPY -c "import maturin" 2>/dev/null || missing+=(maturin)
 $VPY -c "import pytest" 2>/dev/null || missing+=(pytest)
 $VPY -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
+$VPY -c "import mypy" 2>/dev/null || missing+=(mypy)
 $VPY -c "import numpy" 2>/dev/null || missing+=(numpy)
 $VPY -c "import nvtx" 2>/dev/null || missing+=(nvtx)
 $VPY -c "import xdist" 2>/dev/null || missing+=(pytest-xdist)

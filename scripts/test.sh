@@ -50,6 +50,8 @@ cargo build --release --workspace
 cargo test --release --workspace
 .venv/bin/ruff format --check --quiet python tests/python build_support
 .venv/bin/ruff check --quiet python tests/python build_support
+# Type-checks python/msmemscope ([tool.mypy] in pyproject.toml).
+.venv/bin/python -m mypy
 .venv/bin/python -m pytest -q tests/python
 # The PyTorch tests again on the dispatch-mode fallback (used where the native capture cannot be
 # built).

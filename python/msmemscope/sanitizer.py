@@ -133,7 +133,7 @@ def _forward_to_csan(message: str, stream: int) -> None:
                 stacklevel=2,
             )
         return
-    op = _native.parse_sanitizer_mark(message)
+    op: dict[str, Any] = _native.parse_sanitizer_mark(message)  # typed as parse_mark returns it
     aliases: dict[int, list[str]] = {}
     read_only: set[int] = set()
     read_write: set[int] = set()

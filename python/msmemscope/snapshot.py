@@ -29,7 +29,7 @@ def _proc_kb(path: str, key: str) -> int:
 def _cpu_stats() -> dict:
     tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
     state = getattr(tracker, "_tracker", None) if tracker else None
-    if hasattr(state, "usage"):  # the native capture
+    if state is not None and hasattr(state, "usage"):  # the native capture
         allocated, max_allocated = state.usage("cpu")
     else:
         used = getattr(state, "used", {}) if state else {}

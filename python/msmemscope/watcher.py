@@ -23,6 +23,8 @@ ends.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .frameworks import watch as _watch
 
 __all__ = ["remove", "watch"]
@@ -136,9 +138,10 @@ def _freed_block(addr: int):
     import sys
 
     tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
-    tracker = getattr(tracker_module, "_tracker", None)
+    # Either capture's tracker, or None (looked up without importing torch).
+    tracker: Any = getattr(tracker_module, "_tracker", None)
     freed = getattr(tracker, "freed", None)
-    if hasattr(freed, "block"):  # the native capture keeps them
+    if freed is not None and hasattr(freed, "block"):  # the native capture keeps them
         return freed.block(addr)
     if not freed:
         return None

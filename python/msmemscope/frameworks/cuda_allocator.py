@@ -48,7 +48,8 @@ def _attach() -> None:
     try:
         import torch
 
-        torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+        # A binding of torch._C's CUDA module that torch's stubs do not declare.
+        torch._C._cuda_attach_out_of_memory_observer(_on_oom)  # type: ignore[attr-defined]
     except Exception:
         pass
 
@@ -139,8 +140,10 @@ def _pci_bus_id(index: int) -> bytes | None:
         import torch
 
         props = torch.cuda.get_device_properties(index)
+        # torch's stub of _CudaDeviceProperties omits its pci_* fields (an older PyTorch without
+        # them raises AttributeError here).
         return (
-            f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"  # type: ignore[attr-defined]
         ).encode()
     except Exception:
         return None

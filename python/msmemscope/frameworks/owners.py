@@ -53,7 +53,7 @@ _graph_task_id = torch._C._current_graph_task_id
 class _State:
     """Process-wide owner state (one tracker per process)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.decompose = False
         self.in_optimizer = 0
         # The describer's labels, outermost first. Process-wide, not per thread: a labelled

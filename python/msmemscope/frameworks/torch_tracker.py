@@ -51,11 +51,16 @@ import re
 import sys
 import threading
 import weakref
+from types import FrameType
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from . import owners
+
+if TYPE_CHECKING:
+    from .native_tracker import NativeTracker
 
 __all__ = ["install", "installed", "reload_config", "uninstall"]
 
@@ -68,7 +73,8 @@ _NO_SCOPE = contextlib.nullcontext()
 # Frames from these directories are skipped at the top (innermost end) of Python stacks.
 _SKIP_DIRS = tuple(
     {
-        os.path.dirname(resolve(m.__file__)) + os.sep
+        # Both are packages loaded from files: their __file__ is never None.
+        os.path.dirname(resolve(cast(str, m.__file__))) + os.sep
         for m in (torch, sys.modules[__package__.rpartition(".")[0]])
         for resolve in (os.path.abspath, os.path.realpath)
     }
@@ -127,6 +133,13 @@ class _StorageRef(weakref.ref):
     storage is gone)."""
 
     __slots__ = ("aid", "category", "device", "key", "labels", "ptr", "size")
+    aid: int  # the block's allocation_id (0 before its MALLOC)
+    category: str | None  # framework category; both None until the owner is first decided
+    device: str
+    key: int  # id() of the storage
+    labels: tuple[str, ...] | None  # user labels
+    ptr: int
+    size: int  # 0 once freed
 
 
 # Ops that may give an argument they write a new block (out= arguments are keyword-only).
@@ -188,7 +201,7 @@ def _device_of(t) -> str | None:
 
 
 class _Tracker:
-    def __init__(self, nat):
+    def __init__(self, nat) -> None:
         self.nat = nat
         self.cfg = _Config()
         self.enabled = False
@@ -223,11 +236,11 @@ class _Tracker:
         depth = self.cfg.python_depth
         if not depth:
             return ""
-        f = sys._getframe(1)
+        f: FrameType | None = sys._getframe(1)
         skip = _SKIP_DIRS
         while f is not None and f.f_code.co_filename.startswith(skip):
             f = f.f_back
-        lines = []
+        lines: list[str] = []
         while f is not None and len(lines) < depth:
             co = f.f_code
             lines.append(f"{co.co_filename}({f.f_lineno}): {co.co_name}")
@@ -332,19 +345,22 @@ class _Tracker:
             if ref is None or label is None:
                 return
         old = (ref.category, ref.labels)
-        if ref.category is None and ref.labels is None:  # zero-byte so far: no MALLOC yet
-            ref.labels = ()
+        labels = ref.labels
+        # Zero-byte so far: no MALLOC yet. (The category and the labels are first set together,
+        # so the category is None too.)
+        if labels is None:
+            labels = ref.labels = ()
         if unless_framework and ref.category and "@" in ref.category:
             category = None
         if category is not None:
             ref.category = category
-        if label is not None and label not in ref.labels:
-            if len(ref.labels) >= owners.MAX_USER_LABELS:
+        if label is not None and label not in labels:
+            if len(labels) >= owners.MAX_USER_LABELS:
                 raise ValueError(
                     f"describer: a tensor carries at most {owners.MAX_USER_LABELS} owner labels "
-                    f"(it has {', '.join(ref.labels)}); cannot add {label!r}"
+                    f"(it has {', '.join(labels)}); cannot add {label!r}"
                 )
-            ref.labels = (*ref.labels, label)
+            ref.labels = (*labels, label)
         if (ref.category, ref.labels) == old or not ref.size or not self.cfg.alloc:
             return
         owner = owners.owner_text("PTA", ref.category, ref.labels)
@@ -568,7 +584,7 @@ class MemscopeDispatchMode(TorchDispatchMode):
 
 
 _install_lock = threading.Lock()
-_tracker: _Tracker | None = None
+_tracker: _Tracker | NativeTracker | None = None
 _mode: MemscopeDispatchMode | None = None
 _prev_thread_profile = None
 
@@ -669,7 +685,7 @@ def _warn(message: str) -> None:
         pass
 
 
-def _make_tracker(nat):
+def _make_tracker(nat) -> _Tracker | NativeTracker:
     """The native capture unless ``MSMEMSCOPE_TORCH_CAPTURE=python`` or it cannot be built here;
     then the dispatch mode, with one warning line naming why."""
     choice = os.environ.get(CAPTURE_VARIABLE, "native").strip().lower() or "native"
@@ -709,7 +725,7 @@ def install() -> None:
             from .._runtime import native
 
             _tracker = _make_tracker(native())
-            if capture() == "python":
+            if isinstance(_tracker, _Tracker):  # capture() == "python"
                 _mode = MemscopeDispatchMode(_tracker)
         reload_config()
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
@@ -718,7 +734,7 @@ def install() -> None:
         cuda_allocator.attach_oom_observer()
         # --- end ---
         if _mode is None:  # native: every thread is covered by the library
-            _tracker.start()
+            cast("NativeTracker", _tracker).start()  # (without a mode, the tracker is native)
             return
         _tracker.enabled = True
         _enter_on_this_thread(_mode)
@@ -734,7 +750,7 @@ def uninstall() -> None:
         if _tracker is None:
             return
         if _mode is None:
-            _tracker.stop()
+            cast("NativeTracker", _tracker).stop()  # (without a mode, the tracker is native)
             return
         _tracker.enabled = False
         if threading.getprofile() is _thread_start_hook:

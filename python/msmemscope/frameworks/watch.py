@@ -50,6 +50,7 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any
 
 MAX_NAME = 64
 # Change lines printed on stderr at exit; the summary file has up to _MAX_CHANGES.
@@ -271,31 +272,32 @@ def _host_copy(storage, offset: int, length: int):
     import torch
 
     view = torch.empty(0, dtype=torch.uint8, device=storage.device)
-    view.set_(storage, offset, (length,))
+    # torch's stub omits the default of set_'s stride argument (the schema's `stride=[]`).
+    view.set_(storage, offset, (length,))  # type: ignore[call-overload]
     return view.cpu()
 
 
 class Watch:
     """The process's watch state: registered blocks, the op range, what changed, the output."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.RLock()
         self.local = threading.local()
-        self.tracker = None
-        self.nat = None
-        self.spec = None
+        self.tracker: Any = None  # the PyTorch tracker (either capture's), from attach()
+        self.nat: Any = None  # the runtime's native module, from attach()
+        self.spec: Spec | None = None
         self.user_blocks: list[Block] = []
         self.op_blocks: list[Block] = []  # outputs of the start op while the range is open
         self.stopped: list[Block] = []
         self.open = False
-        self.opened_by = None  # (op, call) that opened the range
+        self.opened_by: tuple[str, int] | None = None  # (op, call) that opened the range
         self.ranges = 0
         self.calls: dict[str, int] = {}
         self.safe_ops: dict[str, str] = {}  # op name -> its file-name form
         self.changes: list[_Change] = []
         self.dropped_changes = 0
         self.notes: list[str] = []
-        self.out = None
+        self.out: _Output | None = None
         self.used = False  # something was ever watched: the summary is due at exit
         self.exit_registered = False
 
@@ -455,7 +457,7 @@ class Watch:
                     if b.last is not None and read[0] != b.last:
                         self._note_change(_Change(b.name, op, call, prev=b.last_op))
                     records.append((b, read[0]))
-                if records:
+                if records and self.out is not None:  # (_read made the output)
                     # Written now: if the op brings the process down, its "before" is on disk.
                     self.out.flush()
                 self.local.pending = (op, call, op_part, records)
@@ -484,7 +486,7 @@ class Watch:
                 spec = self.spec
                 if spec is not None and self.open:
                     if self.opened_by == (op, call) and not self.user_blocks:
-                        self._watch_outputs(op, call, op_part, out)
+                        self._watch_outputs(spec, op, call, op_part, out)
                     if op == spec.end:
                         self.open = False
                         for b in self.op_blocks:
@@ -514,10 +516,10 @@ class Watch:
             if block.dumps_left <= 0:
                 self._drop(block, f"dump_nums={block.dumps} reached")
 
-    def _watch_outputs(self, op: str, call: int, op_part: str, out) -> None:
+    def _watch_outputs(self, spec: Spec, op: str, call: int, op_part: str, out) -> None:
         """With no registered block, the range watches what its start op returned."""
         outputs = list(_tensors(out))
-        outid = self.spec.outid
+        outid = spec.outid
         if outid is not None:
             if outid >= len(outputs):
                 self.notes.append(

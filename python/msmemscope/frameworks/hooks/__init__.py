@@ -253,7 +253,7 @@ def auto_register() -> None:
         if _auto_on:
             return
         _auto_on = True
-        keys = {}
+        keys: dict[tuple[str, str], str] = {}  # a hook key -> the module that activates it
         for spec in auto_specs():
             keys.setdefault(spec.key, spec.trigger)
         for key, trigger in keys.items():

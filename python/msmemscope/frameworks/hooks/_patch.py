@@ -66,5 +66,9 @@ class Patcher:
 
 def _qualname(owner) -> str:
     module = getattr(owner, "__module__", None)
-    name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+    qualname = getattr(owner, "__qualname__", None)
+    if qualname:
+        name: str = qualname
+    else:
+        name = getattr(owner, "__name__", repr(owner))
     return f"{module}.{name}" if module and inspect.isclass(owner) else name

@@ -49,8 +49,8 @@ def stop_history() -> None:
     if not _history_started:
         return
     _history_started = False
-    torch = sys.modules.get("torch")
     try:
+        torch = sys.modules["torch"]  # imported: the history was started
         torch.cuda.memory._record_memory_history(enabled=None)
     except Exception as exc:
         _label.report(exc)
