@@ -20,14 +20,13 @@ pub mod writer;
 use schema::{column_mismatch, DUMP_COLUMNS, OWNER, TYPED_INTS};
 pub use schema::{schema, Column, Kind, COLUMNS};
 
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use parquet::column::reader::{get_typed_column_reader, ColumnReaderImpl};
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, Int64Type};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use super::reader::{check_attrs, ReadError, MAX_ROW_BYTES};
+use super::reader::{check_attrs, open_regular, ReadError, MAX_ROW_BYTES};
 use super::row::{DeviceId, Event, EventRow, EventType};
 
 /// Rows read from every column at a time. Values are slices of the decoded pages, so a batch
@@ -432,64 +431,6 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "the Parquet reader failed".into())
     })
-}
-
-/// Opens `path` for reading if it is a regular file (symlinks followed), as the CSV and SQLite
-/// readers do: refused before it is opened (a FIFO would block), checked again on the
-/// descriptor.
-fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
-    let io = |e: std::io::Error| match e.kind() {
-        std::io::ErrorKind::NotFound => ReadError::Missing {
-            path: path.to_path_buf(),
-        },
-        _ => ReadError::Io {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        },
-    };
-    let not_regular = |kind: std::fs::FileType| {
-        let what = if kind.is_dir() {
-            "a directory"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() {
-            "a character device"
-        } else if kind.is_block_device() {
-            "a block device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "a special file"
-        };
-        ReadError::NotADump {
-            path: path.to_path_buf(),
-            reason: format!("{what}, not a regular file"),
-        }
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(not_regular(meta.file_type()));
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(not_regular(meta.file_type()));
-    }
-    // Linux ignores O_NONBLOCK on regular files, but a network or FUSE file system may not.
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    // SAFETY: fcntl on a descriptor this function owns; F_GETFL/F_SETFL take no pointers.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
-    }
-    Ok(file)
 }
 
 #[cfg(test)]

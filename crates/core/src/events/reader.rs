@@ -109,7 +109,7 @@ fn not_regular(path: &Path, kind: std::fs::FileType) -> ReadError {
 /// Opens `path` for reading if it is a regular file (symlinks followed). Refused before it is
 /// opened, as opening a FIFO blocks and opening a device can act on it; checked again on the
 /// descriptor in case the path was replaced meanwhile, which `O_NONBLOCK` keeps from blocking.
-fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
+pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ReadError::Missing {
             path: path.to_path_buf(),
