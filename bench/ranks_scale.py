@@ -2,7 +2,7 @@
 """`msmemscope ranks` on many generated rank dumps: native vs DuckDB vs Spark, in one run.
 
 bench/gen_dump.c writes one synthetic CPU training dump per rank (ROWS rows each, default
-200,000; --ranks 64), each in its own run directory `rankN/msmemscope_N_…/` with a config.json
+200,000; --ranks 64), each in its own run directory `msmemscope_N_…/` with a config.json
 naming its rank; one rank (the last) is the generator's "modified copy" (extra ops, doubled
 allocations). The script exports the dumps to Parquet (`msmemscope export --format parquet`,
 timed: the SQL engines read Parquet), then times `msmemscope ranks --output-format json` with
@@ -41,7 +41,7 @@ def generate(tmp: Path, ranks: int, rows: int) -> tuple[Path, int]:
     root = tmp / "job"
     total = 0
     for rank in range(ranks):
-        run = root / f"rank{rank}" / f"msmemscope_{1000 + rank}_20261201000000"
+        run = root / f"msmemscope_{1000 + rank}_20261201000000"
         dump = run / "device_cpu" / "dump"
         dump.mkdir(parents=True)
         config = {"distributed": {"rank": rank, "local_rank": rank % 8, "world_size": ranks}}
@@ -83,7 +83,9 @@ def main() -> int:
         root, total = generate(tmp, args.ranks, args.rows)
         print(f"{args.ranks} ranks x {args.rows} rows: {total} rows in {root}")
         export_s, _ = timed([str(CLI), "export", "--format", "parquet", str(root)], env)
-        print(f"  export --format parquet  {export_s:8.2f} s  {total / export_s / 1e6:6.2f} M rows/s")
+        print(
+            f"  export --format parquet  {export_s:8.2f} s  {total / export_s / 1e6:6.2f} M rows/s"
+        )
         results: dict[str, dict[str, float]] = {}
         tables = {}
         for engine in args.engines.split(","):
