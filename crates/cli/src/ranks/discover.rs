@@ -178,7 +178,7 @@ fn rank_of(run: &Path) -> Result<Option<u64>, Failure> {
         Ok(_) => {}
     }
     let text = std::fs::read_to_string(&path)
-        .map_err(|e| Failure::other(format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| Failure::io(format!("cannot read {}: {e}", path.display())))?;
     let config: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::input(format!("{}: not a run's config.json: {e}", path.display())))?;
     match config.get("distributed").and_then(|d| d.get("rank")) {

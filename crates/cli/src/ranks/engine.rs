@@ -41,7 +41,7 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| {
-            Failure::other(format!(
+            Failure::io(format!(
                 "--engine {} runs Python, and {} cannot be started: {e} (set MSMEMSCOPE_PYTHON to the interpreter that has msmemscope and {})",
                 engine.as_str(),
                 python.display(),
@@ -54,7 +54,7 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| Failure::other(format!("waiting for {}: {e}", python.display())))?;
+        .map_err(|e| Failure::io(format!("waiting for {}: {e}", python.display())))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let line = stderr
@@ -62,13 +62,13 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
             .rev()
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no message");
-        return Err(Failure::other(format!(
+        return Err(Failure::io(format!(
             "--engine {} failed: {line}",
             engine.as_str()
         )));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| {
-        Failure::other(format!(
+        Failure::io(format!(
             "--engine {}: unreadable answer from msmemscope.ranks_sql: {e}",
             engine.as_str()
         ))
@@ -101,7 +101,7 @@ fn export_beside(dump: &Dump) -> Result<Exported, Failure> {
     match export(&held, &name.to_string_lossy(), Source::Dump, true) {
         Ok(done) => Ok(done),
         Err(e) if e.is_input() => Err(Failure::input(e.to_string())),
-        Err(e) => Err(Failure::other(e.to_string())),
+        Err(e) => Err(Failure::io(e.to_string())),
     }
 }
 

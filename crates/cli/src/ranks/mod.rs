@@ -143,27 +143,7 @@ pub fn parse(rest: &[OsString]) -> Result<Options, UsageError> {
 }
 
 /// Why `ranks` could not make its table: one line, and whether it was the user's input.
-#[derive(Debug)]
-pub struct Failure {
-    pub message: String,
-    pub usage: bool,
-}
-
-impl Failure {
-    fn input(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            usage: true,
-        }
-    }
-
-    fn other(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            usage: false,
-        }
-    }
-}
+pub use crate::report::Failure;
 
 /// Runs `ranks` and prints its table.
 pub fn run(options: &Options) -> ExitCode {

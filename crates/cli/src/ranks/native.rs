@@ -32,7 +32,7 @@ pub fn summarize(dumps: &[Dump], threshold_pct: u32) -> Result<Vec<Row>, Failure
     let mut rows = Vec::with_capacity(dumps.len());
     for result in results {
         let result = result.into_inner().unwrap_or_else(|e| e.into_inner());
-        rows.push(result.unwrap_or_else(|| Err(Failure::other("a worker thread stopped")))?);
+        rows.push(result.unwrap_or_else(|| Err(Failure::io("a worker thread stopped")))?);
     }
     mark_outliers(&mut rows, threshold_pct);
     Ok(rows)

@@ -36,14 +36,14 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn input(message: impl Into<String>) -> Failure {
+    pub(crate) fn input(message: impl Into<String>) -> Failure {
         Failure {
             message: message.into(),
             usage: true,
         }
     }
 
-    fn io(message: impl Into<String>) -> Failure {
+    pub(crate) fn io(message: impl Into<String>) -> Failure {
         Failure {
             message: message.into(),
             usage: false,

@@ -26,7 +26,7 @@ use parquet::column::reader::{get_typed_column_reader, ColumnReaderImpl};
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, Int64Type};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use super::reader::{check_attrs, open_regular, ReadError, MAX_ROW_BYTES};
+use super::reader::{check_attrs, open_regular, IdOrder, ReadError, MAX_ROW_BYTES};
 use super::row::{DeviceId, Event, EventRow, EventType};
 
 /// Rows read from every column at a time. Values are slices of the decoded pages, so a batch
@@ -61,7 +61,7 @@ pub struct ParquetRows {
     batch: std::collections::VecDeque<EventRow>,
     /// Rows handed out so far.
     rows: u64,
-    last_id: Option<u64>,
+    order: IdOrder,
     /// The error that ends the rows, handed out after the batch's rows before it.
     failed: Option<ReadError>,
     done: bool,
@@ -103,7 +103,7 @@ impl ParquetRows {
             cursors: Vec::new(),
             batch: Default::default(),
             rows: 0,
-            last_id: None,
+            order: IdOrder::default(),
             failed: None,
             done: false,
         })
@@ -258,18 +258,9 @@ impl ParquetRows {
             check_typed(&row, int, text(OWNER).ok().flatten())
                 .map_err(|reason| self.bad(id, reason))?;
         }
-        match self.last_id {
-            Some(last) if id == last => {
-                return Err(self.bad(id, format!("ID {id} repeats the previous row's ID")))
-            }
-            Some(last) if id < last => {
-                return Err(self.bad(
-                    id,
-                    format!("ID {id} comes after ID {last}: rows must be in ascending ID order"),
-                ))
-            }
-            _ => self.last_id = Some(id),
-        }
+        self.order
+            .check(id)
+            .map_err(|reason| self.bad(id, reason))?;
         Ok(row)
     }
 }

@@ -148,10 +148,10 @@ pub(crate) fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
 
 /// Rows must come in strictly ascending ID order, the order the writer numbers them in.
 #[derive(Default)]
-struct IdOrder(Option<u64>);
+pub(crate) struct IdOrder(Option<u64>);
 
 impl IdOrder {
-    fn check(&mut self, id: u64) -> Result<(), String> {
+    pub(crate) fn check(&mut self, id: u64) -> Result<(), String> {
         match self.0 {
             Some(last) if id == last => Err(format!("ID {id} repeats the previous row's ID")),
             Some(last) if id < last => Err(format!(
