@@ -215,10 +215,55 @@ def worker_inefficient(path, idle_threshold=3000):
     }
 
 
+def duckdb_leaks(path):
+    """check_leaks in SQL on DuckDB, reading the CSV itself (read_csv_auto): the MALLOCs
+    between marks A and B that no FREE before C frees."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(
+        f"""CREATE TEMP VIEW d AS SELECT "ID" AS id, "Event" AS ev, "Event Type" AS et,
+            "Name" AS name, "Device Id" AS dev, "Ptr" AS ptr
+            FROM read_csv_auto('{path}', header = true, all_varchar = false)"""
+    )
+    marks = [
+        r[0]
+        for r in con.execute(
+            "SELECT id FROM d WHERE ev = 'MSTX' AND et = 'Mark' AND name = 'bench' ORDER BY id"
+        ).fetchall()
+    ]
+    a, b, c = marks[0:3]
+    (leaks,) = con.execute(
+        f"""SELECT count(*) FROM d m
+            WHERE m.ev = 'MALLOC' AND m.et IN ('PTA', 'HAL', 'HOST') AND m.id > {a} AND m.id < {b}
+              AND NOT EXISTS (
+                SELECT 1 FROM d f WHERE f.ev = 'FREE' AND f.dev = m.dev AND f.et = m.et
+                  AND f.ptr = m.ptr AND f.id > m.id AND f.id < {c})"""
+    ).fetchone()
+    return {"leaks": int(leaks)}
+
+
+def duckdb_scan(path):
+    """DuckDB reading the CSV and parsing the columns an analysis reads, with one aggregate
+    over them: a lower bound of any analysis done on DuckDB over the CSV."""
+    import duckdb
+
+    (rows, ops, size) = duckdb.sql(
+        f"""SELECT count(*), count(*) FILTER (WHERE "Event" = 'OP_LAUNCH'),
+                   sum(CAST(json_extract("Attr", '$.size') AS BIGINT))
+            FROM read_csv_auto('{path}', header = true)"""
+    ).fetchone()
+    return {"rows": int(rows), "ops": int(ops), "size": int(size or 0)}
+
+
 def worker_main(argv):
     kind, *args = argv
     start = time.perf_counter()
-    if kind == "compare":
+    if kind == "duckdb-leaks":
+        result = duckdb_leaks(*args)
+    elif kind == "duckdb-scan":
+        result = duckdb_scan(*args)
+    elif kind == "compare":
         result = worker_compare(*args)
     elif kind == "leaks":
         result = worker_leaks(*args)
@@ -257,7 +302,9 @@ def measure(cmd, env=None):
     use_time = os.path.exists(TIME)
     full = [TIME, "-f", "MAXRSS %M"] + cmd if use_time else cmd
     start = time.perf_counter()
-    proc = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -323,6 +370,7 @@ def main():
     )
     p.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     p.add_argument("--skip-pandas", action="store_true", help="time msmemscope only")
+    p.add_argument("--skip-duckdb", action="store_true", help="no DuckDB baselines")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (dumps, outputs)")
     opts = p.parse_args()
 
@@ -379,9 +427,11 @@ def main():
         print(f"compare: {wall:.1f} s", flush=True)
 
         # check_leaks and check_inefficient through the Python API
+        ours_results = {}
         for kind in ("leaks", "inefficient"):
             wall, rss, stdout = measure([python, me, "--worker", f"ours-{kind}", base], env)
             ours = result_of(stdout)
+            ours_results[f"check_{kind}"] = ours
             pandas_run = None
             if not opts.skip_pandas:
                 pw, prss, pout = measure([python, me, "--worker", kind, base])
@@ -392,24 +442,71 @@ def main():
             runs.append((f"check_{kind}", rows, wall, rss, pandas_run))
             print(f"check_{kind}: {wall:.1f} s {ours}", flush=True)
 
+        duck = {}
+        if not opts.skip_duckdb:
+            try:
+                import duckdb  # noqa: F401
+
+                have_duckdb = True
+            except ImportError:
+                have_duckdb = False
+                print("duckdb is missing: DuckDB baselines skipped")
+            if have_duckdb:
+                dw, drss, dout = measure([python, me, "--worker", "duckdb-leaks", base])
+                theirs = result_of(dout)
+                duck["check_leaks"] = (dw, drss, "SQL", theirs)
+                sw, srss, sout = measure([python, me, "--worker", "duckdb-scan", base])
+                duck["scan"] = (sw, srss, "read + one aggregate", result_of(sout))
+                print(f"duckdb: check_leaks {dw:.1f} s {theirs}, scan {sw:.1f} s", flush=True)
+
         print()
         print(
             f"{'analysis':<18}{'rows':>12}{'ours s':>9}{'rows/s':>12}{'RSS MiB':>9}"
             f"{'pandas s':>10}{'rows/s':>12}{'RSS MiB':>9}{'ratio':>8}  check"
         )
         for name, nrows, wall, rss, pandas_run in runs:
-            entry = {"rows": nrows, "ours_s": wall, "ours_rows_per_s": nrows / wall, "ours_rss_mib": rss}
+            entry = {
+                "rows": nrows,
+                "ours_s": wall,
+                "ours_rows_per_s": nrows / wall,
+                "ours_rss_mib": rss,
+            }
             line = f"{name:<18}{nrows:>12,}{wall:>9.2f}{nrows / wall:>12,.0f}{rss:>9.0f}"
             if pandas_run:
                 pw, prss, info = pandas_run
                 entry.update(
-                    pandas_s=pw, pandas_rows_per_s=nrows / pw, pandas_rss_mib=prss,
-                    ratio=pw / wall, check=info,
+                    pandas_s=pw,
+                    pandas_rows_per_s=nrows / pw,
+                    pandas_rss_mib=prss,
+                    ratio=pw / wall,
+                    check=info,
                 )
-                verdict = "identical" if info.get("identical_output", info.get("agree")) else "DIFFER"
+                verdict = (
+                    "identical" if info.get("identical_output", info.get("agree")) else "DIFFER"
+                )
                 line += f"{pw:>10.2f}{nrows / pw:>12,.0f}{prss:>9.0f}{pw / wall:>7.1f}x  {verdict}"
             print(line)
             report["analyses"][name] = entry
+        if duck:
+            print("\nDuckDB reading the CSV directly (read_csv_auto), same dump:")
+            for name, (dw, drss, what, info) in duck.items():
+                line = (
+                    f"  {name:<16}{dw:>8.2f} s{rows / dw:>12,.0f} rows/s{drss:>7.0f} MiB  ({what})"
+                )
+                ours = report["analyses"].get(name)
+                if ours:
+                    line += f"  ours {dw / ours['ours_s']:.1f}x faster"
+                    agree = ours_results[name].get("leaks") == info.get("leaks")
+                    line += ", same leaks" if agree else ", LEAKS DIFFER"
+                    failed |= not agree
+                print(line)
+                report.setdefault("duckdb", {})[name] = {
+                    "seconds": dw,
+                    "rows_per_s": rows / dw,
+                    "rss_mib": drss,
+                    "what": what,
+                    "result": info,
+                }
         print("\ntarget: ratio >= 20x; RSS of ours grows with live blocks / op count, not rows")
         os.makedirs(os.path.join(ROOT, "bench", "out"), exist_ok=True)
         path = os.path.join(

@@ -741,7 +741,9 @@ pub enum Subcommand {
 /// The subcommand argv starts with, if any.
 pub fn parse_subcommand(args: &[OsString]) -> Option<Result<Subcommand, UsageError>> {
     let word = args.first()?.to_str()?;
-    let rest = &args[1..];
+    // `-q` (no progress bars) is taken anywhere after the word, and read by the caller.
+    let rest: Vec<OsString> = args[1..].iter().filter(|a| *a != "-q").cloned().collect();
+    let rest = &rest[..];
     match word {
         "report" => Some(match rest {
             [dir] if !dir.as_bytes().starts_with(b"-") => Ok(Subcommand::Report(PathBuf::from(dir))),

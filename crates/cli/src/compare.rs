@@ -8,17 +8,19 @@
 //! line naming the file, and the line or row); 1 when reading or writing fails (permissions, a
 //! full disk).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use msmemscope_core::analysis::compare::{self, OpCollector, OpSequence};
 use msmemscope_core::config::{Level, RunConfig};
 use msmemscope_core::events::reader::{self, ReadError};
 use msmemscope_core::run_dir;
+
+use crate::progress::Unit;
 
 /// Why the comparison stopped: the message, and whether the user's input is to blame.
 struct Failure {
@@ -55,16 +57,24 @@ fn compare_files(config: &RunConfig, inputs: &[PathBuf; 2]) -> Result<PathBuf, F
             });
         }
     }
-    let progress = AtomicU64::new(0);
+    let progress = Arc::new(AtomicU64::new(0));
+    let total = inputs
+        .iter()
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
+    let read = Arc::clone(&progress);
+    let bar = crate::progress::Bar::start("compare", total, Unit::Bytes, move || {
+        read.load(Ordering::Relaxed)
+    });
     let (base, other) = std::thread::scope(|scope| {
         let base = scope.spawn(|| collect(&inputs[0], config.level, &progress));
         let other = scope.spawn(|| collect(&inputs[1], config.level, &progress));
-        report_progress(&progress, || base.is_finished() && other.is_finished());
         (
             base.join().expect("the reader thread does not panic"),
             other.join().expect("the reader thread does not panic"),
         )
     });
+    drop(bar);
     let (base, other) = (base?, other?);
     let what = match config.level {
         Level::Op => "OP_LAUNCH ATEN_END rows (record with --level=op and launch events)",
@@ -84,40 +94,28 @@ fn collect(path: &Path, level: Level, progress: &AtomicU64) -> Result<OpSequence
         usage: !matches!(e, ReadError::Io { .. }),
         message: e.to_string(),
     };
-    let rows = reader::open(path).map_err(read_failure)?;
+    let mut rows = reader::open_rows(path).map_err(read_failure)?;
+    let reader_progress = rows.progress();
     let mut collector = OpCollector::new(level);
-    let mut pending = 0u64;
-    for row in rows {
-        let row = row.map_err(read_failure)?;
-        collector.feed(&row).map_err(|e| Failure {
+    let (mut counted, mut pending) = (0u64, 0u32);
+    while let Some(row) = rows.next_row().map_err(read_failure)? {
+        collector.feed(row).map_err(|e| Failure {
             message: format!("{}: {e}", path.display()),
             usage: true,
         })?;
         pending += 1;
         if pending == 1 << 16 {
-            progress.fetch_add(pending, Ordering::Relaxed);
             pending = 0;
+            // Bytes where the reader tells them (CSV), else none until the end.
+            if let Some(done) = reader_progress.as_ref().map(|p| p.done_bytes()) {
+                progress.fetch_add(done.saturating_sub(counted), Ordering::Relaxed);
+                counted = done;
+            }
         }
     }
+    let size = std::fs::metadata(path).map_or(counted, |m| m.len());
+    progress.fetch_add(size.saturating_sub(counted), Ordering::Relaxed);
     Ok(collector.finish())
-}
-
-/// On a terminal, a line of rows read that updates itself while the inputs take long.
-fn report_progress(progress: &AtomicU64, done: impl Fn() -> bool) {
-    let tty = std::io::stderr().is_terminal();
-    let start = Instant::now();
-    let mut shown = false;
-    while !done() {
-        std::thread::sleep(Duration::from_millis(100));
-        if tty && start.elapsed() > Duration::from_secs(1) {
-            let rows = progress.load(Ordering::Relaxed);
-            eprint!("\rmsmemscope: compare: {rows} rows read");
-            shown = true;
-        }
-    }
-    if shown {
-        eprintln!();
-    }
 }
 
 /// Writes `{output}/compare/memory_compare_{ts}.csv`; never through a symlink.

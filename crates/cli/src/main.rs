@@ -8,6 +8,7 @@ mod compare;
 mod forward;
 mod knobs;
 mod launcher;
+mod progress;
 mod ranks;
 mod report;
 
@@ -17,6 +18,10 @@ use args::{Command, UsageError};
 
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args::parse_subcommand(&argv).is_some() {
+        // The offline subcommands take `-q` anywhere: no progress bars.
+        progress::set_quiet(argv[1..].iter().any(|a| a == "-q"));
+    }
     match args::parse_subcommand(&argv) {
         Some(Ok(args::Subcommand::Report(dir))) => return report::run(&dir),
         Some(Ok(args::Subcommand::ExportTorchSnapshot(dir))) => return report::run_export(&dir),
@@ -45,8 +50,14 @@ fn main() -> ExitCode {
             config,
             program,
             report,
-        } => launcher::run(&config, &program, report),
+        } => {
+            progress::set_quiet(config.log_level == msmemscope_core::config::LogLevel::Error);
+            launcher::run(&config, &program, report)
+        }
         Command::Attach { pid, command } => attach::run(pid, command),
-        Command::Compare { config, inputs } => compare::run(&config, &inputs),
+        Command::Compare { config, inputs } => {
+            progress::set_quiet(config.log_level == msmemscope_core::config::LogLevel::Error);
+            compare::run(&config, &inputs)
+        }
     }
 }

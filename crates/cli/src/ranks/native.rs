@@ -2,7 +2,7 @@
 //! worker thread per core.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use msmemscope_core::analysis::rank_summary::{median, stands_out, RankSummarizer};
 use msmemscope_core::events::reader;
@@ -10,15 +10,24 @@ use msmemscope_core::events::reader;
 use super::discover::Dump;
 use super::table::Row;
 use super::Failure;
+use crate::progress::{Bar, Unit};
 
 /// The table's rows, in the order of `dumps`, outliers marked against `threshold_pct`.
 pub fn summarize(dumps: &[Dump], threshold_pct: u32) -> Result<Vec<Row>, Failure> {
     let results: Vec<Mutex<Option<Result<Row, Failure>>>> =
         dumps.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
+    let finished = Arc::new(AtomicUsize::new(0));
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(dumps.len().max(1));
+    let counted = Arc::clone(&finished);
+    let bar = Bar::start(
+        "ranks",
+        dumps.len() as u64,
+        Unit::Items("dumps"),
+        move || counted.load(Ordering::Relaxed) as u64,
+    );
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
@@ -26,9 +35,11 @@ pub fn summarize(dumps: &[Dump], threshold_pct: u32) -> Result<Vec<Row>, Failure
                 let Some(dump) = dumps.get(i) else { break };
                 let row = summarize_one(dump);
                 *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(row);
+                finished.fetch_add(1, Ordering::Relaxed);
             });
         }
     });
+    drop(bar);
     let mut rows = Vec::with_capacity(dumps.len());
     for result in results {
         let result = result.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -39,10 +50,11 @@ pub fn summarize(dumps: &[Dump], threshold_pct: u32) -> Result<Vec<Row>, Failure
 }
 
 fn summarize_one(dump: &Dump) -> Result<Row, Failure> {
-    let rows = reader::open(&dump.path).map_err(|e| Failure::input(e.to_string()))?;
+    let failure = |e: reader::ReadError| Failure::input(e.to_string());
+    let mut rows = reader::open_rows(&dump.path).map_err(failure)?;
     let mut summarizer = RankSummarizer::new();
-    for row in rows {
-        summarizer.feed(&row.map_err(|e| Failure::input(e.to_string()))?);
+    while let Some(row) = rows.next_row().map_err(failure)? {
+        summarizer.feed(row);
     }
     Ok(Row::from_summary(dump, summarizer.finish()))
 }

@@ -160,37 +160,33 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     // The files are merged by row ID, the writer's global numbering: each timeline sees its
     // own file's rows, and the run-wide analyses see every row once, in the order the online
     // analyses saw them (a row without a device is in every file under the same ID).
-    let mut inputs: Vec<_> = dumps
-        .iter()
-        .map(|(_, path)| read_ahead(path.clone()).peekable())
-        .collect();
+    let mut inputs = Vec::with_capacity(dumps.len());
+    for (_, path) in &dumps {
+        let mut rows = reader::open_rows(path)?;
+        rows.next_row()?;
+        inputs.push(rows);
+    }
+    let _bar = crate::progress::over_readers(
+        format!("report {}", run.display()),
+        inputs.iter().filter_map(|rows| rows.progress()).collect(),
+    );
     let mut last_id = None;
     loop {
-        let mut next: Option<(usize, u64)> = None;
-        for (i, input) in inputs.iter_mut().enumerate() {
-            match input.peek() {
-                Some(Ok(row)) if next.is_none_or(|(_, id)| row.id < id) => next = Some((i, row.id)),
-                Some(Ok(_)) | None => {}
-                // Take the error out and report it.
-                Some(Err(_)) => {
-                    if let Some(Err(e)) = input.next() {
-                        return Err(e.into());
-                    }
-                }
-            }
-        }
-        let Some((i, id)) = next else { break };
-        let row = match inputs[i].next() {
-            Some(Ok(row)) => row,
-            _ => unreachable!("the row was just peeked"),
-        };
-        timelines[i].feed(&row);
+        let next = inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rows)| rows.current().map(|row| (row.id, i)))
+            .min();
+        let Some((id, i)) = next else { break };
+        let row = inputs[i].current().expect("the row was just looked at");
+        timelines[i].feed(row);
         if last_id != Some(id) {
-            leaks.feed(&row);
-            oom.feed(&row);
-            decompose.feed(&row);
+            leaks.feed(row);
+            oom.feed(row);
+            decompose.feed(row);
             last_id = Some(id);
         }
+        inputs[i].next_row()?;
     }
     let timelines: Vec<Value> = timelines
         .iter()
@@ -265,7 +261,7 @@ fn row_bytes(row: &EventRow) -> usize {
 pub fn read_ahead(path: PathBuf) -> impl Iterator<Item = Result<EventRow, ReadError>> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Result<EventRow, ReadError>>>(8);
     std::thread::spawn(move || {
-        let rows = match reader::open(&path) {
+        let mut rows = match reader::open_rows(&path) {
             Ok(rows) => rows,
             Err(e) => {
                 let _ = tx.send(vec![Err(e)]);
@@ -274,7 +270,12 @@ pub fn read_ahead(path: PathBuf) -> impl Iterator<Item = Result<EventRow, ReadEr
         };
         let mut batch = Vec::with_capacity(BATCH);
         let mut bytes = 0;
-        for row in rows {
+        loop {
+            let row = match rows.next_row() {
+                Ok(Some(row)) => Ok(row.clone()),
+                Ok(None) => break,
+                Err(e) => Err(e),
+            };
             let failed = row.is_err();
             bytes += row.as_ref().map_or(0, row_bytes);
             batch.push(row);

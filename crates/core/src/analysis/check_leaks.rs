@@ -91,8 +91,8 @@ pub fn check_leaks(
     let mut marks = [0u64; 3];
     // Live blocks allocated between A and B, keyed by (device, pool, ptr).
     let mut live: HashMap<(DeviceId, EventType, u64), LeakedBlock> = HashMap::new();
-    for row in reader::open(path)? {
-        let row = row?;
+    let mut rows = reader::open_rows(path)?;
+    while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
             (Event::Mstx, EventType::Mark) if row.name == mstx_info => {
                 if found >= start_index {
@@ -112,7 +112,7 @@ pub fn check_leaks(
             }
             (Event::Malloc, pool) if is_pool(pool) && found == start_index + 1 => {
                 if let Some(ptr) = row.ptr {
-                    live.insert((row.device, pool, ptr), leaked_block(&row, ptr));
+                    live.insert((row.device, pool, ptr), leaked_block(row, ptr));
                 }
             }
             (Event::Free, pool) if is_pool(pool) && found > start_index => {

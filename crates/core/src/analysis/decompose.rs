@@ -260,8 +260,9 @@ impl Decompose {
 /// Offline: the table of a CSV or SQLite dump (one device's file).
 pub fn check_decompose(path: &Path) -> Result<Vec<OwnerBytes>, ReadError> {
     let mut analysis = Decompose::new();
-    for row in reader::open(path)? {
-        analysis.feed(&row?);
+    let mut rows = reader::open_rows(path)?;
+    while let Some(row) = rows.next_row()? {
+        analysis.feed(row);
     }
     analysis.end_step();
     Ok(std::mem::take(&mut analysis.table))

@@ -51,7 +51,7 @@
 //! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
 //! it writes nothing (the caller may render them with [`render_csv`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -156,8 +156,9 @@ pub fn check_inefficient(
     options: &Options,
 ) -> Result<Vec<InefficientBlock>, ReadError> {
     let mut analysis = Inefficient::new(options.idle_threshold);
-    for row in reader::open(path)? {
-        analysis.feed(&row?);
+    let mut rows = reader::open_rows(path)?;
+    while let Some(row) = rows.next_row()? {
+        analysis.feed(row);
     }
     let mut marks = analysis.take_marks();
     marks.retain(|m| options.keeps(m));
@@ -267,7 +268,9 @@ struct DeviceState {
 pub struct Inefficient {
     idle_threshold: u64,
     shared_ops: u64,
-    devices: HashMap<DeviceId, DeviceState>,
+    /// Per device, in the order first seen: a run has a handful, and a short scan beats
+    /// hashing the device on every row.
+    devices: Vec<(DeviceId, DeviceState)>,
     marks: Vec<InefficientBlock>,
 }
 
@@ -276,7 +279,7 @@ impl Inefficient {
         Inefficient {
             idle_threshold,
             shared_ops: 0,
-            devices: HashMap::new(),
+            devices: Vec::new(),
             marks: Vec::new(),
         }
     }
@@ -291,7 +294,7 @@ impl Inefficient {
     fn on_malloc(&mut self, row: &EventRow, ptr: u64) {
         let (size, allocation_id) = size_and_id(row);
         let shared = self.shared_ops;
-        let dev = self.devices.entry(row.device).or_default();
+        let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         dev.mallocs.record(op);
         dev.blocks.insert(
@@ -310,7 +313,7 @@ impl Inefficient {
     fn on_free(&mut self, row: &EventRow, ptr: u64) {
         let (_, allocation_id) = size_and_id(row);
         let shared = self.shared_ops;
-        let dev = self.devices.entry(row.device).or_default();
+        let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         let matches = dev.blocks.get(&ptr).is_some_and(
             |b| !matches!((b.allocation_id, allocation_id), (Some(x), Some(y)) if x != y),
@@ -334,7 +337,7 @@ impl Inefficient {
     fn on_access(&mut self, row: &EventRow, ptr: u64) {
         let shared = self.shared_ops;
         let threshold = self.idle_threshold;
-        let dev = self.devices.entry(row.device).or_default();
+        let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         let Some((&base, block)) = dev.blocks.range_mut(..=ptr).next_back() else {
             return;
@@ -356,6 +359,17 @@ impl Inefficient {
             self.marks.push(m);
         }
     }
+}
+
+fn device_state(devices: &mut Vec<(DeviceId, DeviceState)>, device: DeviceId) -> &mut DeviceState {
+    let index = match devices.iter().position(|(d, _)| *d == device) {
+        Some(index) => index,
+        None => {
+            devices.push((device, DeviceState::default()));
+            devices.len() - 1
+        }
+    };
+    &mut devices[index].1
 }
 
 fn mark(block: &Block, ptr: u64, device: DeviceId, kind: InefficientType) -> InefficientBlock {
@@ -389,7 +403,7 @@ impl Analysis for Inefficient {
         match (row.event, row.ptr) {
             (Event::OpLaunch, _) if row.event_type == EventType::AtenStart => match row.device {
                 DeviceId::None => self.shared_ops += 1,
-                d => self.devices.entry(d).or_default().ops += 1,
+                d => device_state(&mut self.devices, d).ops += 1,
             },
             (Event::Malloc, Some(ptr)) if is_tensor_block(row.event_type) => {
                 self.on_malloc(row, ptr)

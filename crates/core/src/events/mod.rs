@@ -5,8 +5,10 @@
 pub mod abi;
 pub mod csv;
 pub mod db;
+mod flat_json;
 pub mod parquet;
 pub mod reader;
 pub mod row;
+pub mod scan;
 
 pub use row::{Attrs, DeviceId, Event, EventRow, EventType};

@@ -71,11 +71,58 @@ pub enum ReadError {
 /// The rows of a dump file (`.csv` or `.db`), in file order.
 pub fn open(
     path: &Path,
-) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>>>, ReadError> {
+) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>, ReadError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") => Ok(Box::new(DbRows::open(path)?)),
         Some("parquet") => Ok(Box::new(super::parquet::ParquetRows::open(path)?)),
         _ => Ok(Box::new(CsvRows::open(path)?)),
+    }
+}
+
+/// A dump's rows handed out one at a time, each borrowed until the next: the way the offline
+/// analyses read, which keeps nothing of a row they do not need.
+pub trait RowSource: Send {
+    /// The next row; `None` at the end. After an error the source ends.
+    fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError>;
+    /// The row the last [`RowSource::next_row`] returned, while there is one: a merge of
+    /// several sources looks at each one's current row.
+    fn current(&self) -> Option<&EventRow>;
+    /// How far through its file the source is, where it can tell.
+    fn progress(&self) -> Option<super::scan::Progress> {
+        None
+    }
+}
+
+/// The rows of a dump file (`.csv`, `.db` or `.parquet`), in file order, through the fastest
+/// reader for its format: CSV dumps are parsed on worker threads ([`super::scan`]).
+pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("db") | Some("parquet") => Ok(Box::new(Owned {
+            rows: open(path)?,
+            row: None,
+        })),
+        _ => Ok(Box::new(super::scan::FastCsv::open(path)?)),
+    }
+}
+
+/// A [`RowSource`] over an iterator of owned rows.
+struct Owned {
+    rows: Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>,
+    row: Option<EventRow>,
+}
+
+impl RowSource for Owned {
+    fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError> {
+        self.row = None;
+        match self.rows.next() {
+            Some(Ok(row)) => Ok(Some(&*self.row.insert(row))),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    fn current(&self) -> Option<&EventRow> {
+        self.row.as_ref()
     }
 }
 
@@ -180,6 +227,8 @@ fn excerpt(text: &str) -> String {
 pub struct CsvRows {
     path: PathBuf,
     input: std::io::BufReader<std::fs::File>,
+    /// Bytes of the file consumed so far: where the next record starts.
+    offset: u64,
     line: u64,
     /// Records read so far, the header included: the number of the data row being read.
     records: u64,
@@ -200,6 +249,7 @@ impl CsvRows {
         let mut rows = CsvRows {
             path: path.to_path_buf(),
             input: std::io::BufReader::with_capacity(1 << 20, file),
+            offset: 0,
             line: 0,
             records: 0,
             raw: Vec::with_capacity(256),
@@ -225,6 +275,42 @@ impl CsvRows {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Where the next record starts, to hand over to another reader of the same file.
+    pub(crate) fn position(&self) -> Position {
+        Position {
+            offset: self.offset,
+            line: self.line,
+            records: self.records,
+        }
+    }
+
+    /// A reader of `file` (the dump at `path`, its header already checked) from `at` on, whose
+    /// next row must come after the one `order` last saw: it goes on where another reader of the
+    /// file stopped, and reads and refuses exactly what a reader from the start would.
+    pub(crate) fn resume(
+        path: &Path,
+        mut file: std::fs::File,
+        at: Position,
+        order: IdOrder,
+    ) -> Result<CsvRows, ReadError> {
+        use std::io::Seek;
+        file.seek(std::io::SeekFrom::Start(at.offset))
+            .map_err(|e| io_error(path, &e))?;
+        Ok(CsvRows {
+            path: path.to_path_buf(),
+            input: std::io::BufReader::with_capacity(1 << 20, file),
+            offset: at.offset,
+            line: at.line,
+            records: at.records,
+            raw: Vec::with_capacity(256),
+            text: String::with_capacity(256),
+            fields: Vec::with_capacity(12),
+            nfields: 0,
+            order,
+            done: false,
+        })
     }
 
     fn field_strs(&self) -> impl Iterator<Item = &str> {
@@ -258,6 +344,7 @@ impl CsvRows {
             }
             self.raw.extend_from_slice(&buf[..take]);
             self.input.consume(take);
+            self.offset += take as u64;
             appended += take;
             if ends {
                 return Ok(appended);
@@ -300,65 +387,21 @@ impl CsvRows {
         while matches!(self.raw.last(), Some(b'\n' | b'\r')) {
             self.raw.pop();
         }
-        self.text.clear();
-        self.fields.clear();
-        self.nfields = 0;
         let raw = std::str::from_utf8(&self.raw).map_err(|_| ReadError::BadRow {
             path: self.path.clone(),
             line: self.line,
             reason: "not UTF-8".into(),
         })?;
-        if quotes == 0 {
-            // Counted first, so that a row of a million commas costs no million ranges.
-            self.nfields = memchr::memchr_iter(b',', raw.as_bytes()).count() + 1;
-            if self.nfields == 12 {
-                self.text.push_str(raw);
-                let mut start = 0;
-                for comma in memchr::memchr_iter(b',', raw.as_bytes()) {
-                    self.fields.push(start..comma);
-                    start = comma + 1;
-                }
-                self.fields.push(start..raw.len());
+        match split_record(raw, quotes > 0, &mut self.text, &mut self.fields) {
+            Ok(n) => self.nfields = n,
+            Err(reason) => {
+                let line = self.line;
+                return Err(ReadError::BadRow {
+                    path: self.path.clone(),
+                    line,
+                    reason: reason.into(),
+                });
             }
-            return Ok(true);
-        }
-        // Quoted fields: copy the runs between quotes, undoubling `""`.
-        let b = raw.as_bytes();
-        let mut i = 0;
-        loop {
-            let start = self.text.len();
-            if b.get(i) == Some(&b'"') {
-                i += 1;
-                loop {
-                    let Some(q) = memchr::memchr(b'"', &b[i..]).map(|q| i + q) else {
-                        return Err(self.bad("a quoted field is not closed"));
-                    };
-                    self.text.push_str(&raw[i..q]);
-                    if b.get(q + 1) == Some(&b'"') {
-                        self.text.push('"');
-                        i = q + 2;
-                    } else {
-                        i = q + 1;
-                        break;
-                    }
-                }
-                // Anything between the closing quote and the comma is kept, as lenient readers do.
-                let end = memchr::memchr(b',', &b[i..]).map_or(b.len(), |c| i + c);
-                self.text.push_str(&raw[i..end]);
-                i = end;
-            } else {
-                let end = memchr::memchr(b',', &b[i..]).map_or(b.len(), |c| i + c);
-                self.text.push_str(&raw[i..end]);
-                i = end;
-            }
-            self.nfields += 1;
-            if self.fields.len() < 12 {
-                self.fields.push(start..self.text.len());
-            }
-            if i >= b.len() {
-                break;
-            }
-            i += 1; // the comma
         }
         Ok(true)
     }
@@ -404,30 +447,132 @@ impl Iterator for CsvRows {
     }
 }
 
+/// Where a CSV record starts: its byte offset, the lines before it, and the records (the
+/// header included) before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    pub(crate) offset: u64,
+    pub(crate) line: u64,
+    pub(crate) records: u64,
+}
+
+/// Splits one CSV record (its line ends removed) into fields: their text goes to `text`, and
+/// the range of each of the first 12 in it to `fields`; returns how many fields there are.
+/// `quoted` says whether the record has a quote at all: most rows have none, and are split at
+/// commas; otherwise fields are unquoted one by one, `""` undoubled.
+pub(crate) fn split_record(
+    raw: &str,
+    quoted: bool,
+    text: &mut String,
+    fields: &mut Vec<std::ops::Range<usize>>,
+) -> Result<usize, &'static str> {
+    text.clear();
+    fields.clear();
+    let b = raw.as_bytes();
+    if !quoted {
+        text.push_str(raw);
+        // At most 12 ranges kept, so that a row of a million commas costs no million ranges.
+        let mut nfields = 1;
+        let mut start = 0;
+        let mut at = 0;
+        while let Some(comma) = find_byte(&b[at..], b',').map(|c| at + c) {
+            if fields.len() < 11 {
+                fields.push(start..comma);
+            }
+            nfields += 1;
+            start = comma + 1;
+            at = start;
+        }
+        fields.push(start..raw.len());
+        return Ok(nfields);
+    }
+    let mut nfields = 0;
+    let mut i = 0;
+    loop {
+        let start = text.len();
+        if b.get(i) == Some(&b'"') {
+            i += 1;
+            loop {
+                let Some(q) = find_byte(&b[i..], b'"').map(|q| i + q) else {
+                    return Err("a quoted field is not closed");
+                };
+                text.push_str(&raw[i..q]);
+                if b.get(q + 1) == Some(&b'"') {
+                    text.push('"');
+                    i = q + 2;
+                } else {
+                    i = q + 1;
+                    break;
+                }
+            }
+            // Anything between the closing quote and the comma is kept, as lenient readers do.
+            let end = find_byte(&b[i..], b',').map_or(b.len(), |c| i + c);
+            text.push_str(&raw[i..end]);
+            i = end;
+        } else {
+            let end = find_byte(&b[i..], b',').map_or(b.len(), |c| i + c);
+            text.push_str(&raw[i..end]);
+            i = end;
+        }
+        nfields += 1;
+        if fields.len() < 12 {
+            fields.push(start..text.len());
+        }
+        if i >= b.len() {
+            break;
+        }
+        i += 1; // the comma
+    }
+    Ok(nfields)
+}
+
+/// The first `needle` in `hay`. Dump fields are mostly a few bytes long, where a plain loop
+/// beats a vector search's set-up; a long field (a stack) gets the vector search.
+#[inline]
+pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    const SHORT: usize = 24;
+    let head = &hay[..hay.len().min(SHORT)];
+    if let Some(i) = head.iter().position(|&c| c == needle) {
+        return Some(i);
+    }
+    if hay.len() <= SHORT {
+        return None;
+    }
+    memchr::memchr(needle, &hay[SHORT..]).map(|i| SHORT + i)
+}
+
 /// Builds a row from the 12 columns in order.
-fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, String> {
+fn parse_fields<'a>(f: impl Iterator<Item = &'a str>) -> Result<EventRow, String> {
+    let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
+    parse_fields_into(&mut row, f, &mut Vec::new())?;
+    Ok(row)
+}
+
+/// Fills `row` from the 12 columns in order, reusing its strings' memory: a reader that hands
+/// out one row at a time allocates nothing per row. An Attr string a row no longer needs goes
+/// to `spare`, and one is taken from there when a row needs it.
+pub(crate) fn parse_fields_into<'a>(
+    row: &mut EventRow,
+    mut f: impl Iterator<Item = &'a str>,
+    spare: &mut Vec<String>,
+) -> Result<(), String> {
     let mut next = || f.next().unwrap_or("");
-    let id = next()
-        .parse::<u64>()
-        .map_err(|_| "ID is not a number".to_string())?;
+    let id = decimal(next()).ok_or_else(|| "ID is not a number".to_string())?;
     let event_text = next();
-    let event =
+    row.event =
         Event::parse(event_text).ok_or_else(|| format!("unknown Event {}", excerpt(event_text)))?;
     let type_text = next();
-    let event_type = EventType::parse(type_text)
+    row.event_type = EventType::parse(type_text)
         .ok_or_else(|| format!("unknown Event Type {}", excerpt(type_text)))?;
     let name = next();
-    let mut row = EventRow::new(event, event_type, if name == "N/A" { "" } else { name });
+    row.name.clear();
+    row.name.push_str(if name == "N/A" { "" } else { name });
     row.id = id;
-    row.ts_ns = next()
-        .parse()
-        .map_err(|_| "Timestamp(ns) is not a number".to_string())?;
-    row.pid = next()
-        .parse()
-        .map_err(|_| "Process Id is not a number".to_string())?;
-    row.tid = next()
-        .parse()
-        .map_err(|_| "Thread Id is not a number".to_string())?;
+    row.ts_ns = decimal(next()).ok_or_else(|| "Timestamp(ns) is not a number".to_string())?;
+    row.pid = decimal(next())
+        .and_then(|pid| u32::try_from(pid).ok())
+        .ok_or_else(|| "Process Id is not a number".to_string())?;
+    row.tid = decimal(next()).ok_or_else(|| "Thread Id is not a number".to_string())?;
     let device = next();
     row.device =
         DeviceId::parse(device).ok_or_else(|| format!("bad Device Id {}", excerpt(device)))?;
@@ -436,24 +581,69 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
         "N/A" | "" => None,
         p => {
             let hex = p.strip_prefix("0x").unwrap_or(p);
-            // `from_str_radix` alone would take a sign.
-            let value = (!hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-                .then(|| u64::from_str_radix(hex, 16).ok())
-                .flatten();
+            let value = hexadecimal(hex);
             Some(value.ok_or_else(|| format!("bad Ptr {}", excerpt(p)))?)
         }
     };
     let attrs = next();
+    row.attrs.clear();
     if !attrs.is_empty() && attrs != "{}" {
         // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
         // `parse_attrs` builds the map for the rest; checked here so that both read what the
         // row says.
         check_attrs(attrs)?;
-        row.attrs_json = Some(attrs.to_string());
+        let kept = row
+            .attrs_json
+            .get_or_insert_with(|| spare.pop().unwrap_or_default());
+        kept.clear();
+        kept.push_str(attrs);
+    } else if let Some(unused) = row.attrs_json.take() {
+        spare.push(unused);
     }
-    row.python_stack = next().to_string();
-    row.c_stack = next().to_string();
-    Ok(row)
+    row.python_stack.clear();
+    row.python_stack.push_str(next());
+    row.c_stack.clear();
+    row.c_stack.push_str(next());
+    Ok(())
+}
+
+/// A decimal `u64` as `str::parse` reads one (an optional `+`, then digits), without its
+/// generality: readers parse four of these on every row.
+fn decimal(text: &str) -> Option<u64> {
+    let digits = text.strip_prefix('+').unwrap_or(text).as_bytes();
+    if digits.is_empty() {
+        return None;
+    }
+    let mut value = 0u64;
+    for &d in digits {
+        let d = d.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        value = value.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(value)
+}
+
+/// Hex digits only (no sign, no prefix), at most 64 bits.
+fn hexadecimal(text: &str) -> Option<u64> {
+    if text.is_empty() {
+        return None;
+    }
+    let mut value = 0u64;
+    for &c in text.as_bytes() {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            b'A'..=b'F' => c - b'A' + 10,
+            _ => return None,
+        };
+        if value >> 60 != 0 {
+            return None;
+        }
+        value = value << 4 | u64::from(d);
+    }
+    Some(value)
 }
 
 /// Checks that Attr is one JSON object whose [`NUMERIC_ATTRS`] are integers from 0 to
@@ -461,6 +651,14 @@ fn parse_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Result<EventRow, St
 /// it must find them as written); the reason names the key. Public so that a producer can
 /// refuse at emit time what the readers would refuse later.
 pub fn check_attrs(attrs: &str) -> Result<(), String> {
+    if super::flat_json::plainly_valid(attrs) {
+        return Ok(());
+    }
+    check_attrs_fully(attrs)
+}
+
+/// [`check_attrs`] without the quick accept: a full JSON walk.
+pub(crate) fn check_attrs_fully(attrs: &str) -> Result<(), String> {
     use serde::Deserializer as _;
     let mut de = serde_json::Deserializer::from_str(attrs);
     let checked = de
@@ -890,6 +1088,42 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    #[test]
+    fn numbers_read_as_the_standard_parsers_read_them() {
+        for text in [
+            "",
+            "0",
+            "+7",
+            "-1",
+            "++1",
+            "12a",
+            "18446744073709551615",
+            "18446744073709551616",
+            "00042",
+            " 1",
+            "+",
+        ] {
+            assert_eq!(decimal(text), text.parse::<u64>().ok(), "{text:?}");
+        }
+        for text in [
+            "",
+            "0",
+            "ff",
+            "FF",
+            "+1",
+            "-1",
+            "g",
+            "ffffffffffffffff",
+            "10000000000000000",
+            "000000000000000001",
+        ] {
+            let standard = (!text.starts_with(['+', '-']))
+                .then(|| u64::from_str_radix(text, 16).ok())
+                .flatten();
+            assert_eq!(hexadecimal(text), standard, "{text:?}");
+        }
     }
 
     #[test]

@@ -49,7 +49,19 @@ impl Event {
     }
 
     pub fn parse(s: &str) -> Option<Event> {
-        Event::ALL.into_iter().find(|e| e.as_str() == s)
+        // A match rather than a search of `ALL`: readers call this on every row.
+        Some(match s {
+            "MALLOC" => Event::Malloc,
+            "FREE" => Event::Free,
+            "ACCESS" => Event::Access,
+            "OP_LAUNCH" => Event::OpLaunch,
+            "KERNEL_LAUNCH" => Event::KernelLaunch,
+            "MSTX" => Event::Mstx,
+            "SYSTEM" => Event::System,
+            "SNAPSHOT" => Event::Snapshot,
+            "OOM_DETAIL" => Event::OomDetail,
+            _ => return None,
+        })
     }
 }
 
@@ -135,7 +147,29 @@ impl EventType {
     }
 
     pub fn parse(s: &str) -> Option<EventType> {
-        EventType::ALL.into_iter().find(|e| e.as_str() == s)
+        Some(match s {
+            "HAL" => EventType::Hal,
+            "PTA" => EventType::Pta,
+            "HOST" => EventType::Host,
+            "READ" => EventType::Read,
+            "WRITE" => EventType::Write,
+            "UNKNOWN" => EventType::Unknown,
+            "ATEN_START" => EventType::AtenStart,
+            "ATEN_END" => EventType::AtenEnd,
+            "KERNEL_LAUNCH" => EventType::KernelLaunch,
+            "Mark" => EventType::Mark,
+            "Range_start" => EventType::RangeStart,
+            "Range_end" => EventType::RangeEnd,
+            "START_TRACE" => EventType::StartTrace,
+            "STOP_TRACE" => EventType::StopTrace,
+            "STEP" => EventType::Step,
+            "SNAPSHOT" => EventType::Snapshot,
+            "OOM_TRIGGER" => EventType::OomTrigger,
+            "OOM_RECENT_ALLOC" => EventType::OomRecentAlloc,
+            "OOM_TOP_ALLOC" => EventType::OomTopAlloc,
+            "OWNER" => EventType::Owner,
+            _ => return None,
+        })
     }
 }
 
@@ -263,7 +297,9 @@ impl EventRow {
 fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
     let bytes = raw.as_bytes();
     let mut from = 0;
-    while let Some(pos) = raw[from..].find(key) {
+    // `memmem` rather than `str::find`, whose searcher costs more to set up than an Attr
+    // object takes to scan.
+    while let Some(pos) = memchr::memmem::find(&bytes[from..], key.as_bytes()) {
         let start = from + pos;
         let end = start + key.len();
         from = end;
@@ -326,6 +362,18 @@ pub fn format_ptr(ptr: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        for e in Event::ALL {
+            assert_eq!(Event::parse(e.as_str()), Some(e));
+        }
+        for t in EventType::ALL {
+            assert_eq!(EventType::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(Event::parse("malloc"), None);
+        assert_eq!(EventType::parse("MARK"), None);
+    }
 
     #[test]
     fn raw_attrs_are_read_without_parsing() {

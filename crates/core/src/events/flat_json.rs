@@ -1,0 +1,305 @@
+//! A quick accept for the Attr objects writers produce: one flat JSON object of plain keys and
+//! scalar values. Reading a dump checks every row's Attr ([`super::reader::check_attrs`]), and
+//! a general JSON parser costs more there than all the rest of a row; this scan accepts, in one
+//! pass and without allocating, exactly the texts that are plainly fine, and leaves everything
+//! else (escapes, nesting, exponents, anything malformed) to the full check, which also words
+//! the error. So it may only answer "yes" where the full check would.
+
+use super::reader::NUMERIC_ATTRS;
+
+/// Whether `attrs` is a JSON object whose keys and string values have no escapes and no
+/// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
+/// `null` or arrays of those, and whose [`NUMERIC_ATTRS`] keys appear at most once each with an integer from 0 to
+/// `u64::MAX` written in digits. `false` means "not known", not "invalid".
+pub(crate) fn plainly_valid(attrs: &str) -> bool {
+    let mut scan = Scan {
+        b: attrs.as_bytes(),
+        at: 0,
+    };
+    scan.object().is_some() && {
+        scan.skip_ws();
+        scan.at == scan.b.len()
+    }
+}
+
+/// The index of `key` in [`NUMERIC_ATTRS`]; by length first, as most keys are none of them.
+fn numeric_index(key: &[u8]) -> Option<usize> {
+    if !(4..=13).contains(&key.len()) {
+        return None;
+    }
+    NUMERIC_ATTRS.iter().position(|k| k.as_bytes() == key)
+}
+
+struct Scan<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.at).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        self.skip_ws();
+        (self.peek() == Some(byte)).then(|| self.at += 1)
+    }
+
+    fn object(&mut self) -> Option<()> {
+        self.eat(b'{')?;
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Some(());
+        }
+        let mut seen = 0u32;
+        loop {
+            self.skip_ws();
+            let key = self.string()?;
+            self.eat(b':')?;
+            self.skip_ws();
+            match numeric_index(key) {
+                Some(index) => {
+                    if seen & (1 << index) != 0 {
+                        return None;
+                    }
+                    seen |= 1 << index;
+                    self.u64_digits()?;
+                }
+                None => self.scalar()?,
+            }
+            self.skip_ws();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A string without escapes or control characters; its text between the quotes.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        if self.peek() != Some(b'"') {
+            return None;
+        }
+        let start = self.at + 1;
+        // One pass: the closing quote, and no backslash or control character before it.
+        let len = self.b[start..]
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        let end = start + len;
+        if self.b[end] != b'"' {
+            return None;
+        }
+        self.at = end + 1;
+        let b: &'a [u8] = self.b;
+        Some(&b[start..end])
+    }
+
+    fn scalar(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            b't' => self.word(b"true"),
+            b'f' => self.word(b"false"),
+            b'n' => self.word(b"null"),
+            b'[' => self.array(),
+            _ => self.number(),
+        }
+    }
+
+    /// An array of scalars (a shape, a stride): one level deep, deeper is left to the full
+    /// check.
+    fn array(&mut self) -> Option<()> {
+        self.at += 1;
+        self.skip_ws();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() == Some(b'[') {
+                return None;
+            }
+            self.scalar()?;
+            self.skip_ws();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn word(&mut self, word: &[u8]) -> Option<()> {
+        self.b[self.at..]
+            .starts_with(word)
+            .then(|| self.at += word.len())
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?`: exponents are left to the full check.
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        self.int_digits()?;
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            let from = self.at;
+            while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                self.at += 1;
+            }
+            if self.at == from {
+                return None;
+            }
+        }
+        // A following character other than a delimiter (an exponent, a letter) is not ours.
+        (!matches!(self.peek(), Some(b'e' | b'E'))).then_some(())
+    }
+
+    /// `0|[1-9][0-9]*`; the digits.
+    fn int_digits(&mut self) -> Option<&'a [u8]> {
+        let from = self.at;
+        match self.peek()? {
+            b'0' => self.at += 1,
+            b'1'..=b'9' => {
+                while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+                    self.at += 1;
+                }
+            }
+            _ => return None,
+        }
+        let b: &'a [u8] = self.b;
+        Some(&b[from..self.at])
+    }
+
+    /// An integer from 0 to `u64::MAX` in digits only.
+    fn u64_digits(&mut self) -> Option<()> {
+        let digits = self.int_digits()?;
+        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) || digits.len() > 20 {
+            return None;
+        }
+        std::str::from_utf8(digits)
+            .ok()?
+            .parse::<u64>()
+            .ok()
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plainly_valid;
+    use crate::events::reader::check_attrs_fully;
+    use proptest::prelude::*;
+
+    #[test]
+    fn writer_attrs_are_accepted() {
+        for ok in [
+            "{}",
+            " { } ",
+            r#"{"size":4096,"owner":"weight","addr":"0x10"}"#,
+            r#"{"allocation_id": 7, "used":0,"total":18446744073709551615}"#,
+            r#"{"x":-1.5,"y":true,"z":null,"w":false,"v":"é"}"#,
+            r#"{"note":"a","note":"b"}"#,
+            r#"{"dtype":"torch.float32","shape":[64,64],"s":[],"t":[ "a" , 1.5 ]}"#,
+        ] {
+            assert!(plainly_valid(ok), "{ok}");
+            assert!(check_attrs_fully(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_the_full_check() {
+        for unsure in [
+            "",
+            "[]",
+            r#"{"size":18446744073709551616}"#,
+            r#"{"size":-0}"#,
+            r#"{"size":01}"#,
+            r#"{"size":1.0}"#,
+            r#"{"size":1e3}"#,
+            r#"{"size":1,"size":2}"#,
+            r#"{"si\u007ae":1}"#,
+            r#"{"a":{"size":"x"}}"#,
+            r#"{"a":[[1]]}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":[1}"#,
+            r#"{"a":1e999}"#,
+            "{\"a\":\"\u{1}\"}",
+            r#"{"a":1,}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":tru}"#,
+            r#"{"a":1."#,
+        ] {
+            assert!(!plainly_valid(unsure), "{unsure}");
+        }
+    }
+
+    fn near_json() -> impl Strategy<Value = String> {
+        let token = prop_oneof![
+            Just("{".to_string()),
+            Just("}".to_string()),
+            Just(",".to_string()),
+            Just(":".to_string()),
+            Just(" ".to_string()),
+            Just("\"size\"".to_string()),
+            Just("\"used\"".to_string()),
+            Just("\"owner\"".to_string()),
+            Just("\"".to_string()),
+            Just("\\".to_string()),
+            Just("-".to_string()),
+            Just(".".to_string()),
+            Just("e".to_string()),
+            Just("true".to_string()),
+            Just("nul".to_string()),
+            Just("[".to_string()),
+            Just("]".to_string()),
+            "[0-9]{1,22}",
+            "[a-z]{1,3}",
+        ];
+        proptest::collection::vec(token, 0..24).prop_map(|t| t.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+        /// The quick accept never takes what the full check refuses.
+        #[test]
+        fn accepts_only_what_the_full_check_accepts(text in near_json()) {
+            if plainly_valid(&text) {
+                prop_assert!(check_attrs_fully(&text).is_ok(), "{}", text);
+            }
+        }
+
+        #[test]
+        fn flat_objects_are_accepted(
+            pairs in proptest::collection::vec(("[a-z_]{1,8}", prop_oneof![
+                "[0-9]{1,12}".prop_map(|d| d.trim_start_matches('0').to_string())
+                    .prop_map(|d| if d.is_empty() { "0".into() } else { d }),
+                "[a-zA-Z0-9 ]{0,10}".prop_map(|s| format!("\"{s}\"")),
+            ]), 0..8)
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            let body: Vec<String> = pairs
+                .into_iter()
+                .filter(|(k, _)| seen.insert(k.clone()))
+                .map(|(k, v)| format!("\"{k}\":{v}"))
+                .collect();
+            let text = format!("{{{}}}", body.join(","));
+            let full = check_attrs_fully(&text).is_ok();
+            prop_assert_eq!(plainly_valid(&text), full, "{}", text);
+        }
+    }
+}
