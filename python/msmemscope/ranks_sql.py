@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,11 @@ def run_duckdb(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any
     return _rows(names, result.fetchall())
 
 
+def _local_path(uri: str) -> str:
+    """The real path of the local file a Spark file URI (``file:/a%20b``) names."""
+    return os.path.realpath(urllib.parse.unquote(urllib.parse.urlsplit(uri).path))
+
+
 def run_spark(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
     try:
         from pyspark import SparkConf  # type: ignore[import-not-found]
@@ -115,6 +121,8 @@ def run_spark(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]
         from pyspark.sql import functions as F  # type: ignore[import-not-found]
         from pyspark.sql.types import (  # type: ignore[import-not-found]
             DoubleType,
+            LongType,
+            StringType,
             StructField,
             StructType,
         )
@@ -135,19 +143,32 @@ def run_spark(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]
     spark = builder.getOrCreate()
     try:
         spark.sparkContext.setLogLevel("ERROR")
-        frames = []
-        for d in dumps:
-            frame = spark.read.parquet(d["parquet"]).select(
-                F.lit(d["rank"]).cast("bigint").alias("rank"),
-                F.lit(d["run"]).alias("run"),
-                F.lit(d["device"]).alias("device"),
-                F.lit(d["dump"]).alias("dump"),
-                *[F.col(f"`{src}`").alias(name) for src, name in COLUMNS],
-            )
-            frames.append(frame)
-        table = frames[0]
-        for frame in frames[1:]:
-            table = table.unionByName(frame)
+        # One scan of all the files: a union of one scan per file grows a plan that Spark
+        # fails to run at some 64 files. Each row's file comes from the _metadata column.
+        scan = spark.read.parquet(*[d["parquet"] for d in dumps]).select(
+            F.col("_metadata.file_path").alias("file_path"),
+            *[F.col(f"`{src}`").alias(name) for src, name in COLUMNS],
+        )
+        # Spark names a file by a percent-encoded URI, and not always in the same form
+        # (file:/a or file:///a), so the file table is keyed by the names this scan gives.
+        by_path = {os.path.realpath(d["parquet"]): d for d in dumps}
+        files_rows = []
+        for row in scan.select("file_path").distinct().collect():
+            d = by_path.get(_local_path(row.file_path))
+            if d is None:
+                raise EngineError(f"Spark read {row.file_path}, which no dump names")
+            files_rows.append((row.file_path, d["rank"], d["run"], d["device"], d["dump"]))
+        files_schema = StructType(
+            [
+                StructField("file_path", StringType(), False),
+                StructField("rank", LongType(), True),
+                *[StructField(c, StringType(), False) for c in FILE_COLUMNS[1:]],
+            ]
+        )
+        files = spark.createDataFrame(files_rows, files_schema)
+        table = scan.join(F.broadcast(files), "file_path").select(
+            *FILE_COLUMNS, *[name for _, name in COLUMNS]
+        )
         table.createOrReplaceTempView("dump")
         schema = StructType([StructField("factor", DoubleType(), False)])
         spark.createDataFrame([(factor,)], schema).createOrReplaceTempView("params")

@@ -108,8 +108,10 @@ def test_the_leaking_rank_stands_out(job: Path) -> None:
     assert healthy["stands_out"] == ""
     # Both kept tensors are alive at the leaky rank's peak, labelled as activations.
     assert leaky["top_owner"] == "PTA@activation"
-    assert leaky["top_owner_bytes"] >= KEPT_BYTES
-    assert leaky["peak_allocated"] >= healthy["peak_allocated"] + KEPT_BYTES
+    assert leaky["peak_allocated"] >= leaky["top_owner_bytes"] >= KEPT_BYTES
+    # The model is tiny: each rank's own transient peak (some 12 KB, varying by a few hundred
+    # bytes from run to run with gloo's buffers) is far below what the leaky rank keeps.
+    assert healthy["peak_allocated"] < KEPT_BYTES // 10
     assert healthy["reserved_peak"] is None  # CPU: no reserved pool
     text = ranks(job)
     assert text.returncode == 0, text.stderr

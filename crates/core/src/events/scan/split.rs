@@ -5,6 +5,8 @@
 
 use std::io::Read;
 
+use crate::events::reader::MAX_ROW_BYTES;
+
 /// Whole records from a record start, and where they sit in the file.
 pub(super) struct Chunk {
     pub(super) seq: u64,
@@ -14,8 +16,8 @@ pub(super) struct Chunk {
     /// The records, each with its line end but for a last record at the end of the file.
     pub(super) data: Vec<u8>,
     /// Whether the fast path ends after this chunk's records and leaves the rest of the file
-    /// to the row-by-row reader: a record longer than a block, a quote left open at the end
-    /// of the file, a read error.
+    /// to the row-by-row reader: a record longer than a dump row may be, a quote left open at
+    /// the end of the file, a read error.
     pub(super) hand_over: bool,
 }
 
@@ -60,24 +62,32 @@ impl Splitter {
         chunk.offset = self.offset;
         chunk.hand_over = false;
         self.seq += 1;
-        let want = self.block.saturating_sub(chunk.data.len()) as u64;
-        let at_end = match (&self.file).take(want).read_to_end(&mut chunk.data) {
-            Ok(n) => (n as u64) < want,
-            Err(_) => {
-                // The row-by-row reader reads this part again and reports the error.
-                chunk.data.clear();
-                chunk.hand_over = true;
-                self.ended = true;
-                return true;
+        let mut want = self.block.saturating_sub(chunk.data.len()) as u64;
+        let (at_end, cut) = loop {
+            let at_end = match (&self.file).take(want).read_to_end(&mut chunk.data) {
+                Ok(n) => (n as u64) < want,
+                Err(_) => {
+                    // The row-by-row reader reads this part again and reports the error.
+                    chunk.data.clear();
+                    chunk.hand_over = true;
+                    self.ended = true;
+                    return true;
+                }
+            };
+            let cut = last_boundary(&chunk.data, at_end);
+            // A record longer than a block: read on (doubling) until it ends, up to the
+            // longest row a dump may hold, past which the other reader refuses it.
+            if cut > 0 || at_end || chunk.data.len() > MAX_ROW_BYTES {
+                break (at_end, cut);
             }
+            want = chunk.data.len() as u64;
         };
-        let cut = last_boundary(&chunk.data, at_end);
         if at_end {
             self.ended = true;
         }
         if cut < chunk.data.len() && (at_end || cut == 0) {
-            // Left over at the end of the file (a quote never closed), or no boundary in a
-            // whole block (a record that long): the other reader takes it from there.
+            // Left over at the end of the file (a quote never closed), or no boundary in
+            // more than the longest row: the other reader takes it from there.
             chunk.hand_over = true;
             self.ended = true;
         }
