@@ -296,14 +296,16 @@ impl EventRow {
 /// nor a nested object's key of that name is mistaken for it.
 fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
     let bytes = raw.as_bytes();
-    let mut from = 0;
-    // `memmem` rather than `str::find`, whose searcher costs more to set up than an Attr
-    // object takes to scan.
-    while let Some(pos) = memchr::memmem::find(&bytes[from..], key.as_bytes()) {
-        let start = from + pos;
+    // A key is in quotes, so only the places after a quote can start it. An Attr object is
+    // short: a plain walk beats setting up a substring (or byte) search on every call.
+    let first = key.as_bytes().first().copied();
+    for (quote, _) in bytes.iter().enumerate().filter(|(_, &b)| b == b'"') {
+        let start = quote + 1;
+        if bytes.get(start).copied() != first {
+            continue;
+        }
         let end = start + key.len();
-        from = end;
-        if start == 0 || bytes[start - 1] != b'"' || bytes.get(end) != Some(&b'"') {
+        if bytes.get(start..end) != Some(key.as_bytes()) || bytes.get(end) != Some(&b'"') {
             continue;
         }
         let before = raw[..start - 1].trim_end();

@@ -10,7 +10,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::writer::{ParquetWriter, WriteError};
-use crate::events::reader::{self, ReadError};
+use crate::events::reader::{self, ReadError, RowSource};
+use crate::events::scan::FastCsv;
 use crate::run_dir::RunDir;
 
 /// What the file being exported is.
@@ -76,7 +77,7 @@ pub fn parquet_name(dump: &str) -> Option<String> {
 }
 
 /// Writes the Parquet form of the dump `name` of `dir` beside it. With `parallel` the dump is
-/// parsed on a thread of its own while this one encodes (the CLI; the runtime, inside the
+/// parsed on threads of its own while this one encodes (the CLI; the runtime, inside the
 /// program, adds no thread).
 pub fn export(
     dir: &RunDir,
@@ -106,19 +107,31 @@ pub fn export(
         })?;
     }
     // Read through the held descriptor (whatever was renamed since), named by the dump's path.
-    let rows = open_dump(&dir.resolved().join(name)).map_err(|e| read_error(e, &shown))?;
+    let resolved = dir.resolved().join(name);
+    let csv = resolved.extension().is_none_or(|e| e != "db");
+    let rows = if parallel && csv {
+        // CSV parsed on worker threads, rows borrowed (no copy of each).
+        Rows::Fast(FastCsv::open(&resolved).map_err(|e| read_error(e, &shown))?)
+    } else {
+        Rows::Owned(
+            open_dump(&resolved).map_err(|e| read_error(e, &shown))?,
+            None,
+        )
+    };
     let (partial, file) = create_partial(dir, &target).map_err(|e| write_error(&e))?;
     let written = std::thread::scope(|scope| {
-        let rows: Box<dyn Iterator<Item = RowResult>> = if parallel {
-            Box::new(read_ahead(scope, rows))
-        } else {
-            rows
+        let mut rows = match rows {
+            Rows::Owned(rows, _) if parallel => {
+                Rows::Owned(Box::new(read_ahead(scope, rows)), None)
+            }
+            rows => rows,
         };
         let mut out = ParquetWriter::new(std::io::BufWriter::with_capacity(1 << 20, file))
             .map_err(|e| write_error(&e))?;
-        for row in rows {
-            let row = match row {
-                Ok(row) => row,
+        loop {
+            let row = match rows.next_row() {
+                Ok(Some(row)) => row,
+                Ok(None) => break,
                 Err(e) if source == Source::Journal && at_last_line(dir, name, &e) => {
                     // A row with a line end inside it, cut after one: the rest is gone.
                     cut = true;
@@ -126,7 +139,7 @@ pub fn export(
                 }
                 Err(e) => return Err(read_error(e, &shown)),
             };
-            out.push(&row).map_err(|source| match source {
+            out.push(row).map_err(|source| match source {
                 WriteError::TooLarge { .. } => ExportError::Row {
                     path: shown.clone(),
                     source,
@@ -177,6 +190,30 @@ fn open_dump(path: &Path) -> Result<Box<dyn Iterator<Item = RowResult> + Send>, 
 }
 
 type RowResult = Result<crate::events::EventRow, ReadError>;
+
+/// The rows being exported: the fast CSV reader's borrowed rows, or owned rows from an
+/// iterator (a SQLite dump, or any dump when the export must not start reader threads).
+#[allow(clippy::large_enum_variant)] // one per export, on the stack
+enum Rows<'a> {
+    Fast(FastCsv),
+    Owned(
+        Box<dyn Iterator<Item = RowResult> + Send + 'a>,
+        Option<crate::events::EventRow>,
+    ),
+}
+
+impl Rows<'_> {
+    fn next_row(&mut self) -> Result<Option<&crate::events::EventRow>, ReadError> {
+        match self {
+            Rows::Fast(rows) => rows.next_row(),
+            Rows::Owned(rows, current) => match rows.next() {
+                Some(Ok(row)) => Ok(Some(&*current.insert(row))),
+                Some(Err(e)) => Err(e),
+                None => Ok(None),
+            },
+        }
+    }
+}
 
 /// Rows handed from the parsing thread at a time.
 const BATCH: usize = 4096;
