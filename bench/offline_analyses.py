@@ -248,7 +248,7 @@ def duckdb_scan(path):
     over them: a lower bound of any analysis done on DuckDB over the CSV."""
     import duckdb
 
-    (rows, ops, size) = duckdb.sql(
+    (rows, ops, size) = duckdb.connect().execute(
         f"""SELECT count(*), count(*) FILTER (WHERE "Event" = 'OP_LAUNCH'),
                    sum(CAST(json_extract("Attr", '$.size') AS BIGINT))
             FROM read_csv_auto('{path}', header = true)"""
@@ -379,7 +379,9 @@ def main():
         try:
             import pandas  # noqa: F401
         except ImportError:
-            if os.path.exists(VENV_PY) and os.path.realpath(VENV_PY) != os.path.realpath(python):
+            # A venv's python is a link to the base interpreter: tell them apart by prefix.
+            in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
+            if os.path.exists(VENV_PY) and not in_venv:
                 os.execv(VENV_PY, [VENV_PY, os.path.abspath(__file__)] + sys.argv[1:])
             raise SystemExit("pandas is missing: .venv/bin/python -m pip install pandas")
 

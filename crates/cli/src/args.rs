@@ -895,6 +895,25 @@ mod tests {
     }
 
     #[test]
+    fn offline_subcommands_take_q_anywhere() {
+        let dir = PathBuf::from("runs");
+        for argv in [["report", "-q", "runs"], ["report", "runs", "-q"]] {
+            assert_eq!(
+                parse_subcommand(&os(&argv)),
+                Some(Ok(Subcommand::Report(dir.clone())))
+            );
+        }
+        assert_eq!(
+            parse_subcommand(&os(&["export", "-q", "--format=parquet", "runs"])),
+            Some(Ok(Subcommand::ExportParquet(dir)))
+        );
+        assert!(matches!(
+            parse_subcommand(&os(&["report", "--quiet", "runs"])),
+            Some(Err(_))
+        ));
+    }
+
+    #[test]
     fn program_after_double_dash_and_short_forms() {
         let (config, program) = launch(&[
             "--analysis",

@@ -26,9 +26,9 @@
 //! - `{path}:{line}: malformed row: {reason}` (for a DB, the line is the row's ID);
 //! - `found N marks named "X", need start_index+3 = M`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::fast_map::FastMap;
 use super::leaks::{block_attrs, is_pool, mb};
 use crate::events::reader::{self, ReadError};
 use crate::events::row::format_ptr;
@@ -90,7 +90,7 @@ pub fn check_leaks(
     let mut found = 0usize;
     let mut marks = [0u64; 3];
     // Live blocks allocated between A and B, keyed by (device, pool, ptr).
-    let mut live: HashMap<(DeviceId, EventType, u64), LeakedBlock> = HashMap::new();
+    let mut live: FastMap<(DeviceId, EventType, u64), LeakedBlock> = FastMap::default();
     let mut rows = reader::open_rows(path)?;
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {

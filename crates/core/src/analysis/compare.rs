@@ -26,6 +26,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Write};
 
+use super::fast_map::FastMap;
+
 use super::myers;
 use crate::config::Level;
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -106,13 +108,13 @@ struct Open {
 pub struct OpCollector {
     level: Level,
     names: Vec<Box<str>>,
-    index: HashMap<Box<str>, u32>,
+    index: FastMap<Box<str>, u32>,
     ops: Vec<Op>,
     devices: BTreeSet<DeviceId>,
     /// `--level=op`: the open ops of each thread, innermost last.
-    open: HashMap<u64, Vec<Open>>,
+    open: FastMap<u64, Vec<Open>>,
     /// `--level=kernel`: the latest kernel on each device, and the latest without a device.
-    latest: HashMap<DeviceId, usize>,
+    latest: FastMap<DeviceId, usize>,
     latest_none: Option<usize>,
     rows: u64,
 }
@@ -122,11 +124,11 @@ impl OpCollector {
         OpCollector {
             level,
             names: Vec::new(),
-            index: HashMap::new(),
+            index: FastMap::default(),
             ops: Vec::new(),
             devices: BTreeSet::new(),
-            open: HashMap::new(),
-            latest: HashMap::new(),
+            open: FastMap::default(),
+            latest: FastMap::default(),
             latest_none: None,
             rows: 0,
         }

@@ -19,10 +19,11 @@
 //! The whole table goes to `device_{id}/dump/memscope_decompose.csv`; the console gets, per
 //! device and pool, the last step and the step with the highest peak.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::fast_map::FastMap;
 use super::leaks::is_pool;
 use super::{Analysis, AnalysisOutput};
 use crate::events::reader::{self, ReadError};
@@ -116,8 +117,8 @@ pub struct OwnerBytes {
 #[derive(Default)]
 pub struct Decompose {
     owners: Vec<String>,
-    owner_ids: HashMap<String, usize>,
-    blocks: HashMap<BlockKey, Block>,
+    owner_ids: FastMap<String, usize>,
+    blocks: FastMap<BlockKey, Block>,
     pools: BTreeMap<PoolKey, PoolState>,
     step: u64,
     /// The ended steps' lines, in step order.

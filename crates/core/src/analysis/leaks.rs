@@ -32,8 +32,9 @@
 //! With no leaks the console text is empty (as the seed's: nothing is printed) and
 //! `leaks/leak_report.txt` holds `====== No memory leaks detected ======`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
+use super::fast_map::FastMap;
 use super::{Analysis, AnalysisOutput};
 use crate::events::row::format_ptr;
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -103,8 +104,8 @@ pub struct Leaks {
     step: u64,
     /// Launches without a device (they count for every device).
     launches_anywhere: u64,
-    launches: HashMap<DeviceId, u64>,
-    live: HashMap<BlockKey, Block>,
+    launches: FastMap<DeviceId, u64>,
+    live: FastMap<BlockKey, Block>,
     /// Blocks allocated in the current / the previous step (step ≥ 2), with their row IDs.
     this_step: Vec<(BlockKey, u64)>,
     last_step: Vec<(BlockKey, u64)>,

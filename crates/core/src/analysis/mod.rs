@@ -5,6 +5,7 @@
 pub mod check_leaks;
 pub mod compare;
 pub mod decompose;
+pub mod fast_map;
 pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;

@@ -15,7 +15,7 @@
 //!   its `allocation_id` while it lives. Blocks without an owner are left out; equal bytes go to
 //!   the owner that sorts first.
 
-use std::collections::HashMap;
+use super::fast_map::FastMap;
 
 use super::leaks::Leaks;
 use super::Analysis;
@@ -53,11 +53,11 @@ pub struct RankSummarizer {
     step: u64,
     summary: RankSummary,
     /// Live `PTA` blocks, and where each allocation id lives.
-    live: HashMap<BlockKey, Live>,
-    by_allocation: HashMap<u64, BlockKey>,
+    live: FastMap<BlockKey, Live>,
+    by_allocation: FastMap<u64, BlockKey>,
     /// Owner names, and the live bytes of each (same index).
     owners: Vec<String>,
-    owner_index: HashMap<String, usize>,
+    owner_index: FastMap<String, usize>,
     owner_bytes: Vec<u64>,
 }
 
