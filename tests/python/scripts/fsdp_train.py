@@ -9,6 +9,7 @@ param_bytes N`` (the unsharded model's parameter bytes), ``ACTIVE ...`` (the app
 after the second step while everything is still alive.
 """
 
+import gc
 import sys
 
 import torch
@@ -64,6 +65,11 @@ from msmemscope.frameworks import hooks  # noqa: E402
 print(f"KNOWN param_bytes {param_bytes}")
 print("ACTIVE " + ";".join(",".join(h) for h in hooks.active_hooks()))
 print("ARMED " + ",".join(hooks.armed()))
+# gloo runs collectives on threads of its own and lets go of a reduce-scatter's buffers when
+# its work completes: on a loaded machine that can come after the mark. Once every rank has
+# passed a barrier, this rank's earlier collectives are done.
+dist.barrier()
+gc.collect()
 msmemscope.mstx.mark("fsdp-check")
 sys.stdout.flush()
 dist.barrier()
