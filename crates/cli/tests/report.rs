@@ -97,11 +97,18 @@ fn launched_run_gets_its_page() {
         (Some(8), Some(4))
     );
     assert_eq!(cpu["owners"][0]["name"], "PTA");
-    // Hover: the step-4 loss was allocated after aten::mse_loss (the producer's ops are empty).
+    // Hover: each loss, alone in its bucket (the producer sleeps before it), was allocated
+    // after aten::mse_loss (the producer's ops are empty).
     let hovers = cpu["hover"].as_array().unwrap();
-    assert!(hovers
-        .iter()
-        .any(|h| h[0] == 16384 && h[1] == "aten::mse_loss" && h[2] == "PTA" && h[4] == false));
+    for step in 1..=4u64 {
+        assert!(
+            hovers.iter().any(|h| h[0] == 4096 * step
+                && h[1] == "aten::mse_loss"
+                && h[2] == "PTA"
+                && h[4] == false),
+            "step {step}'s loss: {hovers:?}"
+        );
+    }
 
     // The leak view is the leaks analysis: the same text as the run's own report.
     let online = std::fs::read_to_string(run.join("leaks/leak_report.txt")).unwrap();
