@@ -97,8 +97,8 @@ fn launched_run_gets_its_page() {
         (Some(8), Some(4))
     );
     assert_eq!(cpu["owners"][0]["name"], "PTA");
-    // Hover: each loss, alone in its bucket (the producer sleeps before it), was allocated
-    // after aten::mse_loss (the producer's ops are empty).
+    // Hover: each loss, alone in its bucket (the producer sleeps 1 ms before and after it), was
+    // allocated after aten::mse_loss (the producer's ops are empty).
     let hovers = cpu["hover"].as_array().unwrap();
     for step in 1..=4u64 {
         assert!(

@@ -74,11 +74,13 @@ fn same_as(path: &Path, expected: &(Vec<EventRow>, Option<String>), options: Sca
     }
 }
 
-/// Chunk sizes from smaller than a row (every record crosses a chunk edge) to the default.
+/// Chunk sizes from smaller than a row (every record crosses a chunk edge) to the default, and
+/// worker counts up to 4, what `ScanOptions::default()` takes on a machine of 4 cores or more
+/// (so that a 2-core machine tests what a many-core one runs).
 fn option_grid() -> Vec<ScanOptions> {
     let mut grid = Vec::new();
     for block in [1, 7, 64, 301, 4096, 2 << 20] {
-        for workers in [1, 2, 3] {
+        for workers in [1, 2, 3, 4] {
             grid.push(ScanOptions { block, workers });
         }
     }
@@ -159,6 +161,10 @@ fn damaged_dumps_fail_the_same() {
         ScanOptions {
             block: 2 << 20,
             workers: 2,
+        },
+        ScanOptions {
+            block: 301,
+            workers: 4,
         },
     ];
     let mut failed = 0;
