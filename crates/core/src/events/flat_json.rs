@@ -11,15 +11,23 @@ use super::reader::NUMERIC_ATTRS;
 /// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
 /// `null` or arrays of those, and whose [`NUMERIC_ATTRS`] keys appear at most once each with an integer from 0 to
 /// `u64::MAX` written in digits. `false` means "not known", not "invalid".
+#[cfg(test)]
 pub(crate) fn plainly_valid(attrs: &str) -> bool {
+    plain_numbers(attrs).is_some()
+}
+
+/// When [`plainly_valid`] says yes: which [`NUMERIC_ATTRS`] keys the object has (bit i for
+/// key i) and their values.
+pub(crate) fn plain_numbers(attrs: &str) -> Option<(u8, [u64; 8])> {
     let mut scan = Scan {
         b: attrs.as_bytes(),
         at: 0,
+        seen: 0,
+        values: [0; 8],
     };
-    scan.object().is_some() && {
-        scan.skip_ws();
-        scan.at == scan.b.len()
-    }
+    scan.object()?;
+    scan.skip_ws();
+    (scan.at == scan.b.len()).then_some((scan.seen, scan.values))
 }
 
 /// The index of `key` in [`NUMERIC_ATTRS`]; by length first, as most keys are none of them.
@@ -33,6 +41,9 @@ fn numeric_index(key: &[u8]) -> Option<usize> {
 struct Scan<'a> {
     b: &'a [u8],
     at: usize,
+    /// The numeric keys met, and their values.
+    seen: u8,
+    values: [u64; 8],
 }
 
 impl<'a> Scan<'a> {
@@ -58,7 +69,6 @@ impl<'a> Scan<'a> {
             self.at += 1;
             return Some(());
         }
-        let mut seen = 0u32;
         loop {
             self.skip_ws();
             let key = self.string()?;
@@ -66,11 +76,11 @@ impl<'a> Scan<'a> {
             self.skip_ws();
             match numeric_index(key) {
                 Some(index) => {
-                    if seen & (1 << index) != 0 {
+                    if self.seen & (1 << index) != 0 {
                         return None;
                     }
-                    seen |= 1 << index;
-                    self.u64_digits()?;
+                    self.seen |= 1 << index;
+                    self.values[index] = self.u64_digits()?;
                 }
                 None => self.scalar()?,
             }
@@ -185,17 +195,17 @@ impl<'a> Scan<'a> {
         Some(&b[from..self.at])
     }
 
-    /// An integer from 0 to `u64::MAX` in digits only.
-    fn u64_digits(&mut self) -> Option<()> {
+    /// An integer from 0 to `u64::MAX` in digits only; its value.
+    fn u64_digits(&mut self) -> Option<u64> {
         let digits = self.int_digits()?;
         if matches!(self.peek(), Some(b'.' | b'e' | b'E')) || digits.len() > 20 {
             return None;
         }
-        std::str::from_utf8(digits)
-            .ok()?
-            .parse::<u64>()
-            .ok()
-            .map(drop)
+        let mut value = 0u64;
+        for &d in digits {
+            value = value.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        }
+        Some(value)
     }
 }
 

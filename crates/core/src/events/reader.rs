@@ -14,7 +14,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::csv::HEADER;
-use super::row::{DeviceId, Event, EventRow, EventType};
+use super::row::{AttrNumbers, DeviceId, Event, EventRow, EventType};
 
 /// The longest row a dump may hold, in bytes: a CSV record with its line ends, or the sum of a
 /// SQLite row's values. A real row is at most a few hundred KB: its two stacks hold at most
@@ -37,6 +37,21 @@ pub const NUMERIC_ATTRS: [&str; 8] = [
     "allocation_id",
     "range_id",
 ];
+
+/// The index of `key` in [`NUMERIC_ATTRS`].
+pub(crate) fn numeric_attr_index(key: &str) -> Option<usize> {
+    Some(match key {
+        "size" => 0,
+        "used" => 1,
+        "total" => 2,
+        "allocated" => 3,
+        "free" => 4,
+        "req_size" => 5,
+        "allocation_id" => 6,
+        "range_id" => 7,
+        _ => return None,
+    })
+}
 
 /// Why a dump cannot be read. Every message is one line naming the file, and the row for a bad
 /// row.
@@ -591,12 +606,16 @@ pub(crate) fn parse_fields_into<'a>(
         // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
         // `parse_attrs` builds the map for the rest; checked here so that both read what the
         // row says.
-        check_attrs(attrs)?;
+        let numbers = check_attrs_numbers(attrs)?;
         let kept = row
             .attrs_json
             .get_or_insert_with(|| spare.pop().unwrap_or_default());
         kept.clear();
         kept.push_str(attrs);
+        row.numbers = match numbers {
+            Some((present, values)) => AttrNumbers::of(kept, present, values),
+            None => AttrNumbers::default(),
+        };
     } else if let Some(unused) = row.attrs_json.take() {
         spare.push(unused);
     }
@@ -613,6 +632,18 @@ fn decimal(text: &str) -> Option<u64> {
     let digits = text.strip_prefix('+').unwrap_or(text).as_bytes();
     if digits.is_empty() {
         return None;
+    }
+    if digits.len() <= 19 {
+        // Nineteen digits stay below 10^19 < u64::MAX: no step can overflow.
+        let mut value = 0u64;
+        for &d in digits {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return None;
+            }
+            value = value * 10 + u64::from(d);
+        }
+        return Some(value);
     }
     let mut value = 0u64;
     for &d in digits {
@@ -651,10 +682,16 @@ fn hexadecimal(text: &str) -> Option<u64> {
 /// it must find them as written); the reason names the key. Public so that a producer can
 /// refuse at emit time what the readers would refuse later.
 pub fn check_attrs(attrs: &str) -> Result<(), String> {
-    if super::flat_json::plainly_valid(attrs) {
-        return Ok(());
+    check_attrs_numbers(attrs).map(drop)
+}
+
+/// [`check_attrs`], and the [`NUMERIC_ATTRS`] values (which are present, and each value) when
+/// the quick accept took the object.
+fn check_attrs_numbers(attrs: &str) -> Result<Option<(u8, [u64; 8])>, String> {
+    if let Some(numbers) = super::flat_json::plain_numbers(attrs) {
+        return Ok(Some(numbers));
     }
-    check_attrs_fully(attrs)
+    check_attrs_fully(attrs).map(|()| None)
 }
 
 /// [`check_attrs`] without the quick accept: a full JSON walk.
@@ -1091,6 +1128,42 @@ mod tests {
     }
 
     #[test]
+    fn numbers_known_from_the_check_answer_only_for_their_text() {
+        let fields = |attrs: &'static str| {
+            [
+                "7", "MALLOC", "PTA", "N/A", "5", "1", "1", "cpu", "0x10", attrs, "", "",
+            ]
+            .into_iter()
+        };
+        let mut row = EventRow::new(Event::Free, EventType::Pta, "");
+        parse_fields_into(&mut row, fields(r#"{"size":5,"used":70}"#), &mut Vec::new()).unwrap();
+        assert_eq!(row.attr_u64("size"), Some(5));
+        assert_eq!(row.attr_u64("used"), Some(70));
+        assert_eq!(row.attr_u64("total"), None);
+        // The row's memory is reused for the next: same length, other values.
+        parse_fields_into(&mut row, fields(r#"{"size":6,"used":71}"#), &mut Vec::new()).unwrap();
+        assert_eq!(
+            (row.attr_u64("size"), row.attr_u64("used")),
+            (Some(6), Some(71))
+        );
+        // Escapes are the full check's: nothing known, the text is read.
+        let escaped = r#"{"size":8,"owner":"a\"b"}"#;
+        parse_fields_into(&mut row, fields(escaped), &mut Vec::new()).unwrap();
+        assert_eq!(row.attr_u64("size"), Some(8));
+        // A text put in place of the one read is read, not answered from what was known.
+        row.attrs_json = Some(r#"{"size":9,"used":72}"#.into());
+        assert_eq!(row.attr_u64("size"), Some(9));
+    }
+
+    #[test]
+    fn numeric_attr_indices_follow_the_list() {
+        for (i, key) in NUMERIC_ATTRS.iter().enumerate() {
+            assert_eq!(numeric_attr_index(key), Some(i));
+        }
+        assert_eq!(numeric_attr_index("owner"), None);
+    }
+
+    #[test]
     fn numbers_read_as_the_standard_parsers_read_them() {
         for text in [
             "",
@@ -1104,6 +1177,12 @@ mod tests {
             "00042",
             " 1",
             "+",
+            "1700000000000000137",
+            "9999999999999999999",
+            "99999999999999999999",
+            "+9999999999999999999",
+            "000000000000000000000000001",
+            "999999999999999999a",
         ] {
             assert_eq!(decimal(text), text.parse::<u64>().ok(), "{text:?}");
         }

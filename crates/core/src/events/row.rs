@@ -212,8 +212,40 @@ impl DeviceId {
 /// The `Attr` column: key/value pairs in insertion order, written as one JSON object.
 pub type Attrs = serde_json::Map<String, serde_json::Value>;
 
+/// The [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) values of a row's `attrs_json`, as the
+/// reader found them while checking it, so that an analysis reading `size` does not search the
+/// text again. They answer only for the very string they were read from (its address and
+/// length): a row whose `attrs_json` is replaced reads the text, as a row never read does.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttrNumbers {
+    text: Option<(usize, usize)>,
+    /// Bit i: `NUMERIC_ATTRS[i]` is in the object, with `values[i]`.
+    present: u8,
+    values: [u64; 8],
+}
+
+impl AttrNumbers {
+    /// The values found in `text`, the string they are to answer for.
+    pub(crate) fn of(text: &str, present: u8, values: [u64; 8]) -> AttrNumbers {
+        AttrNumbers {
+            text: Some((text.as_ptr() as usize, text.len())),
+            present,
+            values,
+        }
+    }
+
+    /// `Some(value)` when these numbers are `text`'s and `key` is one of them.
+    fn get(&self, text: &str, key: &str) -> Option<Option<u64>> {
+        if self.text != Some((text.as_ptr() as usize, text.len())) {
+            return None;
+        }
+        let index = super::reader::numeric_attr_index(key)?;
+        Some((self.present >> index & 1 != 0).then(|| self.values[index]))
+    }
+}
+
 /// A row. `id` is assigned by the writer in time order.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct EventRow {
     pub id: u64,
     pub event: Event,
@@ -230,6 +262,27 @@ pub struct EventRow {
     pub attrs_json: Option<String>,
     pub python_stack: String,
     pub c_stack: String,
+    /// What the reader already knows of `attrs_json`; not part of the row's value.
+    pub(crate) numbers: AttrNumbers,
+}
+
+impl PartialEq for EventRow {
+    fn eq(&self, other: &EventRow) -> bool {
+        // Every column; `numbers` is a cache of `attrs_json`.
+        self.id == other.id
+            && self.event == other.event
+            && self.event_type == other.event_type
+            && self.name == other.name
+            && self.ts_ns == other.ts_ns
+            && self.pid == other.pid
+            && self.tid == other.tid
+            && self.device == other.device
+            && self.ptr == other.ptr
+            && self.attrs == other.attrs
+            && self.attrs_json == other.attrs_json
+            && self.python_stack == other.python_stack
+            && self.c_stack == other.c_stack
+    }
 }
 
 impl EventRow {
@@ -249,6 +302,7 @@ impl EventRow {
             attrs_json: None,
             python_stack: String::new(),
             c_stack: String::new(),
+            numbers: AttrNumbers::default(),
         }
     }
 
@@ -273,7 +327,11 @@ impl EventRow {
         if let Some(value) = self.attrs.get(key) {
             return value.as_u64();
         }
-        let raw = raw_value(self.attrs_json.as_deref()?, key)?;
+        let text = self.attrs_json.as_deref()?;
+        if let Some(known) = self.numbers.get(text, key) {
+            return known;
+        }
+        let raw = raw_value(text, key)?;
         let digits = raw.bytes().take_while(u8::is_ascii_digit).count();
         raw[..digits].parse().ok()
     }

@@ -10,9 +10,9 @@
 //! workers and the consumer, so a worker waits for the consumer rather than reading ahead; a
 //! chunk is one block, or more to hold a record longer than that.
 
-mod delims;
 mod parse;
 mod split;
+mod structure;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
