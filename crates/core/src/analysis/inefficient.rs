@@ -51,10 +51,11 @@
 //! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
 //! it writes nothing (the caller may render them with [`render_csv`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::fast_map::FastMap;
 use super::{Analysis, AnalysisOutput};
 use crate::events::reader::{self, ReadError};
 use crate::events::row::format_ptr;
@@ -257,8 +258,10 @@ struct Block {
 struct DeviceState {
     /// ATEN_START rows of this device (rows without a device are counted in `shared_ops`).
     ops: u64,
-    /// Live blocks by Ptr.
-    blocks: BTreeMap<u64, Block>,
+    /// Live blocks by Ptr. Most accesses name a block's own Ptr and are found in the hash
+    /// map; `bases` (the same Ptrs, in order) finds the block an inner pointer falls in.
+    blocks: FastMap<u64, Block>,
+    bases: BTreeSet<u64>,
     frees: OpsWith,
     mallocs: OpsWith,
 }
@@ -297,6 +300,7 @@ impl Inefficient {
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         dev.mallocs.record(op);
+        dev.bases.insert(ptr);
         dev.blocks.insert(
             ptr,
             Block {
@@ -320,6 +324,7 @@ impl Inefficient {
         );
         if matches {
             let block = dev.blocks.remove(&ptr).expect("present");
+            dev.bases.remove(&ptr);
             if let Some(last) = block.last_access {
                 if dev.mallocs.between(last, op) {
                     self.marks.push(mark(
@@ -339,7 +344,15 @@ impl Inefficient {
         let threshold = self.idle_threshold;
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
-        let Some((&base, block)) = dev.blocks.range_mut(..=ptr).next_back() else {
+        let base = if dev.blocks.contains_key(&ptr) {
+            ptr
+        } else {
+            match dev.bases.range(..=ptr).next_back() {
+                Some(&base) => base,
+                None => return,
+            }
+        };
+        let Some(block) = dev.blocks.get_mut(&base) else {
             return;
         };
         if ptr - base >= block.size.max(1) {
