@@ -9,6 +9,7 @@ use msmemscope_core::analysis::check_leaks::{self as leak_check, CheckLeaksError
 use msmemscope_core::analysis::decompose;
 use msmemscope_core::analysis::inefficient::{self, InefficientType, Options};
 use msmemscope_core::events::reader::ReadError;
+use msmemscope_core::events::DeviceId;
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString};
@@ -173,17 +174,36 @@ pub fn check_inefficient<'py>(
     if let Some(out) = output {
         write_output(&path, &out, inefficient::render_csv(&marks).as_bytes())?;
     }
-    let list = PyList::empty(py);
+    // A dump can mark a million blocks: the keys, kinds and devices are made once as Python
+    // strings and shared by every dict, not made again for each.
+    let keys = [
+        pyo3::intern!(py, "id"),
+        pyo3::intern!(py, "ptr"),
+        pyo3::intern!(py, "size"),
+        pyo3::intern!(py, "device"),
+        pyo3::intern!(py, "inefficient_type"),
+    ];
+    let kinds = InefficientType::ALL.map(|k| PyString::new(py, k.as_str()));
+    let mut devices: Vec<(DeviceId, Bound<'py, PyString>)> = Vec::new();
+    let mut dicts = Vec::with_capacity(marks.len());
     for m in &marks {
+        let device = match devices.iter().find(|(d, _)| *d == m.device) {
+            Some((_, name)) => name.clone(),
+            None => {
+                let name = PyString::new(py, &m.device.to_string());
+                devices.push((m.device, name.clone()));
+                name
+            }
+        };
         let d = PyDict::new(py);
-        d.set_item("id", m.id)?;
-        d.set_item("ptr", m.ptr)?;
-        d.set_item("size", m.size)?;
-        d.set_item("device", m.device.to_string())?;
-        d.set_item("inefficient_type", m.kind.as_str())?;
-        list.append(d)?;
+        d.set_item(keys[0], m.id)?;
+        d.set_item(keys[1], m.ptr)?;
+        d.set_item(keys[2], m.size)?;
+        d.set_item(keys[3], device)?;
+        d.set_item(keys[4], &kinds[m.kind as usize])?;
+        dicts.push(d);
     }
-    Ok(list)
+    PyList::new(py, dicts)
 }
 
 /// Why `output` must not be written: it is a symlink (the file it names could be anything,
