@@ -94,6 +94,22 @@ fn next_record(entries: &[u32], next: &mut usize, start: usize, n: usize) -> (Re
         fields: 1,
         irregular: false,
     };
+    // The usual record: eleven commas, then its line end.
+    if let Some(usual) = entries.get(*next..*next + 12) {
+        let kinds = usual[..11]
+            .iter()
+            .fold(0, |kinds, e| kinds | e & structure::KIND);
+        if kinds == structure::COMMA && usual[11] & structure::KIND == structure::NEWLINE {
+            for (comma, entry) in record.commas.iter_mut().zip(usual) {
+                *comma = (entry & !structure::KIND) as usize;
+            }
+            record.fields = 12;
+            let line_end = (usual[11] & !structure::KIND) as usize;
+            record.end = line_end + 1;
+            *next += 12;
+            return (record, 1, line_end);
+        }
+    }
     let mut lines = 1u64;
     let mut line_end = n;
     while let Some(&entry) = entries.get(*next) {
