@@ -626,6 +626,30 @@ pub(crate) fn parse_fields_into<'a>(
     Ok(())
 }
 
+/// Makes `attrs` (a row's Attr text, which [`parse_fields_into`] was given as empty) the row's,
+/// checked as that function checks it: its memory moves into the row, and the row's old string
+/// comes back in `attrs`, so a reader that unquoted the text into a string of its own copies
+/// nothing.
+pub(crate) fn adopt_attrs(
+    row: &mut EventRow,
+    attrs: &mut String,
+    spare: &mut Vec<String>,
+) -> Result<(), String> {
+    if attrs.is_empty() || attrs == "{}" {
+        return Ok(());
+    }
+    let numbers = check_attrs_numbers(attrs)?;
+    let kept = row
+        .attrs_json
+        .get_or_insert_with(|| spare.pop().unwrap_or_default());
+    std::mem::swap(kept, attrs);
+    row.numbers = match numbers {
+        Some((present, values)) => AttrNumbers::of(kept, present, values),
+        None => AttrNumbers::default(),
+    };
+    Ok(())
+}
+
 /// A decimal `u64` as `str::parse` reads one (an optional `+`, then digits), without its
 /// generality: readers parse four of these on every row.
 fn decimal(text: &str) -> Option<u64> {

@@ -5,7 +5,10 @@
 //! so an error reads exactly as it always has.
 
 use super::structure;
-use crate::events::reader::{parse_fields_into, split_record, IdOrder};
+use crate::events::reader::{adopt_attrs, parse_fields_into, split_record, IdOrder};
+
+/// The Attr column's index among the 12.
+const ATTR_FIELD: usize = 9;
 use crate::events::EventRow;
 
 /// The rows of one chunk.
@@ -28,8 +31,12 @@ pub(super) struct Parsed {
 pub(super) struct Scratch {
     /// The chunk's field and record ends ([`structure::find`]).
     entries: Vec<u32>,
-    /// A record's quoted fields, unquoted.
+    /// The chunk's quote bits ([`structure::find`]).
+    quotes: Vec<u64>,
+    /// A record's quoted fields, unquoted; the Attr field apart, as its text moves into the
+    /// row rather than being copied there.
     text: String,
+    attr: String,
     fields: Vec<std::ops::Range<usize>>,
     /// Attr strings of rows that had none this time, kept for the next row that has one.
     spare: Vec<String>,
@@ -47,7 +54,8 @@ pub(super) fn parse_chunk(data: &[u8], out: &mut Parsed, scratch: &mut Scratch) 
     }
     let mut order = IdOrder::default();
     let mut entries = std::mem::take(&mut scratch.entries);
-    let found = structure::find(data, &mut entries);
+    let mut quotes = std::mem::take(&mut scratch.quotes);
+    let found = structure::find(data, &mut entries, &mut quotes);
     // Checked once for the chunk; each record is then a slice of it at ASCII line ends
     // (char boundaries). A chunk that is not UTF-8 is checked record by record, to find the
     // record the other reader must report.
@@ -72,7 +80,7 @@ pub(super) fn parse_chunk(data: &[u8], out: &mut Parsed, scratch: &mut Scratch) 
             Some(text) => Some(&text[start..trimmed]),
             None => std::str::from_utf8(&data[start..trimmed]).ok(),
         };
-        if !raw.is_some_and(|raw| parse_record(raw, &record, out, scratch, &mut order)) {
+        if !raw.is_some_and(|raw| parse_record(raw, &record, &quotes, out, scratch, &mut order)) {
             out.stopped_at = Some(start);
             break;
         }
@@ -81,6 +89,7 @@ pub(super) fn parse_chunk(data: &[u8], out: &mut Parsed, scratch: &mut Scratch) 
         start = record.end;
     }
     scratch.entries = entries;
+    scratch.quotes = quotes;
 }
 
 /// The record that starts at `start`, from the entries from `next` on (which it moves past
@@ -153,17 +162,19 @@ struct Record {
 fn parse_record(
     raw: &str,
     record: &Record,
+    quotes: &[u64],
     out: &mut Parsed,
     scratch: &mut Scratch,
     order: &mut IdOrder,
 ) -> bool {
     let Scratch {
         text,
+        attr,
         fields,
         spare,
         ..
     } = scratch;
-    let Some(in_text) = split(raw, record, text, fields) else {
+    let Some((in_text, attr_apart)) = split(raw, record, quotes, text, attr, fields) else {
         return false;
     };
     if out.rows.len() == out.len {
@@ -183,7 +194,10 @@ fn parse_record(
         };
         *value = &source[range.clone()];
     }
-    if parse_fields_into(row, values.into_iter(), spare).is_err() || order.check(row.id).is_err() {
+    if parse_fields_into(row, values.into_iter(), spare).is_err()
+        || (attr_apart && adopt_attrs(row, attr, spare).is_err())
+        || order.check(row.id).is_err()
+    {
         return false;
     }
     out.len += 1;
@@ -191,34 +205,53 @@ fn parse_record(
 }
 
 /// Splits a record into its 12 fields: each field's range is in `raw`, or, where its bit in
-/// the result is set, in `text`. `None` when it has not 12 fields (or a quoted field is not
-/// closed), as `split_record` says.
+/// the result is set, in `text`; with the result's `true`, the Attr field is `attr` instead
+/// (its range then empty). `None` when it has not 12 fields (or a quoted field is not closed),
+/// as `split_record` says.
 fn split(
     raw: &str,
     record: &Record,
+    quotes: &[u64],
     text: &mut String,
+    attr: &mut String,
     fields: &mut Vec<std::ops::Range<usize>>,
-) -> Option<u16> {
+) -> Option<(u16, bool)> {
     let mut in_text = 0u16;
-    if !record.irregular && split_regular(raw, record, text, fields, &mut in_text) {
-        return Some(in_text);
+    let mut attr_apart = false;
+    if !record.irregular
+        && split_regular(
+            raw,
+            record,
+            quotes,
+            text,
+            attr,
+            fields,
+            &mut in_text,
+            &mut attr_apart,
+        )
+    {
+        return Some((in_text, attr_apart));
     }
     let Ok(12) = split_record(raw, true, text, fields) else {
         return None;
     };
-    Some(u16::MAX)
+    Some((u16::MAX, false))
 }
 
 /// Splits a record whose quotes are all regular at its field ends: a field in quotes is
 /// unquoted into `text` (`""` undoubled) and its bit set in `in_text`; the others are ranges
 /// of `raw`. False when the record has not 12 fields (an error the row-by-row reader words)
 /// or a quoted field is not as the structure promised, which leaves it to that reader too.
+#[allow(clippy::too_many_arguments)]
 fn split_regular(
     raw: &str,
     record: &Record,
+    quotes: &[u64],
     text: &mut String,
+    attr: &mut String,
     fields: &mut Vec<std::ops::Range<usize>>,
     in_text: &mut u16,
+    attr_apart: &mut bool,
 ) -> bool {
     if record.fields != 12 {
         return false;
@@ -234,12 +267,22 @@ fn split_regular(
             let Some(body) = field.strip_prefix('"').and_then(|f| f.strip_suffix('"')) else {
                 return false;
             };
-            let begin = text.len();
-            if !unquote(body, text) {
-                return false;
+            let at = record.start + from + 1;
+            if i == ATTR_FIELD {
+                attr.clear();
+                if !unquote(body, at, quotes, attr) {
+                    return false;
+                }
+                fields.push(0..0);
+                *attr_apart = true;
+            } else {
+                let begin = text.len();
+                if !unquote(body, at, quotes, text) {
+                    return false;
+                }
+                fields.push(begin..text.len());
+                *in_text |= 1 << i;
             }
-            fields.push(begin..text.len());
-            *in_text |= 1 << i;
         } else {
             fields.push(from..to);
         }
@@ -248,18 +291,38 @@ fn split_regular(
     true
 }
 
-/// Appends `body` (a quoted field's text between its quotes) to `text` with each `""` made
-/// one `"`; false for a lone quote.
-fn unquote(body: &str, text: &mut String) -> bool {
+/// Appends `body` (a quoted field's text between its quotes, at chunk offset `at`) to `text`
+/// with each `""` made one `"`; false for a lone quote. The quotes are found in the chunk's
+/// quote bits, not by searching the text again.
+fn unquote(body: &str, at: usize, quotes: &[u64], text: &mut String) -> bool {
+    let end = at + body.len();
     let mut from = 0;
-    // One vector search over the body (an Attr's has some twenty quotes), not one a quote.
-    let mut quotes = memchr::memchr_iter(b'"', body.as_bytes());
-    while let Some(q) = quotes.next() {
-        if quotes.next() != Some(q + 1) {
-            return false;
+    let mut open: Option<usize> = None;
+    let mut word = at / 64;
+    while word * 64 < end {
+        let mut bits = quotes.get(word).copied().unwrap_or(0);
+        if word * 64 < at {
+            bits &= !0u64 << (at % 64);
         }
-        text.push_str(&body[from..=q]);
-        from = q + 2;
+        if end < word * 64 + 64 {
+            bits &= !(!0u64 << (end % 64));
+        }
+        while bits != 0 {
+            let q = word * 64 + bits.trailing_zeros() as usize - at;
+            bits &= bits - 1;
+            match open.take() {
+                None => open = Some(q),
+                Some(first) if q == first + 1 => {
+                    text.push_str(&body[from..=first]);
+                    from = q + 1;
+                }
+                Some(_) => return false,
+            }
+        }
+        word += 1;
+    }
+    if open.is_some() {
+        return false;
     }
     text.push_str(&body[from..]);
     true
@@ -273,15 +336,19 @@ mod tests {
 
     /// The fields `split` gives a one-record chunk, or `None` for an error.
     fn fast(raw: &str) -> Option<Vec<String>> {
-        let mut entries = Vec::new();
-        let open = structure::find(raw.as_bytes(), &mut entries).open_at_end;
+        let (mut entries, mut quotes) = (Vec::new(), Vec::new());
+        let open = structure::find(raw.as_bytes(), &mut entries, &mut quotes).open_at_end;
         let mut next = 0;
         let (mut record, _, line_end) = next_record(&entries, &mut next, 0, raw.len());
         assert_eq!(line_end, raw.len(), "one record: {raw:?}");
         record.irregular |= open;
-        let (mut text, mut fields) = (String::new(), Vec::new());
-        let in_text = split(raw, &record, &mut text, &mut fields)?;
+        let (mut text, mut attr, mut fields) = (String::new(), String::new(), Vec::new());
+        let (in_text, attr_apart) =
+            split(raw, &record, &quotes, &mut text, &mut attr, &mut fields)?;
         let field = |(i, r): (usize, &std::ops::Range<usize>)| {
+            if attr_apart && i == super::ATTR_FIELD {
+                return attr.clone();
+            }
             let source = if in_text >> i & 1 != 0 { &text } else { raw };
             source[r.clone()].to_string()
         };

@@ -79,26 +79,26 @@ pub(super) struct Found {
 }
 
 /// Appends to `out` the chunk's field and record ends, inner line ends and irregular quotes,
-/// in order. `data` must be at most
+/// in order, and sets `quotes` to the chunk's quote bits (bit i of word k: byte 64k + i). `data` must be at most
 /// [`MAX_CHUNK`] bytes and start at a record start.
-pub(super) fn find(data: &[u8], out: &mut Vec<u32>) -> Found {
+pub(super) fn find(data: &[u8], out: &mut Vec<u32>, quotes: &mut Vec<u64>) -> Found {
     assert!(data.len() <= MAX_CHUNK, "a chunk too large for its offsets");
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU was just found to have AVX2, which is all `find_avx2` needs.
-            return unsafe { find_avx2(data, out) };
+            return unsafe { find_avx2(data, out, quotes) };
         }
-        run::<Sse2>(data, out)
+        run::<Sse2>(data, out, quotes)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    run::<Plain>(data, out)
+    run::<Plain>(data, out, quotes)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn find_avx2(data: &[u8], out: &mut Vec<u32>) -> Found {
-    run::<Avx2>(data, out)
+unsafe fn find_avx2(data: &[u8], out: &mut Vec<u32>, quotes: &mut Vec<u64>) -> Found {
+    run::<Avx2>(data, out, quotes)
 }
 
 /// A way to take the masks of 64 bytes.
@@ -227,8 +227,9 @@ fn raw_of<M: Masks>(data: &[u8], k: usize) -> Raw {
 }
 
 #[inline(always)]
-fn run<M: Masks>(data: &[u8], out: &mut Vec<u32>) -> Found {
+fn run<M: Masks>(data: &[u8], out: &mut Vec<u32>, quotes: &mut Vec<u64>) -> Found {
     out.clear();
+    quotes.clear();
     let n = data.len();
     let blocks = n.div_ceil(64);
     let carry = |block: &Block| 0u64.wrapping_sub(block.inside >> 63);
@@ -236,6 +237,7 @@ fn run<M: Masks>(data: &[u8], out: &mut Vec<u32>) -> Found {
     let mut block_of = |k: usize, inside_before: u64| {
         let raw = raw_of::<M>(data, k);
         high |= raw.high;
+        quotes.push(raw.quote);
         Block::new(raw, inside_before)
     };
     let mut current = if blocks > 0 {
@@ -345,6 +347,25 @@ mod tests {
         )
     }
 
+    /// What each way of taking the masks that this CPU has finds.
+    fn every_way(data: &[u8]) -> Vec<(&'static str, (Vec<u32>, Found))> {
+        fn with<M: Masks>(data: &[u8]) -> (Vec<u32>, Found) {
+            let mut found = Vec::new();
+            let told = run::<M>(data, &mut found, &mut Vec::new());
+            (found, told)
+        }
+        #[allow(unused_mut)]
+        let mut ways = vec![("plain", with::<Plain>(data))];
+        #[cfg(target_arch = "x86_64")]
+        {
+            ways.push(("sse2", with::<Sse2>(data)));
+            if std::is_x86_feature_detected!("avx2") {
+                ways.push(("avx2", with::<Avx2>(data)));
+            }
+        }
+        ways
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(3_000))]
         #[test]
@@ -352,13 +373,19 @@ mod tests {
             prop_oneof![Just(b','), Just(b'"'), Just(b'\n'), Just(b'a'), any::<u8>()],
             0..300,
         )) {
-            let mut found = Vec::new();
-            let told = find(&data, &mut found);
+            let (mut found, mut quotes) = (Vec::new(), Vec::new());
+            let told = find(&data, &mut found, &mut quotes);
             let expected = plain(&data);
             prop_assert_eq!((&found, told), (&expected.0, expected.1));
-            // The portable masks give the same as the vector ones.
-            let told = run::<Plain>(&data, &mut found);
-            prop_assert_eq!((&found, told), (&expected.0, expected.1));
+            // Every way of taking the masks this CPU has gives the same.
+            for (way, told) in every_way(&data) {
+                prop_assert_eq!(&told, &(expected.0.clone(), expected.1), "{}", way);
+            }
+            let bits: Vec<usize> = (0..quotes.len() * 64)
+                .filter(|&i| quotes[i / 64] >> (i % 64) & 1 != 0)
+                .collect();
+            let plain_quotes: Vec<usize> = (0..data.len()).filter(|&i| data[i] == b'"').collect();
+            prop_assert_eq!(bits, plain_quotes);
         }
     }
 
@@ -366,7 +393,7 @@ mod tests {
     fn a_dump_row_has_only_its_field_ends() {
         let row = b"2,MALLOC,PTA,N/A,5,1,1,cpu,0x10,\"{\"\"size\"\":64}\",\"a\nb\",\n";
         let mut found = Vec::new();
-        let told = find(row, &mut found);
+        let told = find(row, &mut found, &mut Vec::new());
         assert_eq!(
             told,
             Found {
