@@ -5,19 +5,20 @@
 //! else (escapes, nesting, exponents, anything malformed) to the full check, which also words
 //! the error. So it may only answer "yes" where the full check would.
 
-use super::reader::NUMERIC_ATTRS;
+use super::reader::numeric_attr_index_of;
 
 /// Whether `attrs` is a JSON object whose keys and string values have no escapes and no
 /// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
-/// `null` or arrays of those, and whose [`NUMERIC_ATTRS`] keys appear at most once each with an integer from 0 to
-/// `u64::MAX` written in digits. `false` means "not known", not "invalid".
+/// `null` or arrays of those, and whose [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) keys
+/// appear at most once each with an integer from 0 to `u64::MAX` written in digits. `false`
+/// means "not known", not "invalid".
 #[cfg(test)]
 pub(crate) fn plainly_valid(attrs: &str) -> bool {
     plain_numbers(attrs).is_some()
 }
 
-/// When [`plainly_valid`] says yes: which [`NUMERIC_ATTRS`] keys the object has (bit i for
-/// key i) and their values.
+/// When [`plainly_valid`] says yes: which [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) keys
+/// the object has (bit i for key i) and their values.
 pub(crate) fn plain_numbers(attrs: &str) -> Option<(u8, [u64; 8])> {
     let mut scan = Scan {
         b: attrs.as_bytes(),
@@ -28,14 +29,6 @@ pub(crate) fn plain_numbers(attrs: &str) -> Option<(u8, [u64; 8])> {
     scan.object()?;
     scan.skip_ws();
     (scan.at == scan.b.len()).then_some((scan.seen, scan.values))
-}
-
-/// The index of `key` in [`NUMERIC_ATTRS`]; by length first, as most keys are none of them.
-fn numeric_index(key: &[u8]) -> Option<usize> {
-    if !(4..=13).contains(&key.len()) {
-        return None;
-    }
-    NUMERIC_ATTRS.iter().position(|k| k.as_bytes() == key)
 }
 
 struct Scan<'a> {
@@ -74,7 +67,7 @@ impl<'a> Scan<'a> {
             let key = self.string()?;
             self.eat(b':')?;
             self.skip_ws();
-            match numeric_index(key) {
+            match numeric_attr_index_of(key) {
                 Some(index) => {
                     if self.seen & (1 << index) != 0 {
                         return None;

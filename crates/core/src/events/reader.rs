@@ -40,15 +40,20 @@ pub const NUMERIC_ATTRS: [&str; 8] = [
 
 /// The index of `key` in [`NUMERIC_ATTRS`].
 pub(crate) fn numeric_attr_index(key: &str) -> Option<usize> {
+    numeric_attr_index_of(key.as_bytes())
+}
+
+/// [`numeric_attr_index`] of a key's bytes (a match: found by length, then compared once).
+pub(crate) fn numeric_attr_index_of(key: &[u8]) -> Option<usize> {
     Some(match key {
-        "size" => 0,
-        "used" => 1,
-        "total" => 2,
-        "allocated" => 3,
-        "free" => 4,
-        "req_size" => 5,
-        "allocation_id" => 6,
-        "range_id" => 7,
+        b"size" => 0,
+        b"used" => 1,
+        b"total" => 2,
+        b"allocated" => 3,
+        b"free" => 4,
+        b"req_size" => 5,
+        b"allocation_id" => 6,
+        b"range_id" => 7,
         _ => return None,
     })
 }
