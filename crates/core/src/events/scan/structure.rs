@@ -5,9 +5,9 @@
 //!
 //! Splitting fields by parity agrees with the row-by-row reader only where quoting is
 //! regular: every quote opens a field, closes one right before its comma or line end, or is
-//! one of a doubled pair inside a quoted field. Any other quote (`a"b`, `"a"b`, a quote left
-//! open) is reported as [`IRREGULAR`], and its record is split by that reader's own function
-//! instead. A dump's Attr objects are quoted with about twenty doubled quotes each: finding
+//! one of a doubled pair inside a quoted field. Any other quote (`a"b`, `"a"b`) is reported as
+//! [`IRREGULAR`], a chunk that ends inside quotes is told by [`Found::open_at_end`], and such
+//! records are split by that reader's own function instead. A dump's Attr objects are quoted with about twenty doubled quotes each: finding
 //! only the dozen field ends of a row, rather than every quote, is most of this module's gain.
 
 /// The kind of an entry, in its top two bits; the low 30 bits are the offset in the chunk.
