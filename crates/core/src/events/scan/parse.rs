@@ -33,13 +33,42 @@ pub(super) struct Scratch {
     entries: Vec<u32>,
     /// The chunk's quote bits ([`structure::find`]).
     quotes: Vec<u64>,
-    /// A record's quoted fields, unquoted; the Attr field apart, as its text moves into the
-    /// row rather than being copied there.
-    text: String,
-    attr: String,
-    fields: Vec<std::ops::Range<usize>>,
+    fields: Fields,
     /// Attr strings of rows that had none this time, kept for the next row that has one.
     spare: Vec<String>,
+}
+
+/// A record split into its fields.
+#[derive(Default)]
+struct Fields {
+    /// Each field's range: in the record, or (its bit set in `in_text`) in `text`.
+    ranges: Vec<std::ops::Range<usize>>,
+    in_text: u16,
+    /// The quoted fields, unquoted; but the Attr field's, which is unquoted into `attr` (its
+    /// range then empty, `attr_apart` set), so that its text can move into the row rather
+    /// than be copied there.
+    text: String,
+    attr: String,
+    attr_apart: bool,
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        self.ranges.clear();
+        self.in_text = 0;
+        self.text.clear();
+        self.attr_apart = false;
+    }
+
+    /// Field `i` of the record `raw`.
+    fn value<'a>(&'a self, raw: &'a str, i: usize) -> &'a str {
+        let range = self.ranges.get(i).cloned().unwrap_or_default();
+        if self.in_text >> i & 1 != 0 {
+            &self.text[range]
+        } else {
+            &raw[range]
+        }
+    }
 }
 
 /// Parses the records of `data` (whole records from a record start) into `out`.
@@ -167,16 +196,10 @@ fn parse_record(
     scratch: &mut Scratch,
     order: &mut IdOrder,
 ) -> bool {
-    let Scratch {
-        text,
-        attr,
-        fields,
-        spare,
-        ..
-    } = scratch;
-    let Some((in_text, attr_apart)) = split(raw, record, quotes, text, attr, fields) else {
+    let Scratch { fields, spare, .. } = scratch;
+    if !split(raw, record, quotes, fields) {
         return false;
-    };
+    }
     if out.rows.len() == out.len {
         out.rows.push(EventRow::new(
             crate::events::Event::Malloc,
@@ -185,17 +208,9 @@ fn parse_record(
         ));
     }
     let row = &mut out.rows[out.len];
-    let mut values = [""; 12];
-    for (i, (value, range)) in values.iter_mut().zip(fields.iter()).enumerate() {
-        let source = if in_text >> i & 1 != 0 {
-            &text[..]
-        } else {
-            raw
-        };
-        *value = &source[range.clone()];
-    }
+    let values: [&str; 12] = std::array::from_fn(|i| fields.value(raw, i));
     if parse_fields_into(row, values.into_iter(), spare).is_err()
-        || (attr_apart && adopt_attrs(row, attr, spare).is_err())
+        || (fields.attr_apart && adopt_attrs(row, &mut fields.attr, spare).is_err())
         || order.check(row.id).is_err()
     {
         return false;
@@ -204,59 +219,28 @@ fn parse_record(
     true
 }
 
-/// Splits a record into its 12 fields: each field's range is in `raw`, or, where its bit in
-/// the result is set, in `text`; with the result's `true`, the Attr field is `attr` instead
-/// (its range then empty). `None` when it has not 12 fields (or a quoted field is not closed),
-/// as `split_record` says.
-fn split(
-    raw: &str,
-    record: &Record,
-    quotes: &[u64],
-    text: &mut String,
-    attr: &mut String,
-    fields: &mut Vec<std::ops::Range<usize>>,
-) -> Option<(u16, bool)> {
-    let mut in_text = 0u16;
-    let mut attr_apart = false;
-    if !record.irregular
-        && split_regular(
-            raw,
-            record,
-            quotes,
-            text,
-            attr,
-            fields,
-            &mut in_text,
-            &mut attr_apart,
-        )
-    {
-        return Some((in_text, attr_apart));
+/// Splits the record `raw` into its 12 fields; false when it has not 12 (or a quoted field is
+/// not closed), as `split_record` says.
+fn split(raw: &str, record: &Record, quotes: &[u64], fields: &mut Fields) -> bool {
+    if !record.irregular && split_regular(raw, record, quotes, fields) {
+        return true;
     }
-    let Ok(12) = split_record(raw, true, text, fields) else {
-        return None;
+    fields.clear();
+    let Ok(12) = split_record(raw, true, &mut fields.text, &mut fields.ranges) else {
+        return false;
     };
-    Some((u16::MAX, false))
+    fields.in_text = u16::MAX;
+    true
 }
 
 /// Splits a record whose quotes are all regular at its field ends: a field in quotes is
-/// unquoted into `text` (`""` undoubled) and its bit set in `in_text`; the others are ranges
-/// of `raw`. False when the record has not 12 fields (an error the row-by-row reader words)
-/// or a quoted field is not as the structure promised, which leaves it to that reader too.
-#[allow(clippy::too_many_arguments)]
-fn split_regular(
-    raw: &str,
-    record: &Record,
-    quotes: &[u64],
-    text: &mut String,
-    attr: &mut String,
-    fields: &mut Vec<std::ops::Range<usize>>,
-    in_text: &mut u16,
-    attr_apart: &mut bool,
-) -> bool {
+/// unquoted (`""` undoubled), the others are ranges of `raw`. False when the record has not 12
+/// fields (an error the row-by-row reader words) or a quoted field is not as the structure
+/// promised, which leaves it to that reader too.
+fn split_regular(raw: &str, record: &Record, quotes: &[u64], fields: &mut Fields) -> bool {
     if record.fields != 12 {
         return false;
     }
-    text.clear();
     fields.clear();
     let b = raw.as_bytes();
     let mut from = 0;
@@ -269,22 +253,22 @@ fn split_regular(
             };
             let at = record.start + from + 1;
             if i == ATTR_FIELD {
-                attr.clear();
-                if !unquote(body, at, quotes, attr) {
+                fields.attr.clear();
+                if !unquote(body, at, quotes, &mut fields.attr) {
                     return false;
                 }
-                fields.push(0..0);
-                *attr_apart = true;
+                fields.ranges.push(0..0);
+                fields.attr_apart = true;
             } else {
-                let begin = text.len();
-                if !unquote(body, at, quotes, text) {
+                let begin = fields.text.len();
+                if !unquote(body, at, quotes, &mut fields.text) {
                     return false;
                 }
-                fields.push(begin..text.len());
-                *in_text |= 1 << i;
+                fields.ranges.push(begin..fields.text.len());
+                fields.in_text |= 1 << i;
             }
         } else {
-            fields.push(from..to);
+            fields.ranges.push(from..to);
         }
         from = to + 1;
     }
@@ -330,7 +314,7 @@ fn unquote(body: &str, at: usize, quotes: &[u64], text: &mut String) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{next_record, split, structure};
+    use super::{next_record, split, structure, Fields};
     use crate::events::reader::split_record;
     use proptest::prelude::*;
 
@@ -342,17 +326,18 @@ mod tests {
         let (mut record, _, line_end) = next_record(&entries, &mut next, 0, raw.len());
         assert_eq!(line_end, raw.len(), "one record: {raw:?}");
         record.irregular |= open;
-        let (mut text, mut attr, mut fields) = (String::new(), String::new(), Vec::new());
-        let (in_text, attr_apart) =
-            split(raw, &record, &quotes, &mut text, &mut attr, &mut fields)?;
-        let field = |(i, r): (usize, &std::ops::Range<usize>)| {
-            if attr_apart && i == super::ATTR_FIELD {
-                return attr.clone();
+        let mut fields = Fields::default();
+        if !split(raw, &record, &quotes, &mut fields) {
+            return None;
+        }
+        let field = |i: usize| {
+            if fields.attr_apart && i == super::ATTR_FIELD {
+                fields.attr.clone()
+            } else {
+                fields.value(raw, i).to_string()
             }
-            let source = if in_text >> i & 1 != 0 { &text } else { raw };
-            source[r.clone()].to_string()
         };
-        Some(fields.iter().enumerate().map(field).collect())
+        Some((0..12).map(field).collect())
     }
 
     fn reference(raw: &str) -> Option<Vec<String>> {
