@@ -5,7 +5,7 @@
 //! else (escapes, nesting, exponents, anything malformed) to the full check, which also words
 //! the error. So it may only answer "yes" where the full check would.
 
-use super::reader::numeric_attr_index_of;
+use super::reader::{decimal_digits, numeric_attr_index_of};
 
 /// Whether `attrs` is a JSON object whose keys and string values have no escapes and no
 /// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
@@ -194,11 +194,7 @@ impl<'a> Scan<'a> {
         if matches!(self.peek(), Some(b'.' | b'e' | b'E')) || digits.len() > 20 {
             return None;
         }
-        let mut value = 0u64;
-        for &d in digits {
-            value = value.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-        }
-        Some(value)
+        decimal_digits(digits)
     }
 }
 

@@ -607,20 +607,15 @@ pub(crate) fn parse_fields_into<'a>(
     };
     let attrs = next();
     row.attrs.clear();
-    if !attrs.is_empty() && attrs != "{}" {
+    if has_attrs(attrs) {
         // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
         // `parse_attrs` builds the map for the rest; checked here so that both read what the
         // row says.
         let numbers = check_attrs_numbers(attrs)?;
-        let kept = row
-            .attrs_json
-            .get_or_insert_with(|| spare.pop().unwrap_or_default());
-        kept.clear();
-        kept.push_str(attrs);
-        row.numbers = match numbers {
-            Some((present, values)) => AttrNumbers::of(kept, present, values),
-            None => AttrNumbers::default(),
-        };
+        keep_attrs(row, numbers, spare, |kept| {
+            kept.clear();
+            kept.push_str(attrs);
+        });
     } else if let Some(unused) = row.attrs_json.take() {
         spare.push(unused);
     }
@@ -640,25 +635,45 @@ pub(crate) fn adopt_attrs(
     attrs: &mut String,
     spare: &mut Vec<String>,
 ) -> Result<(), String> {
-    if attrs.is_empty() || attrs == "{}" {
+    if !has_attrs(attrs) {
         return Ok(());
     }
     let numbers = check_attrs_numbers(attrs)?;
+    keep_attrs(row, numbers, spare, |kept| std::mem::swap(kept, attrs));
+    Ok(())
+}
+
+/// Whether an Attr text holds anything (`{}` is written for none).
+fn has_attrs(attrs: &str) -> bool {
+    !attrs.is_empty() && attrs != "{}"
+}
+
+/// Gives `row` its Attr text through `put` (into the row's string, or one from `spare`), with
+/// the numeric values the check found in it.
+fn keep_attrs(
+    row: &mut EventRow,
+    numbers: Option<(u8, [u64; 8])>,
+    spare: &mut Vec<String>,
+    put: impl FnOnce(&mut String),
+) {
     let kept = row
         .attrs_json
         .get_or_insert_with(|| spare.pop().unwrap_or_default());
-    std::mem::swap(kept, attrs);
+    put(kept);
     row.numbers = match numbers {
         Some((present, values)) => AttrNumbers::of(kept, present, values),
         None => AttrNumbers::default(),
     };
-    Ok(())
 }
 
 /// A decimal `u64` as `str::parse` reads one (an optional `+`, then digits), without its
 /// generality: readers parse four of these on every row.
 fn decimal(text: &str) -> Option<u64> {
-    let digits = text.strip_prefix('+').unwrap_or(text).as_bytes();
+    decimal_digits(text.strip_prefix('+').unwrap_or(text).as_bytes())
+}
+
+/// Digits only (at least one) as a `u64`; `None` for anything else or an overflow.
+pub(crate) fn decimal_digits(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }
