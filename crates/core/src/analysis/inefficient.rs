@@ -51,10 +51,11 @@
 //! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
 //! it writes nothing (the caller may render them with [`render_csv`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use super::base_index::BaseIndex;
 use super::fast_map::FastMap;
 use super::{Analysis, AnalysisOutput};
 use crate::events::reader::{self, ReadError};
@@ -245,13 +246,59 @@ impl OpsWith {
     }
 }
 
+/// A live block: 48 bytes, the optional values' presence packed into `flags`, since at a few
+/// hundred thousand live blocks every lookup is a cache miss and a smaller entry is fewer.
 struct Block {
     id: u64,
     size: u64,
-    allocation_id: Option<u64>,
     alloc_op: u64,
-    last_access: Option<u64>,
-    idle: bool,
+    allocation_id: u64,
+    last_access: u64,
+    flags: u8,
+}
+
+impl Block {
+    const HAS_ALLOCATION_ID: u8 = 1;
+    const ACCESSED: u8 = 2;
+    const IDLE: u8 = 4;
+
+    fn new(id: u64, size: u64, allocation_id: Option<u64>, alloc_op: u64) -> Block {
+        Block {
+            id,
+            size,
+            alloc_op,
+            allocation_id: allocation_id.unwrap_or(0),
+            last_access: 0,
+            flags: if allocation_id.is_some() {
+                Block::HAS_ALLOCATION_ID
+            } else {
+                0
+            },
+        }
+    }
+
+    fn allocation_id(&self) -> Option<u64> {
+        (self.flags & Block::HAS_ALLOCATION_ID != 0).then_some(self.allocation_id)
+    }
+
+    /// The op of the latest access.
+    fn last_access(&self) -> Option<u64> {
+        (self.flags & Block::ACCESSED != 0).then_some(self.last_access)
+    }
+
+    fn accessed_at(&mut self, op: u64) {
+        self.last_access = op;
+        self.flags |= Block::ACCESSED;
+    }
+
+    /// Whether it has been marked idle (it is marked once).
+    fn idle(&self) -> bool {
+        self.flags & Block::IDLE != 0
+    }
+
+    fn set_idle(&mut self) {
+        self.flags |= Block::IDLE;
+    }
 }
 
 #[derive(Default)]
@@ -259,9 +306,9 @@ struct DeviceState {
     /// ATEN_START rows of this device (rows without a device are counted in `shared_ops`).
     ops: u64,
     /// Live blocks by Ptr. Most accesses name a block's own Ptr and are found in the hash
-    /// map; `bases` (the same Ptrs, in order) finds the block an inner pointer falls in.
+    /// map; `bases` finds the block an inner pointer falls in.
     blocks: FastMap<u64, Block>,
-    bases: BTreeSet<u64>,
+    bases: BaseIndex,
     frees: OpsWith,
     mallocs: OpsWith,
 }
@@ -300,18 +347,12 @@ impl Inefficient {
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         dev.mallocs.record(op);
-        dev.bases.insert(ptr);
-        dev.blocks.insert(
-            ptr,
-            Block {
-                id: row.id,
-                size,
-                allocation_id,
-                alloc_op: op,
-                last_access: None,
-                idle: false,
-            },
-        );
+        let replaced = dev
+            .blocks
+            .insert(ptr, Block::new(row.id, size, allocation_id, op));
+        if replaced.is_none() {
+            dev.bases.added(ptr, dev.blocks.len());
+        }
     }
 
     fn on_free(&mut self, row: &EventRow, ptr: u64) {
@@ -320,12 +361,12 @@ impl Inefficient {
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         let matches = dev.blocks.get(&ptr).is_some_and(
-            |b| !matches!((b.allocation_id, allocation_id), (Some(x), Some(y)) if x != y),
+            |b| !matches!((b.allocation_id(), allocation_id), (Some(x), Some(y)) if x != y),
         );
         if matches {
             let block = dev.blocks.remove(&ptr).expect("present");
-            dev.bases.remove(&ptr);
-            if let Some(last) = block.last_access {
+            dev.bases.removed(ptr, dev.blocks.len());
+            if let Some(last) = block.last_access() {
                 if dev.mallocs.between(last, op) {
                     self.marks.push(mark(
                         &block,
@@ -347,8 +388,9 @@ impl Inefficient {
         let base = if dev.blocks.contains_key(&ptr) {
             ptr
         } else {
-            match dev.bases.range(..=ptr).next_back() {
-                Some(&base) => base,
+            let blocks = &dev.blocks;
+            match dev.bases.at_or_below(ptr, || blocks.keys().copied()) {
+                Some(base) => base,
                 None => return,
             }
         };
@@ -358,15 +400,15 @@ impl Inefficient {
         if ptr - base >= block.size.max(1) {
             return;
         }
-        let kind = match block.last_access {
+        let kind = match block.last_access() {
             None if dev.frees.between(block.alloc_op, op) => Some(InefficientType::EarlyAllocation),
-            Some(prev) if !block.idle && op.saturating_sub(prev + 1) > threshold => {
-                block.idle = true;
+            Some(prev) if !block.idle() && op.saturating_sub(prev + 1) > threshold => {
+                block.set_idle();
                 Some(InefficientType::TemporaryIdleness)
             }
             _ => None,
         };
-        block.last_access = Some(op);
+        block.accessed_at(op);
         if let Some(kind) = kind {
             let m = mark(block, base, row.device, kind);
             self.marks.push(m);

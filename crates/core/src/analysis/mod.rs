@@ -2,6 +2,7 @@
 //! time order through [`Analysis::feed`]: online, the runtime's writer thread feeds every row it
 //! writes; offline, a dump reader feeds the rows of a file. Nothing here does I/O.
 
+mod base_index;
 pub mod check_leaks;
 pub mod compare;
 pub mod decompose;

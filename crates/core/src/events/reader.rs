@@ -678,9 +678,14 @@ pub(crate) fn decimal_digits(digits: &[u8]) -> Option<u64> {
         return None;
     }
     if digits.len() <= 19 {
-        // Nineteen digits stay below 10^19 < u64::MAX: no step can overflow.
+        // Nineteen digits stay below 10^19 < u64::MAX: no step can overflow. Eight at a time,
+        // since a dump's timestamps have nineteen.
         let mut value = 0u64;
-        for &d in digits {
+        let mut eights = digits.chunks_exact(8);
+        for eight in &mut eights {
+            value = value * 100_000_000 + eight_digits(eight.try_into().expect("8 bytes"))?;
+        }
+        for &d in eights.remainder() {
             let d = d.wrapping_sub(b'0');
             if d > 9 {
                 return None;
@@ -700,25 +705,63 @@ pub(crate) fn decimal_digits(digits: &[u8]) -> Option<u64> {
     Some(value)
 }
 
+/// Eight ASCII digits as their value, all in one word; `None` when any byte is not a digit.
+fn eight_digits(eight: [u8; 8]) -> Option<u64> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let word = u64::from_le_bytes(eight);
+    // A digit's high nibble is 3, and its low nibble plus 6 stays below 16.
+    let digits = word & (0xF0 * ONES) == 0x30 * ONES
+        && (word.wrapping_add(0x06 * ONES)) & (0xF0 * ONES) == 0x30 * ONES;
+    if !digits {
+        return None;
+    }
+    // The first byte is the lowest and the most significant digit: pairs, then fours, then
+    // all eight.
+    let mut v = word - 0x30 * ONES;
+    v = (v * 10 + (v >> 8)) & 0x00FF_00FF_00FF_00FF;
+    v = (v * 100 + (v >> 16)) & 0x0000_FFFF_0000_FFFF;
+    v = (v * 10_000 + (v >> 32)) & 0xFFFF_FFFF;
+    Some(v)
+}
+
+/// Each byte's hex digit value, or [`NOT_HEX`].
+const HEX_DIGITS: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = match c as u8 {
+            d @ b'0'..=b'9' => d - b'0',
+            d @ b'a'..=b'f' => d - b'a' + 10,
+            d @ b'A'..=b'F' => d - b'A' + 10,
+            _ => NOT_HEX,
+        };
+        c += 1;
+    }
+    table
+};
+const NOT_HEX: u8 = 0x80;
+
 /// Hex digits only (no sign, no prefix), at most 64 bits.
 fn hexadecimal(text: &str) -> Option<u64> {
-    if text.is_empty() {
+    let mut digits = text.as_bytes();
+    if digits.is_empty() {
+        return None;
+    }
+    // Leading zeros are not among the sixteen digits a u64 holds.
+    while digits.len() > 16 && digits[0] == b'0' {
+        digits = &digits[1..];
+    }
+    if digits.len() > 16 {
         return None;
     }
     let mut value = 0u64;
-    for &c in text.as_bytes() {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            b'A'..=b'F' => c - b'A' + 10,
-            _ => return None,
-        };
-        if value >> 60 != 0 {
-            return None;
-        }
-        value = value << 4 | u64::from(d);
+    let mut seen = 0u8;
+    for &c in digits {
+        let d = HEX_DIGITS[usize::from(c)];
+        seen |= d;
+        value = value << 4 | u64::from(d & 0xF);
     }
-    Some(value)
+    (seen & NOT_HEX == 0).then_some(value)
 }
 
 /// Checks that Attr is one JSON object whose [`NUMERIC_ATTRS`] are integers from 0 to
@@ -1246,6 +1289,24 @@ mod tests {
                 .then(|| u64::from_str_radix(text, 16).ok())
                 .flatten();
             assert_eq!(hexadecimal(text), standard, "{text:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_numbers_read_as_the_standard_parsers_read_them(
+            text in "[+0-9a-fA-F:/ ]{0,24}",
+            n in proptest::prelude::any::<u64>(),
+            width in 0usize..24,
+        ) {
+            proptest::prop_assert_eq!(decimal(&text), text.parse::<u64>().ok(), "{:?}", text);
+            let written = format!("{n:0width$}");
+            proptest::prop_assert_eq!(decimal(&written), Some(n));
+            let hex_standard = (!text.starts_with(['+', '-']))
+                .then(|| u64::from_str_radix(&text, 16).ok())
+                .flatten();
+            proptest::prop_assert_eq!(hexadecimal(&text), hex_standard, "{:?}", text);
+            proptest::prop_assert_eq!(hexadecimal(&format!("{n:0width$x}")), Some(n));
         }
     }
 
