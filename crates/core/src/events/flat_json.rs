@@ -44,8 +44,13 @@ impl<'a> Scan<'a> {
         self.b.get(self.at).copied()
     }
 
+    #[inline]
     fn skip_ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        // Whitespace is at most b' ': one comparison for the usual byte that is not.
+        while let Some(&c) = self.b.get(self.at) {
+            if c > b' ' || !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                break;
+            }
             self.at += 1;
         }
     }
@@ -96,10 +101,7 @@ impl<'a> Scan<'a> {
         }
         let start = self.at + 1;
         // One pass: the closing quote, and no backslash or control character before it.
-        let len = self.b[start..]
-            .iter()
-            .position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
-        let end = start + len;
+        let end = start + first_special(self.b.get(start..)?)?;
         if self.b[end] != b'"' {
             return None;
         }
@@ -198,11 +200,60 @@ impl<'a> Scan<'a> {
     }
 }
 
+/// The offset of the first quote, backslash or control character in `b`, eight bytes at a time
+/// (a dump's keys and values are short, and a loop over bytes costs more than they do).
+fn first_special(b: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x80 * ONES;
+    // Bit 7 of each byte that is `"`, `\` or below 0x20. A borrow can flag bytes after a
+    // true one, never before it, so the lowest flagged byte is the first special one.
+    let special = |w: u64| {
+        let quote = w ^ (u64::from(b'"') * ONES);
+        let backslash = w ^ (u64::from(b'\\') * ONES);
+        (quote.wrapping_sub(ONES) & !quote
+            | backslash.wrapping_sub(ONES) & !backslash
+            | w.wrapping_sub(0x20 * ONES) & !w)
+            & HIGH
+    };
+    let word = |at: usize| {
+        b.get(at..at + 8)
+            .map(|eight| u64::from_le_bytes(eight.try_into().expect("8 bytes")))
+    };
+    let mut at = 0;
+    while let Some(w) = word(at) {
+        let found = special(w);
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    if at < b.len() && b.len() >= 8 {
+        // The last bytes, as the word ending at the end (those before `at` are not special).
+        let last = b.len() - 8;
+        let found = special(word(last)?) & (!0u64 << (8 * (at - last)));
+        return (found != 0).then(|| last + (found.trailing_zeros() / 8) as usize);
+    }
+    b[at..]
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+        .map(|p| at + p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::plainly_valid;
     use crate::events::reader::check_attrs_fully;
     use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn first_special_is_the_first_quote_backslash_or_control(
+            b in proptest::collection::vec(prop_oneof![Just(b'"'), Just(b'\\'), 0u8..0x21, 0x5au8..0x5e, any::<u8>()], 0..40),
+        ) {
+            let want = b.iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+            prop_assert_eq!(super::first_special(&b), want, "{:?}", b);
+        }
+    }
 
     #[test]
     fn writer_attrs_are_accepted() {

@@ -298,7 +298,10 @@ fn unquote(body: &str, readable: &[u8], at: usize, quotes: &[u64], text: &mut St
     let end = at + src.len();
     let mut pieces = Pieces::new(src, readable, text);
     let mut from = 0;
-    let mut open: Option<usize> = None;
+    // Quotes come in doubled pairs, taken a pair at a time: a pair's first quote ends a piece,
+    // its second must be the next byte. `second_at_start`: a pair's first quote was the last
+    // byte of the word before.
+    let mut second_at_start = false;
     let mut word = at / 64;
     while word * 64 < end {
         let mut bits = quotes.get(word).copied().unwrap_or(0);
@@ -308,21 +311,29 @@ fn unquote(body: &str, readable: &[u8], at: usize, quotes: &[u64], text: &mut St
         if end < word * 64 + 64 {
             bits &= !(!0u64 << (end % 64));
         }
+        if std::mem::take(&mut second_at_start) {
+            if bits & 1 == 0 {
+                return false;
+            }
+            bits &= !1;
+        }
         while bits != 0 {
-            let q = word * 64 + bits.trailing_zeros() as usize - at;
-            bits &= bits - 1;
-            match open.take() {
-                None => open = Some(q),
-                Some(first) if q == first + 1 && first < src.len() => {
-                    pieces.push(from, first + 1);
-                    from = q + 1;
-                }
-                Some(_) => return false,
+            let bit = bits.trailing_zeros();
+            let first = word * 64 + bit as usize - at;
+            pieces.push(from, first + 1);
+            from = first + 2;
+            if bit == 63 {
+                second_at_start = true;
+                bits = 0;
+            } else if bits >> (bit + 1) & 1 == 0 {
+                return false;
+            } else {
+                bits &= !(3u64 << bit);
             }
         }
         word += 1;
     }
-    if open.is_some() || from > src.len() {
+    if second_at_start || from > src.len() {
         return false;
     }
     pieces.push(from, src.len());

@@ -234,10 +234,13 @@ fn run<M: Masks>(data: &[u8], out: &mut Vec<u32>, quotes: &mut Vec<u64>) -> Foun
     let blocks = n.div_ceil(64);
     let carry = |block: &Block| 0u64.wrapping_sub(block.inside >> 63);
     let mut high = 0u64;
+    quotes.resize(blocks, 0);
     let mut block_of = |k: usize, inside_before: u64| {
         let raw = raw_of::<M>(data, k);
         high |= raw.high;
-        quotes.push(raw.quote);
+        if let Some(slot) = quotes.get_mut(k) {
+            *slot = raw.quote;
+        }
         Block::new(raw, inside_before)
     };
     let mut current = if blocks > 0 {
@@ -271,15 +274,37 @@ fn run<M: Masks>(data: &[u8], out: &mut Vec<u32>, quotes: &mut Vec<u64>) -> Foun
         let inner = b.newline & b.inside;
         let mut all = b.ends | inner | irregular;
         let base = (64 * k) as u32;
+        // A block has at most 64 entries: written into room for 64, without a capacity check
+        // for each.
         out.reserve(64);
+        let spare = &mut out.spare_capacity_mut()[..64];
+        let mut written = 0;
+        if inner | irregular == 0 {
+            // The usual block: commas and record ends only, NEWLINE (1) told by the bit alone.
+            let newline = b.newline;
+            for slot in spare.iter_mut() {
+                if all == 0 {
+                    break;
+                }
+                let at = all.trailing_zeros();
+                slot.write(((newline >> at & 1) as u32) << 30 | (base + at));
+                written += 1;
+                all &= all - 1;
+            }
+        }
         while all != 0 {
             let at = all.trailing_zeros();
             // NEWLINE is 1, INNER_NEWLINE 2 (a line end inside quotes), IRREGULAR 3 (a quote:
             // never a line end), COMMA 0.
             let kind = (b.newline >> at & 1) + (inner >> at & 1) + 3 * (irregular >> at & 1);
-            out.push((kind as u32) << 30 | (base + at));
+            spare[written & 63].write((kind as u32) << 30 | (base + at));
+            written += 1;
             all &= all - 1;
         }
+        let len = out.len() + written;
+        // SAFETY: the `written` (at most 64, one per set bit) entries after the old length
+        // were just initialised, within the capacity reserved for 64.
+        unsafe { out.set_len(len) };
         end_before = b.ends >> 63;
         closing_before = b.closing >> 63;
         if let Some(next) = next {
