@@ -50,6 +50,9 @@ struct Fields {
     text: String,
     attr: String,
     attr_apart: bool,
+    /// Whether the chunk is all ASCII (and so `text` too, made of its pieces): then every byte
+    /// range of either is UTF-8, and fields are cut without looking for char boundaries.
+    ascii: bool,
 }
 
 impl Fields {
@@ -68,10 +71,18 @@ impl Fields {
         } else {
             raw
         };
-        self.ranges
-            .get(i)
-            .and_then(|range| source.get(range.clone()))
-            .unwrap_or("")
+        let Some(range) = self.ranges.get(i) else {
+            return "";
+        };
+        if self.ascii {
+            match source.as_bytes().get(range.clone()) {
+                // SAFETY: `source` is ASCII (`ascii` says so), and so is every part of it.
+                Some(bytes) => unsafe { std::str::from_utf8_unchecked(bytes) },
+                None => "",
+            }
+        } else {
+            source.get(range.clone()).unwrap_or("")
+        }
     }
 }
 
@@ -98,6 +109,7 @@ pub(super) fn parse_chunk(data: &[u8], out: &mut Parsed, scratch: &mut Scratch) 
     } else {
         std::str::from_utf8(data).ok()
     };
+    scratch.fields.ascii = found.ascii;
     let mut next = 0usize;
     let mut start = 0usize;
     while start < data.len() {
@@ -110,6 +122,11 @@ pub(super) fn parse_chunk(data: &[u8], out: &mut Parsed, scratch: &mut Scratch) 
             trimmed -= 1;
         }
         let raw = match text {
+            Some(text) if found.ascii && start <= trimmed && trimmed <= text.len() => {
+                // SAFETY: the range is within the chunk, and an ASCII chunk has a char
+                // boundary at every byte.
+                Some(unsafe { text.get_unchecked(start..trimmed) })
+            }
             Some(text) => Some(&text[start..trimmed]),
             None => std::str::from_utf8(&data[start..trimmed]).ok(),
         };
