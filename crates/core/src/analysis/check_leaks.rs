@@ -89,8 +89,8 @@ pub fn check_leaks(
     let need = start_index.saturating_add(3);
     let mut found = 0usize;
     let mut marks = [0u64; 3];
-    // Live blocks allocated between A and B, keyed by (device, pool, ptr).
-    let mut live: FastMap<(DeviceId, EventType, u64), LeakedBlock> = FastMap::default();
+    // Live blocks allocated between A and B.
+    let mut live: FastMap<LiveKey, LiveBlock> = FastMap::default();
     let mut rows = reader::open_rows(path)?;
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
@@ -100,7 +100,10 @@ pub fn check_leaks(
                 }
                 found += 1;
                 if found == need {
-                    let mut leaks: Vec<LeakedBlock> = live.into_values().collect();
+                    let mut leaks: Vec<LeakedBlock> = live
+                        .into_iter()
+                        .map(|(key, block)| block.leaked(key))
+                        .collect();
                     leaks.sort_by_key(|l| l.row_id);
                     let console = render(&marks, &leaks);
                     return Ok(CheckLeaksResult {
@@ -112,12 +115,12 @@ pub fn check_leaks(
             }
             (Event::Malloc, pool) if is_pool(pool) && found == start_index + 1 => {
                 if let Some(ptr) = row.ptr {
-                    live.insert((row.device, pool, ptr), leaked_block(row, ptr));
+                    live.insert(LiveKey::new(row.device, pool, ptr), LiveBlock::of(row));
                 }
             }
-            (Event::Free, pool) if is_pool(pool) && found > start_index => {
+            (Event::Free, pool) if is_pool(pool) && found > start_index && !live.is_empty() => {
                 if let Some(ptr) = row.ptr {
-                    live.remove(&(row.device, pool, ptr));
+                    live.remove(&LiveKey::new(row.device, pool, ptr));
                 }
             }
             _ => {}
@@ -130,14 +133,61 @@ pub fn check_leaks(
     })
 }
 
-fn leaked_block(row: &EventRow, ptr: u64) -> LeakedBlock {
-    LeakedBlock {
-        ptr,
-        size: block_attrs(row).size.unwrap_or(0),
-        device: row.device,
-        pool: row.event_type,
-        row_id: row.id,
-        python_stack: row.python_stack.clone(),
+/// A live block's identity: its device, pool and Ptr.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LiveKey {
+    ptr: u64,
+    device: DeviceId,
+    pool: EventType,
+}
+
+impl LiveKey {
+    fn new(device: DeviceId, pool: EventType, ptr: u64) -> LiveKey {
+        LiveKey { ptr, device, pool }
+    }
+}
+
+impl std::hash::Hash for LiveKey {
+    /// One word: the Ptr with the device and pool folded into its top bits, which real
+    /// addresses leave clear (equal words of different keys only share a bucket).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let device = match self.device {
+            DeviceId::None => 0,
+            DeviceId::Cpu => 1,
+            DeviceId::Cuda(index) => 2 + u64::from(index),
+        };
+        state.write_u64(self.ptr ^ (device << 8 | self.pool as u64) << 48);
+    }
+}
+
+/// What a live block keeps besides its key: 24 bytes, since a window can hold hundreds of
+/// thousands and every lookup in a map that size misses the cache.
+struct LiveBlock {
+    row_id: u64,
+    size: u64,
+    /// The MALLOC row's Python stack, when it has one.
+    python_stack: Option<Box<String>>,
+}
+
+impl LiveBlock {
+    fn of(row: &EventRow) -> LiveBlock {
+        LiveBlock {
+            row_id: row.id,
+            size: block_attrs(row).size.unwrap_or(0),
+            python_stack: (!row.python_stack.is_empty())
+                .then(|| Box::new(row.python_stack.clone())),
+        }
+    }
+
+    fn leaked(self, key: LiveKey) -> LeakedBlock {
+        LeakedBlock {
+            ptr: key.ptr,
+            size: self.size,
+            device: key.device,
+            pool: key.pool,
+            row_id: self.row_id,
+            python_stack: self.python_stack.map(|stack| *stack).unwrap_or_default(),
+        }
     }
 }
 

@@ -606,7 +606,11 @@ pub(crate) fn parse_fields_into<'a>(
         }
     };
     let attrs = next();
-    row.attrs.clear();
+    // Readers reuse rows; the map is empty but for rows built by hand, and clearing an empty
+    // one still costs a call.
+    if !row.attrs.is_empty() {
+        row.attrs.clear();
+    }
     if has_attrs(attrs) {
         // Kept as text: analyses read single values with `attr_u64`/`attr_str`, and
         // `parse_attrs` builds the map for the rest; checked here so that both read what the
