@@ -160,13 +160,13 @@ impl std::hash::Hash for LiveKey {
     }
 }
 
-/// What a live block keeps besides its key: 24 bytes, since a window can hold hundreds of
+/// What a live block keeps besides its key: 32 bytes, since a window can hold hundreds of
 /// thousands and every lookup in a map that size misses the cache.
 struct LiveBlock {
     row_id: u64,
     size: u64,
     /// The MALLOC row's Python stack, when it has one.
-    python_stack: Option<Box<String>>,
+    python_stack: Option<Box<str>>,
 }
 
 impl LiveBlock {
@@ -174,8 +174,7 @@ impl LiveBlock {
         LiveBlock {
             row_id: row.id,
             size: block_attrs(row).size.unwrap_or(0),
-            python_stack: (!row.python_stack.is_empty())
-                .then(|| Box::new(row.python_stack.clone())),
+            python_stack: (!row.python_stack.is_empty()).then(|| row.python_stack.as_str().into()),
         }
     }
 
@@ -186,7 +185,7 @@ impl LiveBlock {
             device: key.device,
             pool: key.pool,
             row_id: self.row_id,
-            python_stack: self.python_stack.map(|stack| *stack).unwrap_or_default(),
+            python_stack: self.python_stack.map(String::from).unwrap_or_default(),
         }
     }
 }
