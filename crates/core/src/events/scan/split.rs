@@ -64,8 +64,8 @@ impl Splitter {
         self.seq += 1;
         let mut want = self.block.saturating_sub(chunk.data.len()) as u64;
         let (at_end, cut) = loop {
-            let at_end = match (&self.file).take(want).read_to_end(&mut chunk.data) {
-                Ok(n) => (n as u64) < want,
+            let at_end = match read_up_to(&self.file, want as usize, &mut chunk.data) {
+                Ok(n) => n < want as usize,
                 Err(_) => {
                     // The row-by-row reader reads this part again and reports the error.
                     chunk.data.clear();
@@ -96,6 +96,27 @@ impl Splitter {
         self.offset += cut as u64;
         !(chunk.data.is_empty() && !chunk.hand_over && self.ended)
     }
+}
+
+/// Appends up to `want` bytes of `file` to `data`; how many (fewer only at the file's end).
+/// One `read` per block where `read_to_end` would make several (it probes and grows).
+fn read_up_to(mut file: &std::fs::File, want: usize, data: &mut Vec<u8>) -> std::io::Result<usize> {
+    let start = data.len();
+    data.resize(start + want, 0);
+    let mut filled = 0;
+    while filled < want {
+        match file.read(&mut data[start + filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                data.truncate(start + filled);
+                return Err(e);
+            }
+        }
+    }
+    data.truncate(start + filled);
+    Ok(filled)
 }
 
 /// Where the last whole record of `data` (which starts at a record start) ends: after the
