@@ -34,10 +34,19 @@ struct FastHasher(u64);
 
 impl Hasher for FastHasher {
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
+        // Whole words read as they are and the tail gathered byte by byte: copying each piece
+        // into a padded word was a `memcpy` call per word, on every op row.
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            self.write_u64(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+        }
+        let tail = words.remainder();
+        if !tail.is_empty() {
+            let word = tail
+                .iter()
+                .enumerate()
+                .fold(0u64, |word, (i, &b)| word | u64::from(b) << (8 * i));
+            self.write_u64(word);
         }
     }
 
