@@ -17,26 +17,38 @@ pub(crate) fn plainly_valid(attrs: &str) -> bool {
     plain_numbers(attrs).is_some()
 }
 
-/// When [`plainly_valid`] says yes: which [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) keys
-/// the object has (bit i for key i) and their values.
-pub(crate) fn plain_numbers(attrs: &str) -> Option<(u8, [u64; 8])> {
+/// What the quick accept learns of an object it takes, for the row to answer from without
+/// searching the text again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Plain {
+    /// Which [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) keys the object has (bit i for key
+    /// i), and their values.
+    pub(crate) present: u8,
+    pub(crate) values: [u64; 8],
+    /// The text of the first `owner` key's value when it is a string (between its quotes):
+    /// decompose and the report read it on every MALLOC row.
+    pub(crate) owner: Option<(u32, u32)>,
+}
+
+/// When [`plainly_valid`] says yes: what it learnt of the object.
+pub(crate) fn plain_numbers(attrs: &str) -> Option<Plain> {
     let mut scan = Scan {
         b: attrs.as_bytes(),
         at: 0,
-        seen: 0,
-        values: [0; 8],
+        found: Plain::default(),
+        owner_seen: false,
     };
     scan.object()?;
     scan.skip_ws();
-    (scan.at == scan.b.len()).then_some((scan.seen, scan.values))
+    (scan.at == scan.b.len()).then_some(scan.found)
 }
 
 struct Scan<'a> {
     b: &'a [u8],
     at: usize,
-    /// The numeric keys met, and their values.
-    seen: u8,
-    values: [u64; 8],
+    /// The numeric keys met and their values, and the owner.
+    found: Plain,
+    owner_seen: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -74,11 +86,22 @@ impl<'a> Scan<'a> {
             self.skip_ws();
             match numeric_attr_index_of(key) {
                 Some(index) => {
-                    if self.seen & (1 << index) != 0 {
+                    if self.found.present & (1 << index) != 0 {
                         return None;
                     }
-                    self.seen |= 1 << index;
-                    self.values[index] = self.u64_digits()?;
+                    self.found.present |= 1 << index;
+                    self.found.values[index] = self.u64_digits()?;
+                }
+                None if key == b"owner" && !self.owner_seen => {
+                    self.owner_seen = true;
+                    let start = self.at + 1;
+                    let is_string = self.peek() == Some(b'"');
+                    self.scalar()?;
+                    if is_string {
+                        let (start, end) =
+                            (u32::try_from(start).ok()?, u32::try_from(self.at - 1).ok()?);
+                        self.found.owner = Some((start, end));
+                    }
                 }
                 None => self.scalar()?,
             }

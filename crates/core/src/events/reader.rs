@@ -656,7 +656,7 @@ fn has_attrs(attrs: &str) -> bool {
 /// the numeric values the check found in it.
 fn keep_attrs(
     row: &mut EventRow,
-    numbers: Option<(u8, [u64; 8])>,
+    numbers: Option<super::flat_json::Plain>,
     spare: &mut Vec<String>,
     put: impl FnOnce(&mut String),
 ) {
@@ -665,7 +665,7 @@ fn keep_attrs(
         .get_or_insert_with(|| spare.pop().unwrap_or_default());
     put(kept);
     row.numbers = match numbers {
-        Some((present, values)) => AttrNumbers::of(kept, present, values),
+        Some(plain) => AttrNumbers::of(kept, plain),
         None => AttrNumbers::default(),
     };
 }
@@ -778,7 +778,7 @@ pub fn check_attrs(attrs: &str) -> Result<(), String> {
 
 /// [`check_attrs`], and the [`NUMERIC_ATTRS`] values (which are present, and each value) when
 /// the quick accept took the object.
-fn check_attrs_numbers(attrs: &str) -> Result<Option<(u8, [u64; 8])>, String> {
+fn check_attrs_numbers(attrs: &str) -> Result<Option<super::flat_json::Plain>, String> {
     if let Some(numbers) = super::flat_json::plain_numbers(attrs) {
         return Ok(Some(numbers));
     }

@@ -219,28 +219,43 @@ pub type Attrs = serde_json::Map<String, serde_json::Value>;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttrNumbers {
     text: Option<(usize, usize)>,
-    /// Bit i: `NUMERIC_ATTRS[i]` is in the object, with `values[i]`.
-    present: u8,
-    values: [u64; 8],
+    /// Bit i of `present`: `NUMERIC_ATTRS[i]` is in the object, with `values[i]`; and the
+    /// string `owner`'s place in the text.
+    found: super::flat_json::Plain,
 }
 
 impl AttrNumbers {
     /// The values found in `text`, the string they are to answer for.
-    pub(crate) fn of(text: &str, present: u8, values: [u64; 8]) -> AttrNumbers {
+    pub(crate) fn of(text: &str, found: super::flat_json::Plain) -> AttrNumbers {
         AttrNumbers {
             text: Some((text.as_ptr() as usize, text.len())),
-            present,
-            values,
+            found,
         }
+    }
+
+    fn answers_for(&self, text: &str) -> bool {
+        self.text == Some((text.as_ptr() as usize, text.len()))
     }
 
     /// `Some(value)` when these numbers are `text`'s and `key` is one of them.
     fn get(&self, text: &str, key: &str) -> Option<Option<u64>> {
-        if self.text != Some((text.as_ptr() as usize, text.len())) {
+        if !self.answers_for(text) {
             return None;
         }
         let index = super::reader::numeric_attr_index(key)?;
-        Some((self.present >> index & 1 != 0).then(|| self.values[index]))
+        Some((self.found.present >> index & 1 != 0).then(|| self.found.values[index]))
+    }
+
+    /// `Some(owner)` when these are `text`'s: its string `owner`, if it has one.
+    fn owner<'a>(&self, text: &'a str) -> Option<Option<&'a str>> {
+        if !self.answers_for(text) {
+            return None;
+        }
+        Some(
+            self.found
+                .owner
+                .and_then(|(start, end)| text.get(start as usize..end as usize)),
+        )
     }
 }
 
@@ -324,7 +339,7 @@ impl EventRow {
     /// A numeric Attr value, from the parsed map or straight from the raw text (no JSON parse:
     /// analyses read `size` from millions of rows).
     pub fn attr_u64(&self, key: &str) -> Option<u64> {
-        if let Some(value) = self.attrs.get(key) {
+        if let Some(value) = self.parsed_attr(key) {
             return value.as_u64();
         }
         let text = self.attrs_json.as_deref()?;
@@ -336,12 +351,26 @@ impl EventRow {
         raw[..digits].parse().ok()
     }
 
+    /// `key` in the parsed map (empty on rows a reader gave, which keep the text instead).
+    fn parsed_attr(&self, key: &str) -> Option<&serde_json::Value> {
+        if self.attrs.is_empty() {
+            return None;
+        }
+        self.attrs.get(key)
+    }
+
     /// A string Attr value without escapes, from the parsed map or the raw text.
     pub fn attr_str(&self, key: &str) -> Option<&str> {
-        if let Some(value) = self.attrs.get(key) {
+        if let Some(value) = self.parsed_attr(key) {
             return value.as_str();
         }
-        let raw = raw_value(self.attrs_json.as_deref()?, key)?;
+        let text = self.attrs_json.as_deref()?;
+        if key == "owner" {
+            if let Some(known) = self.numbers.owner(text) {
+                return known;
+            }
+        }
+        let raw = raw_value(text, key)?;
         let inner = raw.strip_prefix('"')?;
         let end = inner.find('"')?;
         let text = &inner[..end];
@@ -422,6 +451,46 @@ pub fn format_ptr(ptr: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A row holding `text` as its Attr, with what the quick check learnt of it or without.
+    fn attr_row(text: &str, cached: bool) -> EventRow {
+        let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
+        row.attrs_json = Some(text.to_string());
+        if cached {
+            if let Some(found) = super::super::flat_json::plain_numbers(text) {
+                row.numbers = AttrNumbers::of(row.attrs_json.as_deref().unwrap(), found);
+            }
+        }
+        row
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        /// What the quick check keeps answers as the text does.
+        #[test]
+        fn cached_attrs_answer_as_the_text(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just(r#""owner":"PTA@weight""#),
+                    Just(r#""owner":"""#),
+                    Just(r#""owner":7"#),
+                    Just(r#""owner":["a"]"#),
+                    Just(r#""size":64"#),
+                    Just(r#""size":18446744073709551615"#),
+                    Just(r#""x":"owner""#),
+                    Just(r#""shape":[1,"owner"]"#),
+                    Just(r#" "owner" : "spaced" "#),
+                ],
+                0..5,
+            ),
+        ) {
+            let text = format!("{{{}}}", parts.join(","));
+            let (cached, plain) = (attr_row(&text, true), attr_row(&text, false));
+            prop_assert_eq!(cached.attr_str("owner"), plain.attr_str("owner"), "{}", text);
+            prop_assert_eq!(cached.attr_u64("size"), plain.attr_u64("size"), "{}", text);
+        }
+    }
 
     #[test]
     fn names_parse_back() {
