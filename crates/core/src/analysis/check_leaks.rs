@@ -29,7 +29,7 @@
 use std::path::{Path, PathBuf};
 
 use super::fast_map::FastMap;
-use super::leaks::{block_attrs, is_pool, mb};
+use super::leaks::{block_attrs, is_pool, mb, BlockKey};
 use crate::events::reader::{self, ReadError};
 use crate::events::row::format_ptr;
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -90,7 +90,7 @@ pub fn check_leaks(
     let mut found = 0usize;
     let mut marks = [0u64; 3];
     // Live blocks allocated between A and B.
-    let mut live: FastMap<LiveKey, LiveBlock> = FastMap::default();
+    let mut live: FastMap<BlockKey, LiveBlock> = FastMap::default();
     let mut rows = reader::open_rows(path)?;
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
@@ -115,12 +115,23 @@ pub fn check_leaks(
             }
             (Event::Malloc, pool) if is_pool(pool) && found == start_index + 1 => {
                 if let Some(ptr) = row.ptr {
-                    live.insert(LiveKey::new(row.device, pool, ptr), LiveBlock::of(row));
+                    live.insert(
+                        BlockKey {
+                            device: row.device,
+                            pool,
+                            ptr,
+                        },
+                        LiveBlock::of(row),
+                    );
                 }
             }
             (Event::Free, pool) if is_pool(pool) && found > start_index && !live.is_empty() => {
                 if let Some(ptr) = row.ptr {
-                    live.remove(&LiveKey::new(row.device, pool, ptr));
+                    live.remove(&BlockKey {
+                        device: row.device,
+                        pool,
+                        ptr,
+                    });
                 }
             }
             _ => {}
@@ -131,33 +142,6 @@ pub fn check_leaks(
         name: mstx_info.to_string(),
         need,
     })
-}
-
-/// A live block's identity: its device, pool and Ptr.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct LiveKey {
-    ptr: u64,
-    device: DeviceId,
-    pool: EventType,
-}
-
-impl LiveKey {
-    fn new(device: DeviceId, pool: EventType, ptr: u64) -> LiveKey {
-        LiveKey { ptr, device, pool }
-    }
-}
-
-impl std::hash::Hash for LiveKey {
-    /// One word: the Ptr with the device and pool folded into its top bits, which real
-    /// addresses leave clear (equal words of different keys only share a bucket).
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let device = match self.device {
-            DeviceId::None => 0,
-            DeviceId::Cpu => 1,
-            DeviceId::Cuda(index) => 2 + u64::from(index),
-        };
-        state.write_u64(self.ptr ^ (device << 8 | self.pool as u64) << 48);
-    }
 }
 
 /// What a live block keeps besides its key: 32 bytes, since a window can hold hundreds of
@@ -178,7 +162,7 @@ impl LiveBlock {
         }
     }
 
-    fn leaked(self, key: LiveKey) -> LeakedBlock {
+    fn leaked(self, key: BlockKey) -> LeakedBlock {
         LeakedBlock {
             ptr: key.ptr,
             size: self.size,

@@ -68,20 +68,44 @@ pub fn is_pool(t: EventType) -> bool {
     matches!(t, EventType::Pta | EventType::Hal | EventType::Host)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct BlockKey {
-    device: DeviceId,
-    pool: EventType,
-    ptr: u64,
+/// A live block's identity: its device, pool and Ptr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockKey {
+    pub(crate) device: DeviceId,
+    pub(crate) pool: EventType,
+    pub(crate) ptr: u64,
 }
 
+impl std::hash::Hash for BlockKey {
+    /// One word: the Ptr with the device and pool folded into its top bits, which real
+    /// addresses leave clear (equal words of different keys only share a bucket). The maps
+    /// of live blocks hash one on every MALLOC and FREE row.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let device = match self.device {
+            DeviceId::None => 0,
+            DeviceId::Cpu => 1,
+            DeviceId::Cuda(index) => 2 + u64::from(index),
+        };
+        state.write_u64(self.ptr ^ (device << 8 | self.pool as u64) << 48);
+    }
+}
+
+/// A live block: 40 bytes, since a run keeps hundreds of thousands and every lookup in a map
+/// that size misses the cache.
 #[derive(Clone, Copy, Debug)]
 struct Block {
     size: u64,
     step: u64,
-    kernel: Option<u64>,
+    /// Launches before the allocation: the block's kernel is the last of them (none at 0).
+    launches: u64,
     row_id: u64,
     reported: bool,
+}
+
+impl Block {
+    fn kernel(&self) -> Option<u64> {
+        self.launches.checked_sub(1)
+    }
 }
 
 /// One reported leak.
@@ -131,7 +155,7 @@ impl Leaks {
                     pool: key.pool,
                     ptr: key.ptr,
                     size: block.size,
-                    kernel: block.kernel,
+                    kernel: block.kernel(),
                     step: block.step,
                     row_id: block.row_id,
                 });
@@ -153,9 +177,9 @@ impl Leaks {
         self.this_step.clear();
     }
 
-    fn kernel_of(&self, device: DeviceId) -> Option<u64> {
-        let n = self.launches_anywhere + self.launches.get(&device).copied().unwrap_or(0);
-        n.checked_sub(1)
+    /// Launches so far that count for `device`.
+    fn launches_of(&self, device: DeviceId) -> u64 {
+        self.launches_anywhere + self.launches.get(&device).copied().unwrap_or(0)
     }
 }
 
@@ -187,7 +211,7 @@ impl Analysis for Leaks {
                 let block = Block {
                     size: block_attrs(row).size.unwrap_or(0),
                     step: self.step,
-                    kernel: self.kernel_of(row.device),
+                    launches: self.launches_of(row.device),
                     row_id: row.id,
                     reported: false,
                 };
