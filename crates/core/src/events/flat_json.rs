@@ -14,7 +14,7 @@ use super::reader::{decimal_digits, numeric_attr_index_of};
 /// means "not known", not "invalid".
 #[cfg(test)]
 pub(crate) fn plainly_valid(attrs: &str) -> bool {
-    plain_numbers(attrs).is_some()
+    plain_object(attrs).is_some()
 }
 
 /// What the quick accept learns of an object it takes, for the row to answer from without
@@ -31,7 +31,7 @@ pub(crate) struct Plain {
 }
 
 /// When [`plainly_valid`] says yes: what it learnt of the object.
-pub(crate) fn plain_numbers(attrs: &str) -> Option<Plain> {
+pub(crate) fn plain_object(attrs: &str) -> Option<Plain> {
     let mut scan = Scan {
         b: attrs.as_bytes(),
         at: 0,

@@ -779,7 +779,7 @@ pub fn check_attrs(attrs: &str) -> Result<(), String> {
 /// [`check_attrs`], and the [`NUMERIC_ATTRS`] values (which are present, and each value) when
 /// the quick accept took the object.
 fn check_attrs_numbers(attrs: &str) -> Result<Option<super::flat_json::Plain>, String> {
-    if let Some(numbers) = super::flat_json::plain_numbers(attrs) {
+    if let Some(numbers) = super::flat_json::plain_object(attrs) {
         return Ok(Some(numbers));
     }
     check_attrs_fully(attrs).map(|()| None)

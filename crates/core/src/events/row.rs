@@ -212,15 +212,14 @@ impl DeviceId {
 /// The `Attr` column: key/value pairs in insertion order, written as one JSON object.
 pub type Attrs = serde_json::Map<String, serde_json::Value>;
 
-/// The [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) values of a row's `attrs_json`, as the
-/// reader found them while checking it, so that an analysis reading `size` does not search the
-/// text again. They answer only for the very string they were read from (its address and
+/// The [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) values and the string `owner` of a row's
+/// `attrs_json`, as the reader found them while checking it, so that an analysis reading `size`
+/// or `owner` does not search the text again. They answer only for the very string they were read from (its address and
 /// length): a row whose `attrs_json` is replaced reads the text, as a row never read does.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttrNumbers {
     text: Option<(usize, usize)>,
-    /// Bit i of `present`: `NUMERIC_ATTRS[i]` is in the object, with `values[i]`; and the
-    /// string `owner`'s place in the text.
+    /// What the quick check found ([`Plain`](super::flat_json::Plain)).
     found: super::flat_json::Plain,
 }
 
@@ -458,7 +457,7 @@ mod tests {
         let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
         row.attrs_json = Some(text.to_string());
         if cached {
-            if let Some(found) = super::super::flat_json::plain_numbers(text) {
+            if let Some(found) = super::super::flat_json::plain_object(text) {
                 row.numbers = AttrNumbers::of(row.attrs_json.as_deref().unwrap(), found);
             }
         }
