@@ -530,6 +530,9 @@ def test_host_leaks_with_the_runtime_preloaded(tmp_path: Path) -> None:
         "test_host_suite.py",
         LD_PRELOAD=str(RUNTIME_LIB),
         MSMEMSCOPE_API_ENV="host",
+        # As when this suite itself runs under xdist: the worker's variable is inherited, but
+        # the pytest started here is no worker, and its dumps are named without a suffix.
+        PYTEST_XDIST_WORKER="gw9",
     )
     assert session.outcomes == {"test_host_keeps": "failed", "test_host_frees": "passed"}, (
         session.output

@@ -90,7 +90,7 @@ class MemoryLimits:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.tracking = Tracking()
-        self.worker = worker_id()
+        self.worker = worker_id(config)
         dump = config.getoption("msmemscope_dump_dir")
         self.dump_dir = None if dump is None else Path(config.invocation_params.dir, dump)
         self._host_ok: bool | None = None

@@ -15,7 +15,6 @@ import contextlib
 import gc
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -216,6 +215,12 @@ def keep_dump(directory: Path, name: str, config_text: str, files: dict[str, str
     return target
 
 
-def worker_id() -> str | None:
-    """The pytest-xdist worker this process is (``gw0``...), None outside xdist."""
-    return os.environ.get("PYTEST_XDIST_WORKER")
+def worker_id(config: object) -> str | None:
+    """The pytest-xdist worker this session is (``gw0``...), None outside xdist. Read from the
+    session's config, which xdist gives its workers: the ``PYTEST_XDIST_WORKER`` variable is
+    inherited by every program a worker starts, a pytest run inside a test among them."""
+    workerinput = getattr(config, "workerinput", None)
+    if not isinstance(workerinput, dict):
+        return None
+    worker = workerinput.get("workerid")
+    return worker if isinstance(worker, str) else None

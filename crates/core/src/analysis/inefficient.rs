@@ -51,6 +51,7 @@
 //! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
 //! it writes nothing (the caller may render them with [`render_csv`]).
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -337,7 +338,9 @@ impl Inefficient {
     /// The marks so far, ordered by MALLOC row ID and kind.
     pub fn take_marks(&mut self) -> Vec<InefficientBlock> {
         let mut marks = std::mem::take(&mut self.marks);
-        marks.sort_by_key(|m| (m.id, m.kind));
+        // A block has at most one mark of each kind, so no two keys are equal and the unstable
+        // sort gives the stable one's order.
+        marks.sort_unstable_by_key(|m| (m.id, m.kind));
         marks
     }
 
@@ -360,11 +363,19 @@ impl Inefficient {
         let shared = self.shared_ops;
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
-        let matches = dev.blocks.get(&ptr).is_some_and(
-            |b| !matches!((b.allocation_id(), allocation_id), (Some(x), Some(y)) if x != y),
-        );
-        if matches {
-            let block = dev.blocks.remove(&ptr).expect("present");
+        // One lookup: the entry is removed only when the FREE is the live block's.
+        let freed = match dev.blocks.entry(ptr) {
+            Entry::Occupied(entry)
+                if !matches!(
+                    (entry.get().allocation_id(), allocation_id),
+                    (Some(x), Some(y)) if x != y
+                ) =>
+            {
+                Some(entry.remove())
+            }
+            _ => None,
+        };
+        if let Some(block) = freed {
             dev.bases.removed(ptr, dev.blocks.len());
             if let Some(last) = block.last_access() {
                 if dev.mallocs.between(last, op) {
@@ -385,17 +396,20 @@ impl Inefficient {
         let threshold = self.idle_threshold;
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
-        let base = if dev.blocks.contains_key(&ptr) {
-            ptr
-        } else {
-            let blocks = &dev.blocks;
-            match dev.bases.at_or_below(ptr, || blocks.keys().copied()) {
-                Some(base) => base,
-                None => return,
+        // Most accesses name the block's own Ptr: one lookup finds it. An inner pointer costs
+        // a search of the bases and a second lookup.
+        let (base, block) = match dev.blocks.get_mut(&ptr) {
+            Some(block) => (ptr, block),
+            None => {
+                let blocks = &dev.blocks;
+                let Some(base) = dev.bases.at_or_below(ptr, || blocks.keys().copied()) else {
+                    return;
+                };
+                match dev.blocks.get_mut(&base) {
+                    Some(block) => (base, block),
+                    None => return,
+                }
             }
-        };
-        let Some(block) = dev.blocks.get_mut(&base) else {
-            return;
         };
         if ptr - base >= block.size.max(1) {
             return;
