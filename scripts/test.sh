@@ -52,9 +52,12 @@ cargo test --release --workspace
 .venv/bin/ruff check --quiet python tests/python build_support
 # Type-checks python/msmemscope ([tool.mypy] in pyproject.toml).
 .venv/bin/python -m mypy
-.venv/bin/python -m pytest -q tests/python
+# Two workers, a module to each at a time (module fixtures are built once): most tests wait on
+# programs they start, and the slowest modules run beside the rest (tests/python/conftest.py).
+PYTEST=(.venv/bin/python -m pytest -q -n 2 --dist loadfile)
+"${PYTEST[@]}" tests/python
 # The PyTorch tests again on the dispatch-mode fallback (used where the native capture cannot be
 # built).
-MSMEMSCOPE_TORCH_CAPTURE=python .venv/bin/python -m pytest -q tests/python/test_torch_tracker.py \
+MSMEMSCOPE_TORCH_CAPTURE=python "${PYTEST[@]}" tests/python/test_torch_tracker.py \
     tests/python/test_decompose.py tests/python/test_oom.py tests/python/test_watch.py \
     tests/python/test_snapshot.py tests/python/test_framework_hooks_fsdp.py

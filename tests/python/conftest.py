@@ -167,3 +167,17 @@ def fake_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "other_abi": _build_fake(out, "libfake_other_abi.so", "-DFAKE_ABI=999"),
         "incomplete": _build_fake(out, "libfake_incomplete.so", "-DONLY_VERSION"),
     }
+
+
+# The modules that take minutes (builds from source, environments with torch downloaded), run
+# first: under xdist (scripts/test.sh runs two workers, a module to a worker) the other worker
+# takes the rest of the suite meanwhile, instead of one of these starting near the end.
+SLOWEST_FIRST = ("test_install.py", "test_ranks.py", "test_framework_hooks.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order

@@ -758,6 +758,13 @@ fn hexadecimal(text: &str) -> Option<u64> {
     if digits.len() > 16 {
         return None;
     }
+    if let Ok(sixteen) = <&[u8; 16]>::try_from(digits) {
+        // A dump's Ptr: sixteen digits, eight to a word.
+        let (high, low) = sixteen.split_at(8);
+        let high = eight_hex_digits(high.try_into().expect("8 bytes"))?;
+        let low = eight_hex_digits(low.try_into().expect("8 bytes"))?;
+        return Some(u64::from(high) << 32 | u64::from(low));
+    }
     let mut value = 0u64;
     let mut seen = 0u8;
     for &c in digits {
@@ -766,6 +773,34 @@ fn hexadecimal(text: &str) -> Option<u64> {
         value = value << 4 | u64::from(d & 0xF);
     }
     (seen & NOT_HEX == 0).then_some(value)
+}
+
+/// Eight ASCII hex digits (either case) as their value, all in one word; `None` when any byte
+/// is not one.
+fn eight_hex_digits(eight: [u8; 8]) -> Option<u32> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x80 * ONES;
+    let word = u64::from_le_bytes(eight);
+    if word & HIGH != 0 {
+        return None;
+    }
+    // Every byte is below 0x80, so adding up to 0x80 to each cannot carry into the next: a
+    // byte's high bit then says whether it is at least a bound.
+    let at_least = |bound: u8| word.wrapping_add(u64::from(0x80 - bound) * ONES) & HIGH;
+    let lower = word | (0x20 * ONES); // letters to lower case; digits have the bit already
+    let lower_at_least = |bound: u8| lower.wrapping_add(u64::from(0x80 - bound) * ONES) & HIGH;
+    let digit = at_least(b'0') & !at_least(b'9' + 1);
+    let letter = lower_at_least(b'a') & !lower_at_least(b'f' + 1);
+    if digit | letter != HIGH {
+        return None;
+    }
+    // Each byte's value: its low nibble, plus 9 for a letter ('a' is 0x61).
+    let mut v = (word & (0x0F * ONES)) + (letter >> 7) * 9;
+    // The first byte is the lowest and the most significant digit: pairs, fours, then eight.
+    v = (v & 0x00FF_00FF_00FF_00FF) << 4 | (v >> 8 & 0x00FF_00FF_00FF_00FF);
+    v = (v & 0x0000_FFFF_0000_FFFF) << 8 | (v >> 16 & 0x0000_FFFF_0000_FFFF);
+    v = (v & 0xFFFF_FFFF) << 16 | v >> 32;
+    Some(v as u32)
 }
 
 /// Checks that Attr is one JSON object whose [`NUMERIC_ATTRS`] are integers from 0 to
@@ -1311,6 +1346,20 @@ mod tests {
                 .flatten();
             proptest::prop_assert_eq!(hexadecimal(&text), hex_standard, "{:?}", text);
             proptest::prop_assert_eq!(hexadecimal(&format!("{n:0width$x}")), Some(n));
+            proptest::prop_assert_eq!(hexadecimal(&format!("{n:016X}")), Some(n));
+        }
+
+        /// Sixteen digits, a Ptr's width, are read a word at a time: mostly hex digits, some
+        /// bytes next to the digit and letter ranges, and non-ASCII.
+        #[test]
+        fn sixteen_hex_digits_read_as_the_standard_parser_reads_them(
+            text in "([0-9a-fA-F]{1,4}|[/:@G`g\x7f é+]){1,16}",
+        ) {
+            let sixteen: String = text.chars().take(16).collect();
+            let standard = (!sixteen.starts_with(['+', '-']))
+                .then(|| u64::from_str_radix(&sixteen, 16).ok())
+                .flatten();
+            proptest::prop_assert_eq!(hexadecimal(&sixteen), standard, "{:?}", sixteen);
         }
     }
 

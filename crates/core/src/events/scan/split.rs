@@ -3,8 +3,6 @@
 //! be parsed on its own. A record boundary is a line end outside quotes: the parity of the
 //! quotes since the chunk's start (always a record start) tells which line ends those are.
 
-use std::io::Read;
-
 use crate::events::reader::MAX_ROW_BYTES;
 
 /// Whole records from a record start, and where they sit in the file.
@@ -99,23 +97,34 @@ impl Splitter {
 }
 
 /// Appends up to `want` bytes of `file` to `data`; how many (fewer only at the file's end).
-/// One `read` per block where `read_to_end` would make several (it probes and grows).
-fn read_up_to(mut file: &std::fs::File, want: usize, data: &mut Vec<u8>) -> std::io::Result<usize> {
-    let start = data.len();
-    data.resize(start + want, 0);
+/// One `read` per block where `read_to_end` would make several (it probes and grows), and
+/// straight into the vector's spare room: zero-filling each block first cost a pass over it,
+/// under the splitter's lock.
+fn read_up_to(file: &std::fs::File, want: usize, data: &mut Vec<u8>) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    data.reserve(want);
     let mut filled = 0;
     while filled < want {
-        match file.read(&mut data[start + filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                data.truncate(start + filled);
-                return Err(e);
+        let room = &mut data.spare_capacity_mut()[..want - filled];
+        // SAFETY: `read` writes at most `room.len()` bytes into `room`, the vector's own spare
+        // capacity, which nothing else borrows meanwhile; `file` is an open descriptor.
+        let n = unsafe { libc::read(file.as_raw_fd(), room.as_mut_ptr().cast(), room.len()) };
+        match n {
+            0 => break,
+            n if n > 0 => {
+                let n = n as usize;
+                // SAFETY: `read` initialised the first `n` bytes of the spare capacity.
+                unsafe { data.set_len(data.len() + n) };
+                filled += n;
+            }
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
             }
         }
     }
-    data.truncate(start + filled);
     Ok(filled)
 }
 
