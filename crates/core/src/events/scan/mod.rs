@@ -271,20 +271,6 @@ fn work(shared: &Shared, free: &Mutex<Receiver<Batch>>, done: &Sender<Batch>) {
 
 impl RowSource for FastCsv {
     fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError> {
-        // The usual row: the next one of the batch being handed out, past its first (whose ID
-        // is checked against the previous batch's in `advance`).
-        let index = self.index;
-        let in_batch = self
-            .current
-            .as_ref()
-            .is_some_and(|batch| index > 0 && index < batch.parsed.len);
-        if in_batch && self.rest.is_none() {
-            let row = &self.current.as_ref().expect("checked above").parsed.rows[index];
-            self.index = index + 1;
-            self.last_id = Some(row.id);
-            self.at_row = true;
-            return Ok(Some(row));
-        }
         self.at_row = false;
         let found = self.advance()?;
         self.at_row = found;
