@@ -44,6 +44,7 @@ __all__ = [
     "enable_sanitizer",
     "get_analyzer_config",
     "init_framework_hooks",
+    "leak_holders",
     "list_analyzers",
     "mstx",
     "start",
@@ -100,8 +101,19 @@ def stop() -> None:
 
 
 def step() -> None:
-    """Marks the end of a training or inference step."""
+    """Starts the next training or inference step (and so ends the current one): call it
+    once per step, at the step's start or its end alike. Rows before the first call are step
+    0; the leaks analysis judges growth from step to step."""
     _native_runtime().step()
+
+
+def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:
+    """What keeps the leaked tensors alive now: for the live tensors of each site the leaks
+    analysis judges leaking, the chain of references from a global or a frame's local to the
+    tensor (see :mod:`msmemscope.holders`); also written to the run's report."""
+    from . import holders
+
+    return holders.leak_holders(budget_s)
 
 
 # --- framework hooks (frameworks/hooks): imported on first use, so `import msmemscope` stays light

@@ -16,6 +16,8 @@ pub mod pyframes;
 pub mod run_dir;
 // Stream-race sanitizer: sanitizer-op marks and the vector-clock checker.
 pub mod sanitizer;
+// A line of the user's source, quoted by the leak findings.
+pub mod source_line;
 pub mod symbolize;
 pub mod time_fmt;
 // Memory block watch: the CRC-64 of the watch dumps.

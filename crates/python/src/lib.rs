@@ -229,6 +229,14 @@ fn mstx_range_end(range_id: u64) -> PyResult<()> {
     Ok(())
 }
 
+/// `leak_suspects() -> str`: the live blocks of the sites the leaks analysis judges leaking
+/// now, one `ptr\tdevice\tsize\tsite` line each (the runtime writes every queued row first).
+#[pyfunction]
+fn leak_suspects(py: Python<'_>) -> PyResult<String> {
+    // The writer may take a moment: other Python threads run meanwhile.
+    py.allow_threads(|| sanitizer::runtime_text(c"msmemscope_leak_suspects", "the leak suspects"))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abi_version, m)?)?;
@@ -244,6 +252,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stop, m)?)?;
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(tracing, m)?)?;
+    m.add_function(wrap_pyfunction!(leak_suspects, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
     m.add_function(wrap_pyfunction!(abi_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(emit::emit, m)?)?;

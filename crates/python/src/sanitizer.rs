@@ -244,8 +244,13 @@ fn sanitizer_sync(kind: u32, a: u64, b: u64) -> PyResult<()> {
 /// `sanitizer_report() -> str`: the runtime's report so far (without stacks).
 #[pyfunction]
 fn sanitizer_report() -> PyResult<String> {
-    let f = runtime_symbol(c"msmemscope_sanitizer_report")?;
-    // SAFETY: the runtime's `msmemscope_sanitizer_report`, whose signature ReportFn spells.
+    runtime_text(c"msmemscope_sanitizer_report", "the sanitizer report")
+}
+
+/// The text a runtime function of the `(buf, cap) -> length` shape writes, grown until it fits.
+pub(crate) fn runtime_text(name: &CStr, what: &str) -> PyResult<String> {
+    let f = runtime_symbol(name)?;
+    // SAFETY: a runtime function whose signature ReportFn spells (the caller names one).
     let f = unsafe { std::mem::transmute::<*mut c_void, ReportFn>(f) };
     let mut cap = 4096usize;
     loop {
@@ -254,14 +259,15 @@ fn sanitizer_report() -> PyResult<String> {
         let n = unsafe { f(buf.as_mut_ptr(), cap) };
         if n < 0 {
             return Err(PyRuntimeError::new_err(format!(
-                "msmemscope_sanitizer_report failed with code {n}"
+                "{} failed with code {n}",
+                name.to_string_lossy()
             )));
         }
         let n = n as usize;
         if n <= cap {
             buf.truncate(n);
             return String::from_utf8(buf)
-                .map_err(|_| PyRuntimeError::new_err("the sanitizer report is not UTF-8"));
+                .map_err(|_| PyRuntimeError::new_err(format!("{what} is not UTF-8")));
         }
         cap = n;
     }

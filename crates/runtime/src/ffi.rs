@@ -233,6 +233,37 @@ pub unsafe extern "C" fn msmemscope_sanitizer_report(buf: *mut u8, cap: usize) -
     text.len() as i64
 }
 
+/// The live blocks of the sites the leaks analysis judges leaking now, after every row queued so
+/// far was written, as text: one line per block, `ptr device size site` separated by tabs (Ptr
+/// in hex, `0x…`; device as the dump writes it). Returns the text's length (call again with a
+/// larger buffer when it exceeds `cap`); -1 for a NULL buffer with a nonzero `cap`.
+///
+/// # Safety
+/// `buf` is null or holds `cap` writable bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_leak_suspects(buf: *mut u8, cap: usize) -> i64 {
+    if buf.is_null() && cap != 0 {
+        return -1;
+    }
+    let text = catch_unwind(|| {
+        let mut text = String::new();
+        for (device, ptr, size, site) in
+            crate::pipeline::leak_suspects(std::time::Duration::from_secs(5))
+        {
+            let site = site.replace(['\t', '\n'], " ");
+            text.push_str(&format!("0x{ptr:x}\t{device}\t{size}\t{site}\n"));
+        }
+        text
+    })
+    .unwrap_or_default();
+    let n = text.len().min(cap);
+    if n > 0 {
+        // SAFETY: the caller's buffer holds `cap` >= `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len() as i64
+}
+
 /// 1 when this library's `malloc` is the process's `malloc` (it was preloaded). Compares the
 /// objects the two functions live in: taking our own `malloc`'s address would go through the
 /// GOT and find whatever `malloc` the process uses, ours or not.

@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import owners
+from . import owners, sites
 
 __all__ = ["NativeTracker", "load_library"]
 
@@ -82,6 +82,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "msmemscope_torch_init": ([vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t], ci),
         "msmemscope_torch_configure": ([ci] * 8, None),
         "msmemscope_torch_skip_prefixes": ([cp], None),
+        "msmemscope_torch_library_prefixes": ([cp], None),
         "msmemscope_torch_install": ([], ci),
         "msmemscope_torch_uninstall": ([], None),
         "msmemscope_torch_thread_entries": ([ci], None),
@@ -167,6 +168,7 @@ class NativeTracker:
         self.categories = WeakIdKeyDictionary()
         self.adopted: dict[int, weakref.ref] = {}  # block address -> ref to its storage
         lib.msmemscope_torch_skip_prefixes("\n".join(_SKIP_DIRS).encode())
+        lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(_SKIP_DIRS)).encode())
         owners.attach_native(lib)
         self._watch = None
         self.watch_mode: _WatchMode | None = None

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from . import owners
+from . import owners, sites
 
 if TYPE_CHECKING:
     from .native_tracker import NativeTracker
@@ -161,11 +161,12 @@ def _is_tensor_type(ty) -> bool:
 class _OpInfo:
     """What the tracker needs to know about one op overload, computed once from its schema."""
 
-    __slots__ = ("access_args", "fresh", "name", "resize_args", "single")
+    __slots__ = ("access_args", "fresh", "name", "op", "resize_args", "single")
 
     def __init__(self, func):
         s = func._schema
         self.name = f"{s.name}.{func._overloadname}"
+        self.op = s.name  # `aten::addmm`: the op an allocation site names
         access_args = []  # (positional index or None, name, is_write) of Tensor arguments
         resize_args = []  # (positional index or None, name) of written args that may get a block
         for i, a in enumerate(s.arguments):
@@ -214,6 +215,7 @@ class _Tracker:
         self.lock = threading.RLock()
         self.reported = False
         self.ops: dict = {}  # OpOverload -> _OpInfo
+        self.op: str | None = None  # the op whose outputs get their MALLOC rows now
         self.free_cb = self._on_storage_dead
         self.E = nat.EVENT_MALLOC, nat.EVENT_FREE, nat.EVENT_ACCESS, nat.EVENT_OP_LAUNCH
         self.T = nat.TYPE_PTA, nat.TYPE_READ, nat.TYPE_WRITE, nat.TYPE_ATEN_START, nat.TYPE_ATEN_END
@@ -262,6 +264,14 @@ class _Tracker:
             ref.category = owners.category_for_new()
             ref.labels = owners.current_user_labels()
         attrs["owner"] = owners.owner_text("PTA", ref.category, ref.labels)
+        if cfg.alloc:
+            inner, user = sites.site_of(_SKIP_DIRS, sys._getframe(1))
+            if user is not None:
+                attrs["site"] = user
+            if inner is not None and inner != user:
+                attrs["frame"] = inner
+            if self.op is not None:
+                attrs["op"] = self.op
         with self.lock:
             aid = next(self.ids)
             used = self.used.get(dev, 0) + size
@@ -446,15 +456,19 @@ class _Tracker:
 
     # --- one op ---------------------------------------------------------------------------------
     def after(self, info: _OpInfo, args, kwargs, out) -> None:
-        for pos, kw in info.resize_args:
-            a = _arg(args, kwargs, pos, kw)
-            if type(a) in _PLAIN_TENSOR_TYPES:
-                self.written_storage(a)
-        if info.fresh:
-            plain = _PLAIN_TENSOR_TYPES
-            for t in _fresh_outputs(info, out):
-                if type(t) in plain:
-                    self.new_storage(t)
+        self.op = info.op
+        try:
+            for pos, kw in info.resize_args:
+                a = _arg(args, kwargs, pos, kw)
+                if type(a) in _PLAIN_TENSOR_TYPES:
+                    self.written_storage(a)
+            if info.fresh:
+                plain = _PLAIN_TENSOR_TYPES
+                for t in _fresh_outputs(info, out):
+                    if type(t) in plain:
+                        self.new_storage(t)
+        finally:
+            self.op = None
 
 
 _REQUESTED = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([0-9.]+) ([KMGT]i?B)")
@@ -709,6 +723,20 @@ def _make_tracker(nat) -> _Tracker | NativeTracker:
     return _Tracker(nat)
 
 
+def _holders_at_exit() -> None:
+    """With the leaks analysis on, the holders of leaked tensors are searched for once at exit,
+    while the interpreter still has them (msmemscope.holders)."""
+    try:
+        from .._runtime import native
+
+        if "leaks" in json.loads(native().current_config()).get("analysis", []):
+            from .. import holders
+
+            holders.search_at_exit()
+    except Exception as exc:
+        _warn(f"warning: the leak holder search is off: {exc}")
+
+
 def capture() -> str | None:
     """``native`` or ``python``: how PyTorch events are taken (None before :func:`install`)."""
     if _tracker is None:
@@ -728,6 +756,7 @@ def install() -> None:
             if isinstance(_tracker, _Tracker):  # capture() == "python"
                 _mode = MemscopeDispatchMode(_tracker)
         reload_config()
+        _holders_at_exit()
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
         from . import cuda_allocator
 

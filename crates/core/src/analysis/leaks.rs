@@ -1,36 +1,46 @@
-//! `leaks`, the default analysis (SPEC §7): blocks that outlive the step they were allocated in.
+//! `leaks`, the default analysis (SPEC §7, §12): blocks that outlive the step they were
+//! allocated in, judged per allocation site by whether they keep growing.
 //!
 //! # Rules
 //! - Steps: a `SYSTEM STEP` row starts the next step (its Name is the step number; the runtime
 //!   writes one for `msmemscope.step()` and for each MSTX/NVTX range named `step start`, so the
 //!   `MSTX Range_start` rows themselves are not counted again). Rows before the first STEP row
-//!   are step 0. The end of the input ends the last step.
+//!   are step 0. The end of the input ends the last step, but it is not a step end the program
+//!   marked: see [`sites`].
 //! - Blocks: `MALLOC` rows of every pool (`PTA`, `HAL`, `HOST`) add a live block keyed by
 //!   (Device Id, pool, Ptr); the `FREE` row with the same key removes it.
-//! - Candidates: when a step ends, every block allocated in the step before it (so at least one
-//!   step old), in step 2 or later, and still live is a leak. A block is reported once, however
-//!   many step ends it survives; a leak found at a step end stays reported even if the program
-//!   frees the block later (Python frees everything at interpreter exit).
+//! - Candidates (the seed's rule): when a step ends, every block allocated in the step before
+//!   it (so at least one step old), in step 2 or later, and still live is a candidate.
+//! - Leaks: a candidate is a leak when its allocation site keeps growing ([`sites`]: the site's
+//!   live candidate bytes reach a new high at two step ends or more). The other sites' blocks
+//!   are resident (made once and kept) and listed apart. A leak found stays reported even if
+//!   the program frees the block later (Python frees everything at interpreter exit).
 //! - `HAL` blocks still live at the end of the input are leaks too, whatever their step.
 //! - `kernel_N`: launches (`OP_LAUNCH ATEN_START` and `KERNEL_LAUNCH` rows) are numbered from 0
 //!   per device in row order; a launch row without a device (Device Id `N/A`) counts for every
 //!   device, as it is written to every device's dump file. N is the number of the last launch
 //!   before the allocation; a block allocated before any launch is reported `in kernel_N/A`.
+//! - Holders: a `SYSTEM HOLDER` row (Ptr: a live block; Name: the chain of references that
+//!   keeps it) is kept with the block's site.
 //! - Sizes: `Mb` = bytes / 1024 / 1024, printed with 3 decimals, rounded to the nearest (Rust's
 //!   `{:.3}` on the `f64` quotient; an exact tie rounds to even). The summary converts the summed
 //!   bytes once (it is not the sum of the rounded lines).
 //!
 //! # Report (console and `leaks/leak_report.txt`)
 //! One block per device that has leaks, devices in the order `N/A`, `cpu`, `0`, `1`, …; lines in
-//! allocation order (row ID):
+//! allocation order (row ID), then the findings by site ([`findings`]):
 //! ```text
 //! ====== ERROR: Detected memory leaks on device cpu ======
 //! Direct PTA leak of 0.015 Mb(s) at 0x00007f0000001000 in kernel_42 at step 2.
 //! Direct HAL leak of 2.000 Mb(s) at 0x00007f0000200000 in kernel_N/A at step 0.
 //! ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======
 //! ```
-//! With no leaks the console text is empty (as the seed's: nothing is printed) and
-//! `leaks/leak_report.txt` holds `====== No memory leaks detected ======`.
+//! With neither leaks nor resident sites the console text is empty (as the seed's: nothing is
+//! printed) and `leaks/leak_report.txt` holds `====== No memory leaks detected ======`.
+//! `leaks/findings.json` holds the same findings for scripts ([`findings::FINDINGS_FILE`]).
+
+pub mod findings;
+pub mod sites;
 
 use std::collections::BTreeMap;
 
@@ -38,6 +48,7 @@ use super::fast_map::FastMap;
 use super::{Analysis, AnalysisOutput};
 use crate::events::row::format_ptr;
 use crate::events::{DeviceId, Event, EventRow, EventType};
+use sites::{SiteBook, Verdict};
 
 /// The report file, relative to the run directory.
 pub const REPORT_FILE: &str = "leaks/leak_report.txt";
@@ -99,7 +110,10 @@ struct Block {
     /// Launches before the allocation: the block's kernel is the last of them (none at 0).
     launches: u64,
     row_id: u64,
-    reported: bool,
+    /// Its site in the [`SiteBook`].
+    site: u32,
+    /// It became a candidate (counted in its site's live candidate bytes).
+    candidate: bool,
 }
 
 impl Block {
@@ -108,7 +122,7 @@ impl Block {
     }
 }
 
-/// One reported leak.
+/// One reported leak (or candidate, before the sites are judged).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leak {
     pub device: DeviceId,
@@ -121,11 +135,15 @@ pub struct Leak {
     pub step: u64,
     /// The ID of its MALLOC row.
     pub row_id: u64,
+    /// Its site in the analysis's [`SiteBook`] (`Leaks::sites`).
+    pub site: u32,
 }
 
 #[derive(Default)]
 pub struct Leaks {
     step: u64,
+    /// STEP rows seen.
+    steps_marked: u64,
     /// Launches without a device (they count for every device).
     launches_anywhere: u64,
     launches: FastMap<DeviceId, u64>,
@@ -133,7 +151,15 @@ pub struct Leaks {
     /// Blocks allocated in the current / the previous step (step ≥ 2), with their row IDs.
     this_step: Vec<(BlockKey, u64)>,
     last_step: Vec<(BlockKey, u64)>,
+    /// Every candidate so far, in the order found.
+    candidates: Vec<Leak>,
+    /// HAL blocks live at the end of the input (leaks whatever their site).
+    hal_at_exit: Vec<Leak>,
+    sites: SiteBook,
+    /// The judged leaks, once `finish` has run.
     leaks: Vec<Leak>,
+    /// Reads a source line for the findings (`file`, 1-based line); none: no source text.
+    source: Option<findings::SourceLine>,
 }
 
 impl Leaks {
@@ -141,35 +167,80 @@ impl Leaks {
         Leaks::default()
     }
 
-    /// The leaks found so far (all of them once `finish` has run).
+    /// With the findings' source lines read by `source` (the analysis itself does no I/O).
+    pub fn with_source(mut self, source: findings::SourceLine) -> Leaks {
+        self.source = Some(source);
+        self
+    }
+
+    /// The leaks found (the judged ones once `finish` has run).
     pub fn leaks(&self) -> &[Leak] {
         &self.leaks
     }
 
-    fn report(&mut self, key: BlockKey) {
-        if let Some(block) = self.live.get_mut(&key) {
-            if !block.reported {
-                block.reported = true;
-                self.leaks.push(Leak {
-                    device: key.device,
-                    pool: key.pool,
-                    ptr: key.ptr,
-                    size: block.size,
-                    kernel: block.kernel(),
-                    step: block.step,
-                    row_id: block.row_id,
-                });
-            }
-        }
+    /// The sites met, with their verdicts' inputs.
+    pub fn sites(&self) -> &SiteBook {
+        &self.sites
     }
 
-    /// The current step ends: the previous step's blocks still live are leaks.
-    fn end_step(&mut self) {
+    /// The blocks of leaking sites that are live now, largest site first: what the Python side
+    /// looks for holders of. (device, Ptr, size, site text) per block, at most `per_site`
+    /// blocks (the newest) of at most `max_sites` sites.
+    pub fn suspects(&self, max_sites: usize, per_site: usize) -> Vec<(DeviceId, u64, u64, String)> {
+        let mut by_site: BTreeMap<u32, Vec<&Leak>> = BTreeMap::new();
+        for c in &self.candidates {
+            let site = self.sites.get(c.site);
+            if site.verdict() != Verdict::Leak {
+                continue;
+            }
+            let key = BlockKey {
+                device: c.device,
+                pool: c.pool,
+                ptr: c.ptr,
+            };
+            if self.live.get(&key).is_some_and(|b| b.row_id == c.row_id) {
+                by_site.entry(c.site).or_default().push(c);
+            }
+        }
+        let mut sites: Vec<(u32, Vec<&Leak>)> = by_site.into_iter().collect();
+        sites.sort_by_key(|(id, _)| std::cmp::Reverse(self.sites.get(*id).live_bytes));
+        let mut out = Vec::new();
+        for (id, blocks) in sites.into_iter().take(max_sites) {
+            let text = self.sites.get(id).site.clone().unwrap_or_default();
+            for b in blocks.iter().rev().take(per_site) {
+                out.push((b.device, b.ptr, b.size, text.clone()));
+            }
+        }
+        out
+    }
+
+    /// The current step ends (`marked`: by a STEP row, not the end of the input): the previous
+    /// step's blocks still live become candidates.
+    fn end_step(&mut self, marked: bool) {
         let last = std::mem::take(&mut self.last_step);
         for (key, row_id) in &last {
-            if self.live.get(key).is_some_and(|b| b.row_id == *row_id) {
-                self.report(*key);
+            let Some(block) = self.live.get_mut(key) else {
+                continue;
+            };
+            if block.row_id != *row_id || block.candidate {
+                continue;
             }
+            block.candidate = true;
+            let b = *block;
+            self.sites.candidate(b.site, b.size, b.step, !marked);
+            self.candidates.push(Leak {
+                device: key.device,
+                pool: key.pool,
+                ptr: key.ptr,
+                size: b.size,
+                kernel: b.kernel(),
+                step: b.step,
+                row_id: b.row_id,
+                site: b.site,
+            });
+        }
+        if marked {
+            self.sites.step_ended(self.step);
         }
         self.last_step = std::mem::take(&mut self.this_step);
         // Reuse the old vector's allocation for the new step.
@@ -191,7 +262,8 @@ impl Analysis for Leaks {
     fn feed(&mut self, row: &EventRow) {
         match (row.event, row.event_type) {
             (Event::System, EventType::Step) => {
-                self.end_step();
+                self.end_step(true);
+                self.steps_marked += 1;
                 self.step = row.name.trim().parse().unwrap_or(self.step + 1);
             }
             (Event::OpLaunch, EventType::AtenStart) | (Event::KernelLaunch, _) => {
@@ -213,20 +285,45 @@ impl Analysis for Leaks {
                     step: self.step,
                     launches: self.launches_of(row.device),
                     row_id: row.id,
-                    reported: false,
+                    site: self.sites.site_of(row, pool),
+                    candidate: false,
                 };
-                self.live.insert(key, block);
+                if let Some(old) = self.live.insert(key, block) {
+                    if old.candidate {
+                        self.sites.candidate_freed(old.site, old.size);
+                    }
+                }
                 if self.step >= 2 {
                     self.this_step.push((key, row.id));
                 }
             }
             (Event::Free, pool) if is_pool(pool) => {
                 if let Some(ptr) = row.ptr {
-                    self.live.remove(&BlockKey {
+                    let key = BlockKey {
                         device: row.device,
                         pool,
                         ptr,
+                    };
+                    if let Some(old) = self.live.remove(&key) {
+                        if old.candidate {
+                            self.sites.candidate_freed(old.site, old.size);
+                        }
+                    }
+                }
+            }
+            (Event::System, EventType::Holder) => {
+                let Some(ptr) = row.ptr else { return };
+                let held = [EventType::Pta, EventType::Host, EventType::Hal]
+                    .into_iter()
+                    .find_map(|pool| {
+                        self.live.get(&BlockKey {
+                            device: row.device,
+                            pool,
+                            ptr,
+                        })
                     });
+                if let Some(block) = held {
+                    self.sites.holder(block.site, row.name.trim());
                 }
             }
             _ => {}
@@ -234,31 +331,62 @@ impl Analysis for Leaks {
     }
 
     fn finish(&mut self) -> AnalysisOutput {
-        self.end_step();
-        let hal: Vec<BlockKey> = self
+        self.end_step(false);
+        let mut hal: Vec<(BlockKey, Block)> = self
             .live
             .iter()
-            .filter(|(k, b)| k.pool == EventType::Hal && !b.reported)
-            .map(|(k, _)| *k)
+            .filter(|(k, b)| k.pool == EventType::Hal && !b.candidate)
+            .map(|(k, b)| (*k, *b))
             .collect();
-        for key in hal {
-            self.report(key);
-        }
+        hal.sort_by_key(|(_, b)| b.row_id);
+        self.hal_at_exit = hal
+            .into_iter()
+            .map(|(key, b)| Leak {
+                device: key.device,
+                pool: key.pool,
+                ptr: key.ptr,
+                size: b.size,
+                kernel: b.kernel(),
+                step: b.step,
+                row_id: b.row_id,
+                site: b.site,
+            })
+            .collect();
         self.live.clear();
-        let text = render(&self.leaks);
+        let sites = &self.sites;
+        self.leaks = self
+            .candidates
+            .iter()
+            .filter(|c| c.pool == EventType::Hal || sites.get(c.site).verdict() == Verdict::Leak)
+            .chain(&self.hal_at_exit)
+            .cloned()
+            .collect();
+        let found =
+            findings::Findings::build(&self.sites, &self.leaks, self.steps_marked, self.source);
+        let mut text = render(&self.leaks);
+        text.push_str(&found.render());
         let file = if text.is_empty() {
             "====== No memory leaks detected ======\n".to_string()
         } else {
             text.clone()
         };
+        let mut console = text;
+        console.push_str(&found.notice());
         AnalysisOutput {
-            console: text,
-            files: vec![(REPORT_FILE.to_string(), file)],
+            console,
+            files: vec![
+                (REPORT_FILE.to_string(), file),
+                (findings::FINDINGS_FILE.to_string(), found.to_json()),
+            ],
         }
+    }
+
+    fn leak_suspects(&self) -> Vec<(DeviceId, u64, u64, String)> {
+        self.suspects(10, 3)
     }
 }
 
-/// The report text for `leaks` (empty when there are none).
+/// The seed's report text for `leaks` (empty when there are none).
 pub fn render(leaks: &[Leak]) -> String {
     let mut by_device: BTreeMap<DeviceId, Vec<&Leak>> = BTreeMap::new();
     for leak in leaks {
@@ -326,17 +454,29 @@ pub(crate) mod tests {
         r
     }
 
-    fn run(rows: Vec<EventRow>) -> (AnalysisOutput, Vec<Leak>) {
+    fn run(rows: Vec<EventRow>) -> (AnalysisOutput, Leaks) {
         let mut leaks = Leaks::new();
         for (i, mut row) in rows.into_iter().enumerate() {
             row.id = i as u64 + 1;
             leaks.feed(&row);
         }
         let out = leaks.finish();
-        (out, leaks.leaks().to_vec())
+        (out, leaks)
     }
 
     const CPU: DeviceId = DeviceId::Cpu;
+
+    /// A PTA MALLOC on cpu allocated at `site` (a line of train.py) by `op`.
+    fn malloc_at(ptr: u64, size: u64, line: u32, op: &str) -> EventRow {
+        let mut r = block(Event::Malloc, EventType::Pta, CPU, ptr, size, 0);
+        r.attrs_json = Some(format!(
+            "{{\"allocation_id\":1,\"addr\":\"{}\",\"size\":{size},\"owner\":\"PTA@activation\",\
+             \"site\":\"/w/train.py:{line} (main)\",\"frame\":\"/lib/model.py:7 (forward)\",\
+             \"op\":\"{op}\"}}",
+            format_ptr(ptr)
+        ));
+        r
+    }
 
     fn malloc(ptr: u64, size: u64) -> EventRow {
         block(Event::Malloc, EventType::Pta, CPU, ptr, size, 0)
@@ -346,54 +486,150 @@ pub(crate) mod tests {
         block(Event::Free, EventType::Pta, CPU, ptr, size, 0)
     }
 
-    #[test]
-    fn step_rules() {
-        let rows = vec![
-            launch("aten::empty", DeviceId::None), // kernel_0
-            malloc(0x10, 100),                     // step 0: never a candidate
-            step(1),
-            malloc(0x20, 200), // step 1: never a candidate
-            step(2),
-            launch("aten::add", DeviceId::None), // kernel_1
-            malloc(0x30, 15_728),                // step 2, kept: leak
-            malloc(0x40, 400),                   // step 2, freed in step 3: no leak
-            step(3),
-            free(0x40, 400),
-            launch("aten::mul", CPU), // kernel_2 on cpu
-            malloc(0x50, 1_048_576),  // step 3, live at the end of step 4: leak
-            step(4),
-            malloc(0x60, 600), // step 4, live at the end but never a step old
-        ];
-        let (out, leaks) = run(rows);
-        assert_eq!(
-            out.console,
-            "====== ERROR: Detected memory leaks on device cpu ======\n\
-             Direct PTA leak of 0.015 Mb(s) at 0x0000000000000030 in kernel_1 at step 2.\n\
-             Direct PTA leak of 1.000 Mb(s) at 0x0000000000000050 in kernel_2 at step 3.\n\
-             ====== SUMMARY: 1.015 Mb(s) leaked in 2 allocation(s) ======\n"
-        );
-        assert_eq!(leaks.len(), 2);
-        assert_eq!(leaks[0].row_id, 7);
-        assert_eq!(
-            out.files,
-            vec![(REPORT_FILE.to_string(), out.console.clone())]
-        );
+    fn file_text(out: &AnalysisOutput, name: &str) -> String {
+        out.files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.clone())
+            .unwrap()
+    }
+
+    /// Steps 1..=7: line 10 keeps a 1 KiB block every step (a leak), line 20 makes 4 KiB once
+    /// in step 3 and keeps it (resident), line 30 allocates and frees within two steps.
+    fn training(holder: bool) -> Vec<EventRow> {
+        let mut rows = Vec::new();
+        for s in 1..=7u64 {
+            rows.push(step(s));
+            rows.push(launch("aten::addmm", DeviceId::None));
+            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::addmm"));
+            if s == 3 {
+                rows.push(malloc_at(0x9000, 4096, 20, "aten::zeros"));
+            }
+            rows.push(malloc_at(0x5000 + s * 0x100, 512, 30, "aten::mul"));
+            if s > 1 {
+                rows.push(free(0x5000 + (s - 1) * 0x100, 512));
+            }
+        }
+        if holder {
+            let mut h = EventRow::new(
+                Event::System,
+                EventType::Holder,
+                "kept (global of train.py) -> list[3] -> Tensor 256 float32",
+            );
+            h.device = CPU;
+            h.ptr = Some(0x1500);
+            rows.push(h);
+        }
+        rows
     }
 
     #[test]
-    fn leak_found_at_a_step_end_stays_reported_after_a_late_free() {
-        let rows = vec![
-            step(1),
-            step(2),
-            malloc(0x30, 1024),
-            step(3),
-            step(4), // end of step 3: the step-2 block is live and a step old
-            free(0x30, 1024),
-        ];
-        let (out, _) = run(rows);
-        assert!(out.console.contains(
-            "Direct PTA leak of 0.001 Mb(s) at 0x0000000000000030 in kernel_N/A at step 2."
-        ));
+    fn a_site_that_grows_leaks_and_one_made_once_is_resident() {
+        let (out, leaks) = run(training(true));
+        // Line 10's blocks of steps 2..=5 became candidates at the ends of steps 3..=6 (four
+        // rises); step 6's only at the end of the input, counted for the growing site.
+        let steps: Vec<u64> = leaks.leaks().iter().map(|l| l.step).collect();
+        assert_eq!(steps, vec![2, 3, 4, 5, 6]);
+        let expected_seed = "\
+====== ERROR: Detected memory leaks on device cpu ======
+Direct PTA leak of 0.001 Mb(s) at 0x0000000000001200 in kernel_1 at step 2.
+Direct PTA leak of 0.001 Mb(s) at 0x0000000000001300 in kernel_2 at step 3.
+Direct PTA leak of 0.001 Mb(s) at 0x0000000000001400 in kernel_3 at step 4.
+Direct PTA leak of 0.001 Mb(s) at 0x0000000000001500 in kernel_4 at step 5.
+Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
+====== SUMMARY: 0.005 Mb(s) leaked in 5 allocation(s) ======
+";
+        let expected_sites = "\
+====== Leaking sites on device cpu: 1 (live memory that grows step over step) ======
+[1] /w/train.py:10 (main): +1.00 KiB (1024 bytes) in 1 block(s) per step, growing from step 3 to step 6; 5.00 KiB leaked in 5 block(s)
+    op aten::addmm; owner activation; inside /lib/model.py:7 (forward)
+    held by: kept (global of train.py) -> list[3] -> Tensor 256 float32
+====== Resident on device cpu: 1 site(s) made once and kept (not leaks) ======
+  /w/train.py:20 (main): 4.00 KiB (4096 bytes) in 1 block(s) since step 4; op aten::zeros; owner activation; inside /lib/model.py:7 (forward)
+";
+        assert_eq!(out.console, format!("{expected_seed}{expected_sites}"));
+        assert_eq!(file_text(&out, REPORT_FILE), out.console);
+        let json: serde_json::Value =
+            serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
+        assert_eq!(json["schema"], findings::SCHEMA);
+        assert_eq!(json["steps_marked"], 7);
+        let leak = &json["leaks"][0];
+        assert_eq!(leak["file"], "/w/train.py");
+        assert_eq!(leak["line"], 10);
+        assert_eq!(leak["function"], "main");
+        assert_eq!(leak["bytes_per_step"], 1024);
+        assert_eq!(leak["steps"], serde_json::json!([2, 3, 4, 5, 6]));
+        assert_eq!(
+            leak["series"],
+            serde_json::json!([[3, 1024], [4, 2048], [5, 3072], [6, 4096]])
+        );
+        assert_eq!(leak["leaked_bytes"], 5120);
+        assert_eq!(json["resident"][0]["bytes"], 4096);
+        assert_eq!(json["resident"][0]["since_step"], 4);
+    }
+
+    #[test]
+    fn suspects_are_the_live_blocks_of_leaking_sites() {
+        let mut leaks = Leaks::new();
+        for (i, mut row) in training(false).into_iter().enumerate() {
+            row.id = i as u64 + 1;
+            leaks.feed(&row);
+        }
+        let ptrs: Vec<u64> = leaks.suspects(10, 2).iter().map(|s| s.1).collect();
+        // The newest two candidates of line 10 (step 5's, then step 4's); none of line 20.
+        assert_eq!(ptrs, vec![0x1500, 0x1400]);
+        assert_eq!(leaks.suspects(10, 1)[0].3, "/w/train.py:10 (main)");
+    }
+
+    #[test]
+    fn an_accumulation_window_that_is_freed_and_made_again_is_resident() {
+        // Gradients made in step 2, freed in step 6, made again in step 6 and freed in step 10:
+        // the site's live candidate bytes go 4096, 0, 4096 and never pass their first high.
+        let mut rows = Vec::new();
+        for s in 1..=11u64 {
+            rows.push(step(s));
+            if s == 6 || s == 10 {
+                rows.push(free(0x7000 + (s - 4) * 0x100, 4096));
+            }
+            if s == 2 || s == 6 {
+                rows.push(malloc_at(0x7000 + s * 0x100, 4096, 40, "aten::add"));
+            }
+        }
+        let (out, leaks) = run(rows);
+        assert!(leaks.leaks().is_empty(), "{:?}", leaks.leaks());
+        assert!(!out.console.contains("Direct"), "{}", out.console);
+        assert!(out.console.contains("Resident on device cpu: 1 site(s)"));
+    }
+
+    #[test]
+    fn blocks_that_only_outlive_the_last_step_judge_nothing() {
+        // Step 4's block is live when the input ends (the program's last step): no step the
+        // program marked ended after it, so it is neither a leak nor resident.
+        let rows = vec![step(1), step(2), step(3), step(4), malloc(0x30, 1024)];
+        let (out, leaks) = run(rows.clone());
+        assert!(leaks.leaks().is_empty());
+        assert_eq!(
+            file_text(&out, REPORT_FILE),
+            "====== No memory leaks detected ======\n"
+        );
+        // Too few steps to judge: the console says so.
+        assert_eq!(
+            out.console,
+            "msmemscope: the leaks analysis saw 4 step(s); a leak is judged by growth at two \
+             step ends from step 2 on, which takes 5 steps\n"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
+        assert_eq!(json["unjudged_blocks"], 0);
+        assert_eq!(json["leaks"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_run_without_steps_says_how_to_give_them() {
+        let (out, _) = run(vec![malloc(0x30, 1024)]);
+        assert!(out
+            .console
+            .starts_with("msmemscope: the leaks analysis saw no steps"));
     }
 
     #[test]
@@ -407,61 +643,62 @@ pub(crate) mod tests {
             malloc(0x30, 2048), // the address reused in step 3, freed in step 4
             step(4),
             free(0x30, 2048),
+            step(5),
+            step(6),
         ];
         let (out, leaks) = run(rows);
-        assert!(leaks.is_empty(), "{leaks:?}");
+        assert!(leaks.leaks().is_empty(), "{:?}", leaks.leaks());
         assert_eq!(out.console, "");
-        assert_eq!(
-            out.files,
-            vec![(
-                REPORT_FILE.to_string(),
-                "====== No memory leaks detected ======\n".to_string()
-            )]
-        );
     }
 
     #[test]
-    fn devices_pools_kernels_and_hal_at_exit() {
+    fn hal_blocks_live_at_exit_and_sites_from_python_stacks() {
         let cuda = DeviceId::Cuda(0);
         let mut kernel = EventRow::new(Event::KernelLaunch, EventType::KernelLaunch, "gemm");
         kernel.device = cuda;
-        let rows = vec![
+        let mut rows = vec![
             block(Event::Malloc, EventType::Hal, cuda, 0x7000, 2 << 20, 0), // HAL, step 0
             step(1),
-            launch("aten::add", CPU), // cpu kernel_0
-            kernel.clone(),           // cuda kernel_0
-            kernel.clone(),           // cuda kernel_1
-            step(2),
-            block(Event::Malloc, EventType::Pta, cuda, 0x9000, 512, 512),
-            block(Event::Malloc, EventType::Host, CPU, 0x100, 1536, 0),
-            block(Event::Malloc, EventType::Hal, cuda, 0x8000, 4096, 0), // freed: no leak
-            step(3),
-            block(Event::Free, EventType::Hal, cuda, 0x8000, 4096, 0),
+            kernel.clone(),
         ];
-        let (out, _) = run(rows);
-        assert_eq!(
-            out.console,
-            "====== ERROR: Detected memory leaks on device cpu ======\n\
-             Direct HOST leak of 0.001 Mb(s) at 0x0000000000000100 in kernel_0 at step 2.\n\
-             ====== SUMMARY: 0.001 Mb(s) leaked in 1 allocation(s) ======\n\
-             ====== ERROR: Detected memory leaks on device 0 ======\n\
-             Direct HAL leak of 2.000 Mb(s) at 0x0000000000007000 in kernel_N/A at step 0.\n\
-             Direct PTA leak of 0.000 Mb(s) at 0x0000000000009000 in kernel_1 at step 2.\n\
-             ====== SUMMARY: 2.000 Mb(s) leaked in 2 allocation(s) ======\n"
-        );
+        // A dump without `site` Attrs: the first Python frame names the site.
+        for s in 2..=6u64 {
+            rows.push(step(s));
+            let mut m = block(Event::Malloc, EventType::Pta, cuda, 0x9000 + s, 512, 0);
+            m.python_stack = "/w/run.py(12): loop\n/w/run.py(30): <module>".into();
+            rows.push(m);
+        }
+        let (out, leaks) = run(rows);
+        assert_eq!(leaks.leaks().len(), 5, "{}", out.console); // 4 PTA + the HAL block
+        assert!(out.console.contains(
+            "Direct HAL leak of 2.000 Mb(s) at 0x0000000000007000 in kernel_N/A at step 0.\n"
+        ));
+        assert!(out.console.contains(
+            "[1] /w/run.py:12 (loop): +512 B (512 bytes) in 1 block(s) per step, growing from step 3 to step 5"
+        ), "{}", out.console);
     }
 
     #[test]
     fn parsed_attrs_and_step_numbers_from_names() {
         // Rows read back from a dump have `attrs` parsed and no raw JSON.
-        let mut m = EventRow::new(Event::Malloc, EventType::Pta, "");
-        m.device = CPU;
-        m.ptr = Some(0xabc);
-        m.attrs.insert("size".into(), 3_145_728u64.into());
-        let rows = vec![step(5), m, step(6), step(7)];
+        let mut rows = Vec::new();
+        for s in [5u64, 6, 7, 8, 9] {
+            rows.push(step(s));
+            let mut m = EventRow::new(Event::Malloc, EventType::Pta, "");
+            m.device = CPU;
+            m.ptr = Some(0xabc + s);
+            m.attrs.insert("size".into(), 3_145_728u64.into());
+            m.attrs.insert("site".into(), "/w/a \"q\".py:3 (f)".into());
+            rows.push(m);
+        }
         let (out, leaks) = run(rows);
-        assert_eq!(leaks[0].step, 5);
+        assert_eq!(leaks.leaks()[0].step, 5);
         assert!(out.console.contains("Direct PTA leak of 3.000 Mb(s)"));
+        assert!(
+            out.console.contains("[1] /w/a \"q\".py:3 (f): +3.00 MiB"),
+            "{}",
+            out.console
+        );
     }
 
     #[test]
@@ -471,5 +708,19 @@ pub(crate) mod tests {
         assert_eq!(mb(525), "0.001"); // 0.00050…
         assert_eq!(mb(15_728), "0.015");
         assert_eq!(mb(1_048_576 * 3 / 2), "1.500");
+    }
+
+    #[test]
+    fn human_sizes_and_site_texts() {
+        use findings::{human, split_site};
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(64_000), "62.5 KiB");
+        assert_eq!(human(4_718_592), "4.50 MiB");
+        assert_eq!(human(300 << 20), "300 MiB");
+        assert_eq!(
+            split_site("/a:b/train.py:42 (main)"),
+            Some(("/a:b/train.py", 42, "main"))
+        );
+        assert_eq!(split_site("no line here"), None);
     }
 }

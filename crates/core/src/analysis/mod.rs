@@ -32,6 +32,12 @@ pub trait Analysis: Send {
     fn feed(&mut self, row: &EventRow);
     /// The input has ended.
     fn finish(&mut self) -> AnalysisOutput;
+    /// The live blocks of the sites judged leaking so far: (device, Ptr, size, site) each.
+    /// Only `leaks` has any; the runtime hands them to the Python side, which looks for what
+    /// holds them.
+    fn leak_suspects(&self) -> Vec<(crate::events::DeviceId, u64, u64, String)> {
+        Vec::new()
+    }
 }
 
 /// The analyses a run asked for that run online, in the writer.
@@ -46,7 +52,9 @@ pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
             ))),
             // The leak report first, then the Gap Analysis tables (they print in this order).
             Requested::Leaks => {
-                analyses.push(Box::new(leaks::Leaks::new()));
+                analyses.push(Box::new(
+                    leaks::Leaks::new().with_source(crate::source_line::read),
+                ));
                 analyses.push(Box::new(fluctuation::Fluctuation::new()));
             }
             Requested::Decompose => analyses.push(Box::new(decompose::Decompose::new())),

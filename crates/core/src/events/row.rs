@@ -91,10 +91,13 @@ pub enum EventType {
     /// A SYSTEM row that gives a live block a new `owner` (decompose learns some owners after
     /// the block's MALLOC row is written: a tensor becomes a parameter, a gradient, a state).
     Owner = 20,
+    /// A SYSTEM row that names what holds a live block (Ptr): Name is the chain of references
+    /// from a root to the tensor, found by the Python side for the leaks analysis.
+    Holder = 21,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 20] = [
+    pub const ALL: [EventType; 21] = [
         EventType::Hal,
         EventType::Pta,
         EventType::Host,
@@ -115,6 +118,7 @@ impl EventType {
         EventType::OomRecentAlloc,
         EventType::OomTopAlloc,
         EventType::Owner,
+        EventType::Holder,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -139,6 +143,7 @@ impl EventType {
             EventType::OomRecentAlloc => "OOM_RECENT_ALLOC",
             EventType::OomTopAlloc => "OOM_TOP_ALLOC",
             EventType::Owner => "OWNER",
+            EventType::Holder => "HOLDER",
         }
     }
 
@@ -168,6 +173,7 @@ impl EventType {
             "OOM_RECENT_ALLOC" => EventType::OomRecentAlloc,
             "OOM_TOP_ALLOC" => EventType::OomTopAlloc,
             "OWNER" => EventType::Owner,
+            "HOLDER" => EventType::Holder,
             _ => return None,
         })
     }
@@ -374,6 +380,19 @@ impl EventRow {
         let end = inner.find('"')?;
         let text = &inner[..end];
         (!text.contains('\\')).then_some(text)
+    }
+
+    /// A string Attr value, escapes and all (a file name with a quote or a backslash).
+    pub fn attr_string(&self, key: &str) -> Option<std::borrow::Cow<'_, str>> {
+        if let Some(plain) = self.attr_str(key) {
+            return Some(plain.into());
+        }
+        if !self.attrs.is_empty() {
+            return None;
+        }
+        let raw = raw_value(self.attrs_json.as_deref()?, key)?;
+        let mut stream = serde_json::Deserializer::from_str(raw).into_iter::<String>();
+        stream.next()?.ok().map(Into::into)
     }
 }
 

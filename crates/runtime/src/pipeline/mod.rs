@@ -353,6 +353,22 @@ pub fn flush(timeout: Duration) {
     }
 }
 
+/// Writes everything queued so far and returns the live blocks of the sites the leaks analysis
+/// judges leaking (empty without the analysis, or when the writer did not answer in `timeout`).
+pub fn leak_suspects(timeout: Duration) -> Vec<writer::Suspect> {
+    let Some(p) = PIPELINE.get() else {
+        return Vec::new();
+    };
+    ensure_writer();
+    let Ok(writer) = p.writer.lock() else {
+        return Vec::new();
+    };
+    writer
+        .as_ref()
+        .and_then(|w| w.leak_suspects(timeout))
+        .unwrap_or_default()
+}
+
 /// At exit: the last rows reach the files. `--format parquet` journals become Parquet files
 /// here when `convert` (runs without a launcher; the launcher converts its target's, since it
 /// outlives a killed one); however long that takes, it is the end of the run.

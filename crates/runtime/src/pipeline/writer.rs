@@ -30,7 +30,13 @@ struct Control {
     flush_requested: u64,
     flushed: u64,
     stopped: bool,
+    /// Set with a flush request: the writer then collects the leak suspects into `suspects`.
+    suspects_wanted: bool,
+    suspects: Option<Vec<Suspect>>,
 }
+
+/// A live block of a site the leaks analysis judges leaking: (device, Ptr, size, site).
+pub type Suspect = (msmemscope_core::events::DeviceId, u64, u64, String);
 
 pub struct Writer {
     control: Arc<(Mutex<Control>, Condvar)>,
@@ -115,6 +121,19 @@ impl Writer {
         true
     }
 
+    /// Writes everything queued so far, then asks the online analyses for the live blocks of
+    /// the sites they judge leaking (waits at most `timeout`; `None` when the time ran out).
+    pub fn leak_suspects(&self, timeout: Duration) -> Option<Vec<Suspect>> {
+        if let Ok(mut c) = self.control.0.lock() {
+            c.suspects_wanted = true;
+            c.suspects = None;
+        }
+        if !self.flush(timeout) {
+            return None;
+        }
+        self.control.0.lock().ok()?.suspects.take()
+    }
+
     /// Flushes and ends the thread (waits at most `timeout`). The `--format parquet` journals,
     /// complete, once it has ended; `None` while it still writes.
     pub fn stop(&self, timeout: Duration) -> Option<Vec<PathBuf>> {
@@ -148,7 +167,7 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
     let (lock, cv) = control;
     let mut acknowledged = 0;
     loop {
-        let (stop, flush_to) = {
+        let (stop, flush_to, suspects_wanted) = {
             let Ok(c) = lock.lock() else { return };
             let (c, _) = match cv
                 .wait_timeout_while(c, TICK, |c| !c.stop && c.flush_requested == c.flushed)
@@ -156,12 +175,19 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
                 Ok(r) => r,
                 Err(_) => return,
             };
-            (c.stop, c.flush_requested)
+            (c.stop, c.flush_requested, c.suspects_wanted)
         };
         // A flush request writes everything queued, young rows included.
         let everything = stop || flush_to != acknowledged;
         write_batch(state, everything);
         acknowledged = flush_to;
+        let suspects = (everything && suspects_wanted).then(|| {
+            state
+                .analyses
+                .iter()
+                .flat_map(|a| a.leak_suspects())
+                .collect::<Vec<_>>()
+        });
         if stop {
             finish_analyses(state);
             if let Ok(mut journals) = state.journals.lock() {
@@ -178,6 +204,10 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
             ));
         }
         if let Ok(mut c) = lock.lock() {
+            if suspects.is_some() {
+                c.suspects_wanted = false;
+                c.suspects = suspects;
+            }
             c.flushed = flush_to;
             if stop {
                 c.stopped = true;

@@ -39,6 +39,10 @@
 
 // pyframes.cpp: this thread's Python frames, innermost first.
 std::string msmemscope_python_stack(int depth, const std::vector<std::string>& skip);
+// pyframes.cpp: this thread's allocation site (innermost frame, innermost frame of user code).
+void msmemscope_python_site(const std::vector<std::string>& own,
+                            const std::vector<std::string>& library, const std::string** inner,
+                            const std::string** user);
 
 namespace torch::autograd {
 // Declared here rather than through graph_task.h (which pulls in the whole autograd engine).
@@ -134,6 +138,26 @@ std::string python_stack(int depth) {
   return msmemscope_python_stack(depth, g_skip_prefixes);
 }
 
+// --- allocation sites (always, whatever --call-stack says) ------------------------------------
+// Files of the standard library, site-packages and the like: not the user's own code.
+std::vector<std::string> g_library_prefixes;
+
+struct Site {
+  const std::string* inner = nullptr;  // innermost frame outside torch/msmemscope
+  const std::string* user = nullptr;   // innermost frame of the user's own code
+  const char* op = nullptr;            // the innermost op running on this thread
+};
+
+const char* current_op();
+
+Site site_here() {
+  Site s;
+  if (!g_cfg.alloc) return s;
+  msmemscope_python_site(g_skip_prefixes, g_library_prefixes, &s.inner, &s.user);
+  s.op = current_op();
+  return s;
+}
+
 // --- texts ------------------------------------------------------------------------------------
 // Categories and label sets are few and long-lived: each distinct one is kept once, forever,
 // and blocks point at it (no string is built or copied per allocation).
@@ -188,6 +212,16 @@ struct Out {
       v /= 10;
     } while (v != 0);
     while (n > 0 && p < end) *p++ = digits[--n];
+  }
+  // A JSON string member `,"key":"text"` (text already escaped), whole or not at all.
+  void member(const char* key, const char* text, size_t len) {
+    size_t need = std::strlen(key) + len + 6;
+    if (size_t(end - p) < need + 2) return;  // room kept for the closing brace
+    lit(",\"");
+    lit(key);
+    lit("\":\"");
+    for (size_t i = 0; i < len; ++i) *p++ = text[i];
+    lit("\"");
   }
   void hex16(uint64_t v) {
     static const char kHex[] = "0123456789abcdef";
@@ -287,7 +321,7 @@ size_t block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t
 // Called with g_mutex held.
 void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_index,
                    uint64_t used, long long total, Text category, bool adopted,
-                   const std::string& stack) {
+                   const std::string& stack, const Site& site) {
   Block b{g_next_aid++, size, dev_kind, dev_index, adopted, category,
           g_labels.load(std::memory_order_relaxed)};
   DeviceUse& u = use_of(dev_kind, dev_index);
@@ -295,8 +329,18 @@ void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_
   if (u.used > u.peak) u.peak = u.used;
   if (used == UINT64_MAX) used = u.used;
   if (g_cfg.alloc) {
-    char attrs[512];
+    char attrs[2048];
     size_t n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, true);
+    // The site members go before the closing brace (`site`: the user's line; `frame`: the
+    // innermost frame when it is another; `op`: the op that allocated).
+    Out o{attrs + n - 1, attrs + sizeof attrs - 1};
+    if (site.user != nullptr) o.member("site", site.user->data(), site.user->size());
+    if (site.inner != nullptr && site.inner != site.user) {
+      o.member("frame", site.inner->data(), site.inner->size());
+    }
+    if (site.op != nullptr) o.member("op", site.op, std::strlen(site.op));
+    o.lit("}");
+    n = size_t(o.p - attrs);
     emit(g_codes.ev_malloc, g_codes.ty_pta, StrRef{"N/A", 3}, dev_kind, dev_index, true, ptr,
          StrRef{attrs, n}, str(stack), g_cfg.c_stack);
   }
@@ -329,6 +373,11 @@ constexpr int kOpDepth = 64;
 thread_local const char* tl_op_name[kOpDepth];
 thread_local const char* tl_op_overload[kOpDepth];
 thread_local int tl_op_depth = 0;
+
+const char* current_op() {
+  int depth = tl_op_depth;
+  return depth > 0 && depth <= kOpDepth ? tl_op_name[depth - 1] : nullptr;
+}
 
 // Whether a FUNCTION-scope RecordFunction is a dispatcher op (`namespace::name`): PyTorch also
 // opens FUNCTION-scope records named in prose ("autograd::engine::evaluate_function: ...",
@@ -556,11 +605,12 @@ class CpuAllocator final : public c10::Allocator {
     try {
       g_allocs.fetch_add(1, std::memory_order_relaxed);
       std::string stack = python_stack(g_cfg.python_depth);
+      Site site = site_here();
       Text category = category_for_new();
       std::lock_guard<std::mutex> l(g_mutex);
       if (!d.compare_exchange_deleter(g_cpu_inner_deleter, &cpu_delete)) return d;
       record_malloc(reinterpret_cast<uint64_t>(p), n, kDeviceCpu, 0, UINT64_MAX, -1, category,
-                    false, stack);
+                    false, stack, site);
       return d;
     } catch (...) {
       return d;
@@ -624,6 +674,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
         if (!tracing()) return;
         g_allocs.fetch_add(1, std::memory_order_relaxed);
         std::string stack = python_stack(g_cfg.python_depth);
+        Site site = site_here();
         Text category = category_for_new();
         // The CPU allocator's running total counts every block since capture began, traced or
         // not, so on CPU `used` is the sum of the blocks the rows list; on CUDA it is the
@@ -631,7 +682,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
         uint64_t used = kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated);
         std::lock_guard<std::mutex> l(g_mutex);
         record_malloc(addr, uint64_t(alloc_size), kind, index, used, total, category, false,
-                      stack);
+                      stack, site);
       } else {
         std::lock_guard<std::mutex> l(g_mutex);
         auto it = g_live.find(addr);
@@ -706,6 +757,20 @@ void sync_callback() {
   }
 }
 
+// The non-empty lines of `joined` (null: none).
+std::vector<std::string> split_lines(const char* joined) {
+  std::vector<std::string> lines;
+  std::string s = joined ? joined : "";
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find('\n', start);
+    if (end == std::string::npos) end = s.size();
+    if (end > start) lines.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
 }  // namespace
 
 // --- the C ABI the Python side calls (ctypes) -------------------------------------------------
@@ -742,15 +807,15 @@ void msmemscope_torch_configure(int alloc, int free, int launch, int access, int
 // Frames whose file starts with one of these (newline-separated) are skipped at the top.
 void msmemscope_torch_skip_prefixes(const char* joined) {
   try {
-    g_skip_prefixes.clear();
-    std::string s = joined ? joined : "";
-    size_t start = 0;
-    while (start < s.size()) {
-      size_t end = s.find('\n', start);
-      if (end == std::string::npos) end = s.size();
-      if (end > start) g_skip_prefixes.push_back(s.substr(start, end - start));
-      start = end + 1;
-    }
+    g_skip_prefixes = split_lines(joined);
+  } catch (...) {
+  }
+}
+
+// Files under these (newline-separated) are not the user's own code (allocation sites).
+void msmemscope_torch_library_prefixes(const char* joined) {
+  try {
+    g_library_prefixes = split_lines(joined);
   } catch (...) {
   }
 }
@@ -894,9 +959,10 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
     if (!tracing() || size == 0) return 1;
     Text cat = category ? intern(category) : category_for_new();
     std::string stack = python_stack(g_cfg.python_depth);
+    Site site = site_here();
     std::lock_guard<std::mutex> l(g_mutex);
     if (g_live.count(ptr) != 0) return 1;
-    record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, cat, true, stack);
+    record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, cat, true, stack, site);
     return 0;
   } catch (...) {
     return 1;

@@ -15,8 +15,12 @@
 #include <frameobject.h>
 #endif
 
+#include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -115,4 +119,121 @@ std::string msmemscope_python_stack(int depth, const std::vector<std::string>& s
     ++taken;
   }
   return out;
+}
+
+// --- allocation sites -------------------------------------------------------------------------
+// Every tensor block is tagged with two frames: the innermost one outside torch and msmemscope
+// (often a library's line, e.g. transformers') and the innermost one of the user's own code
+// (outside the standard library, site-packages, torch and msmemscope). Both are texts
+// `file:line (function)`, JSON-escaped, made once per (code object, instruction) and interned
+// for good; an allocation costs a walk of the frame chain and a few cache probes, no string.
+namespace {
+
+std::mutex g_site_mutex;
+std::unordered_map<std::string, std::unique_ptr<std::string>> g_site_texts;
+
+const std::string* intern_site(const std::string& s) {
+  std::lock_guard<std::mutex> l(g_site_mutex);
+  auto& slot = g_site_texts[s];
+  if (!slot) slot = std::make_unique<std::string>(s);
+  return slot.get();
+}
+
+void escape_into(std::string& out, const char* s) {
+  for (; *s; ++s) {
+    unsigned char c = static_cast<unsigned char>(*s);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(char(c));
+    } else if (c < 0x20) {
+      out.push_back(' ');
+    } else {
+      out.push_back(char(c));
+    }
+  }
+}
+
+bool starts_with_any(const char* file, const std::vector<std::string>& prefixes) {
+  for (const auto& p : prefixes) {
+    if (std::strncmp(file, p.c_str(), p.size()) == 0) return true;
+  }
+  return false;
+}
+
+// Direct-mapped per-thread caches keyed by the code object's address (and its file name's, so
+// that a code object freed and another made at its address is not taken for the old one).
+struct KindSlot {
+  PyCodeObject* code = nullptr;
+  PyObject* file = nullptr;
+  uint8_t kind = 0;  // bit 0: outside torch/msmemscope; bit 1: the user's own code
+};
+struct TextSlot {
+  PyCodeObject* code = nullptr;
+  PyObject* file = nullptr;
+  int offset = -1;
+  const std::string* text = nullptr;
+};
+constexpr size_t kKindSlots = 512, kTextSlots = 2048;
+thread_local KindSlot tl_kinds[kKindSlots];
+thread_local TextSlot tl_texts[kTextSlots];
+
+size_t slot_of(const void* p, size_t n) { return (reinterpret_cast<uintptr_t>(p) >> 4) % n; }
+
+uint8_t kind_of(PyCodeObject* code, const std::vector<std::string>& own,
+                const std::vector<std::string>& library) {
+  KindSlot& s = tl_kinds[slot_of(code, kKindSlots)];
+  if (s.code == code && s.file == code->co_filename) return s.kind;
+  const char* file = text_of(code->co_filename);
+  uint8_t kind = 0;
+  if (file != nullptr && !starts_with_any(file, own)) {
+    kind |= 1;
+    if (file[0] != '<' && !starts_with_any(file, library)) kind |= 2;
+  }
+  s = KindSlot{code, code->co_filename, kind};
+  return kind;
+}
+
+const std::string* text_at(Frame* f) {
+  PyCodeObject* code = code_of(f);
+  int offset = byte_offset(f);
+  size_t h = (reinterpret_cast<uintptr_t>(code) >> 4) * 31u + size_t(offset);
+  TextSlot& s = tl_texts[h % kTextSlots];
+  if (s.code == code && s.file == code->co_filename && s.offset == offset) return s.text;
+  const char* file = text_of(code->co_filename);
+  const char* func = text_of(code->co_name);
+  std::string t;
+  escape_into(t, file != nullptr ? file : "<non-ascii file name>");
+  t.push_back(':');
+  t += std::to_string(PyCode_Addr2Line(code, offset));
+  t += " (";
+  escape_into(t, func != nullptr ? func : "<non-ascii name>");
+  t.push_back(')');
+  const std::string* text = intern_site(t);
+  s = TextSlot{code, code->co_filename, offset, text};
+  return text;
+}
+
+}  // namespace
+
+// The calling thread's allocation site: `*inner` the innermost frame outside `own`, `*user` the
+// innermost one outside `own`, `library` and the `<...>` pseudo-files; null where there is none.
+void msmemscope_python_site(const std::vector<std::string>& own,
+                            const std::vector<std::string>& library, const std::string** inner,
+                            const std::string** user) {
+  *inner = *user = nullptr;
+  if (!Py_IsInitialized()) return;
+  PyThreadState* t = PyGILState_GetThisThreadState();
+  if (t == nullptr) return;
+  // A bound on the walk: a site deeper than this many frames below the innermost is not sought.
+  int budget = 256;
+  for (Frame* f = newest_frame(t); f != nullptr && budget > 0; f = older(f), --budget) {
+    if (!is_real(f)) continue;
+    uint8_t kind = kind_of(code_of(f), own, library);
+    if ((kind & 1) == 0) continue;
+    if (*inner == nullptr) *inner = text_at(f);
+    if (kind & 2) {
+      *user = text_at(f);
+      return;
+    }
+  }
 }

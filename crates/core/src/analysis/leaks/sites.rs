@@ -1,0 +1,266 @@
+//! The allocation sites of the leaks analysis and the growth rule that judges them.
+//!
+//! A site is where a block was allocated: the Attr's `site` (the user's `file:line
+//! (function)`), `frame` (the innermost line outside torch when it is another) and `op`, with
+//! the block's device and pool. Rows without `site` (dumps of other producers, older dumps)
+//! take the first line of `Call Stack(Python)`, else they share the device's "unknown" site.
+//!
+//! The rule: a site's **candidate bytes** are the bytes of its blocks that became candidates
+//! (the seed's rule: allocated in step 2 or later, live when the step after theirs ends) and are
+//! still live. At every step end the program marked, a site whose candidate bytes exceed every
+//! earlier step end's has **risen**. Two rises or more make a leak (it keeps growing step over
+//! step); one rise makes it resident (made once and kept: optimizer state, late-unfrozen
+//! parameters, gradients within an accumulation window, compile caches). The end of the input is
+//! no step end: blocks that only outlived the last step are counted for a leak site that was
+//! already growing, and judge nothing on their own.
+
+use super::super::fast_map::FastMap;
+use crate::events::{DeviceId, EventRow, EventType};
+
+/// Points kept per site of its candidate bytes at each step end (for the page's chart).
+pub const MAX_SERIES: usize = 512;
+/// Holder chains kept per site.
+pub const MAX_HOLDERS: usize = 3;
+
+/// What a site was judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    /// Its candidate bytes rose at two step ends or more.
+    Leak,
+    /// Made once (one rise) and kept.
+    Resident,
+    /// Its blocks only outlived the last step (the input ended): not judged.
+    LastStepOnly,
+}
+
+/// A step end at which a site's candidate bytes reached a new high.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rise {
+    /// The step that ended.
+    pub step: u64,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// One site's record.
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub device: DeviceId,
+    pub pool: EventType,
+    /// The user's line, `file:line (function)` (None: unknown).
+    pub site: Option<String>,
+    /// The innermost line outside torch, when it differs from `site`.
+    pub frame: Option<String>,
+    /// The op that allocated (`aten::addmm`).
+    pub op: Option<String>,
+    /// The owner category of its first block (`activation`, `optimizer_state`, ...).
+    pub owner: Option<String>,
+    /// Its candidate blocks still live, and their bytes.
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    pub rises: Vec<Rise>,
+    /// Candidate bytes at each step end since the site's first candidate.
+    pub series: Vec<(u64, u64)>,
+    /// Candidate blocks found at the end of the input only.
+    pub late_blocks: u64,
+    /// The steps its candidate blocks were allocated in, ascending.
+    pub steps: Vec<u64>,
+    /// Reference chains that hold its blocks (`SYSTEM HOLDER` rows), at most [`MAX_HOLDERS`]
+    /// different ones: chains that differ only in container indices count as one, with the
+    /// number of blocks held that way.
+    pub holders: Vec<(String, u64)>,
+}
+
+impl Site {
+    pub fn verdict(&self) -> Verdict {
+        match self.rises.len() {
+            0 => Verdict::LastStepOnly,
+            1 => Verdict::Resident,
+            _ => Verdict::Leak,
+        }
+    }
+
+    /// Growth per step between the first and the last rise: (bytes, blocks) per step.
+    pub fn per_step(&self) -> (u64, f64) {
+        match (self.rises.first(), self.rises.last()) {
+            (Some(first), Some(last)) if last.step > first.step => {
+                let steps = last.step - first.step;
+                (
+                    (last.bytes - first.bytes) / steps,
+                    (last.blocks.saturating_sub(first.blocks)) as f64 / steps as f64,
+                )
+            }
+            (Some(first), _) => (first.bytes, first.blocks as f64),
+            _ => (0, 0.0),
+        }
+    }
+}
+
+/// The sites met so far, each under one id.
+#[derive(Default)]
+pub struct SiteBook {
+    /// Hash of the key -> ids with that hash (almost always one).
+    index: FastMap<u64, Vec<u32>>,
+    sites: Vec<Site>,
+}
+
+/// The parts of a MALLOC row that name its site.
+struct Key<'a> {
+    device: DeviceId,
+    pool: EventType,
+    site: Option<std::borrow::Cow<'a, str>>,
+    frame: Option<&'a str>,
+    op: Option<&'a str>,
+}
+
+impl Key<'_> {
+    fn hash(&self) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        // A fixed seed: the ids only have to be stable within one map, but a fixed hasher
+        // lets every map share it.
+        let mut h = foldhash::fast::FixedState::with_seed(0x6d73_6d65_6d73).build_hasher();
+        self.device.hash(&mut h);
+        self.pool.hash(&mut h);
+        self.site.as_deref().hash(&mut h);
+        self.frame.hash(&mut h);
+        self.op.hash(&mut h);
+        h.finish()
+    }
+
+    fn matches(&self, s: &Site) -> bool {
+        s.device == self.device
+            && s.pool == self.pool
+            && s.site.as_deref() == self.site.as_deref()
+            && s.frame.as_deref() == self.frame
+            && s.op.as_deref() == self.op
+    }
+}
+
+/// The first frame of a `Call Stack(Python)` cell (`file(line): function`) as a site text.
+fn site_from_stack(stack: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let first = stack.lines().next()?.trim();
+    let (place, function) = first.split_once("): ")?;
+    let (file, line) = place.rsplit_once('(')?;
+    Some(format!("{file}:{line} ({function})").into())
+}
+
+impl SiteBook {
+    /// The id of the site of a MALLOC row (made on first sight).
+    pub fn site_of(&mut self, row: &EventRow, pool: EventType) -> u32 {
+        let site = row
+            .attr_string("site")
+            .or_else(|| site_from_stack(&row.python_stack));
+        let key = Key {
+            device: row.device,
+            pool,
+            site,
+            frame: row.attr_str("frame"),
+            op: row.attr_str("op"),
+        };
+        let hash = key.hash();
+        let ids = self.index.entry(hash).or_default();
+        if let Some(id) = ids
+            .iter()
+            .find(|&&id| key.matches(&self.sites[id as usize]))
+        {
+            return *id;
+        }
+        let id = self.sites.len() as u32;
+        ids.push(id);
+        let owner = row
+            .attr_str("owner")
+            .and_then(|o| o.split('@').nth(1))
+            .map(str::to_string);
+        self.sites.push(Site {
+            device: key.device,
+            pool,
+            site: key.site.map(|s| s.into_owned()),
+            frame: key.frame.map(str::to_string),
+            op: key.op.map(str::to_string),
+            owner,
+            live_blocks: 0,
+            live_bytes: 0,
+            rises: Vec::new(),
+            series: Vec::new(),
+            late_blocks: 0,
+            steps: Vec::new(),
+            holders: Vec::new(),
+        });
+        id
+    }
+
+    pub fn get(&self, id: u32) -> &Site {
+        &self.sites[id as usize]
+    }
+
+    pub fn sites(&self) -> &[Site] {
+        &self.sites
+    }
+
+    /// A block of site `id`, allocated in `step`, became a candidate (`late`: at the end of
+    /// the input).
+    pub fn candidate(&mut self, id: u32, size: u64, step: u64, late: bool) {
+        let s = &mut self.sites[id as usize];
+        s.live_blocks += 1;
+        s.live_bytes += size;
+        if late {
+            s.late_blocks += 1;
+        }
+        if let Err(at) = s.steps.binary_search(&step) {
+            s.steps.insert(at, step);
+        }
+    }
+
+    /// A candidate block of site `id` was freed.
+    pub fn candidate_freed(&mut self, id: u32, size: u64) {
+        let s = &mut self.sites[id as usize];
+        s.live_blocks = s.live_blocks.saturating_sub(1);
+        s.live_bytes = s.live_bytes.saturating_sub(size);
+    }
+
+    /// Step `step` ended (a step the program marked): new highs are rises.
+    pub fn step_ended(&mut self, step: u64) {
+        for s in &mut self.sites {
+            let peak = s.rises.last().map_or(0, |r| r.bytes);
+            if s.live_bytes > peak {
+                s.rises.push(Rise {
+                    step,
+                    bytes: s.live_bytes,
+                    blocks: s.live_blocks,
+                });
+            }
+            if !s.rises.is_empty() && s.series.len() < MAX_SERIES {
+                s.series.push((step, s.live_bytes));
+            }
+        }
+    }
+
+    /// A holder chain for a block of site `id`.
+    pub fn holder(&mut self, id: u32, chain: &str) {
+        let s = &mut self.sites[id as usize];
+        let shape = chain_shape(chain);
+        if let Some(h) = s.holders.iter_mut().find(|h| chain_shape(&h.0) == shape) {
+            h.1 += 1;
+        } else if s.holders.len() < MAX_HOLDERS {
+            s.holders.push((chain.to_string(), 1));
+        }
+    }
+}
+
+/// A holder chain with the integer indices in brackets blanked (`list[5]` -> `list[*]`):
+/// the blocks a list or a dict keyed by step keeps are one way of holding.
+pub fn chain_shape(chain: &str) -> String {
+    let mut out = String::with_capacity(chain.len());
+    let mut rest = chain;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with(']') {
+            out.push('*');
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
