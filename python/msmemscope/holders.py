@@ -54,15 +54,18 @@ def _is_user_file(file: str | None, library: tuple[str, ...]) -> bool:
     return bool(file) and not file.startswith("<") and not file.startswith(library)  # type: ignore[union-attr]
 
 
-def _roots(library: tuple[str, ...], own: tuple[str, ...]) -> Iterator[tuple[str, object]]:
-    """(label, object) for each root: the user's modules' globals, the live frames' locals
-    (the user's frames first; not torch's or msmemscope's, which include this search's own
-    bookkeeping), then every other module's globals."""
+def _roots(
+    library: tuple[str, ...], own: tuple[str, ...]
+) -> tuple[list[tuple[str, object]], Iterator[tuple[str, object]]]:
+    """(label, object) for each root, in two tiers: the user's modules' globals and the live
+    frames' locals (not torch's or msmemscope's frames, which include this search's own
+    bookkeeping), searched first; then every other module's globals."""
     main = sys.modules.get("__main__")
     modules = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
     user_modules = [
         m for m in modules if m is main or _is_user_file(getattr(m, "__file__", None), library)
     ]
+    first: list[tuple[str, object]] = []
     for module in user_modules:
         file = getattr(module, "__file__", None)
         if file is None and module is main and sys.argv and sys.argv[0]:
@@ -70,7 +73,7 @@ def _roots(library: tuple[str, ...], own: tuple[str, ...]) -> Iterator[tuple[str
         where = os.path.basename(file or module.__name__)
         for name, value in list(vars(module).items()):
             if not name.startswith("__"):
-                yield f"{name} (global of {where})", value
+                first.append((f"{name} (global of {where})", value))
     frames = []
     for frame in sys._current_frames().values():
         f = frame
@@ -82,12 +85,16 @@ def _roots(library: tuple[str, ...], own: tuple[str, ...]) -> Iterator[tuple[str
     for f in frames:
         where = f"{f.f_code.co_name}, {os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
         for name, value in list(f.f_locals.items()):
-            yield f"{name} (local of {where})", value
-    for module in modules:
-        if module not in user_modules:
-            for name, value in list(vars(module).items()):
-                if not name.startswith("__"):
-                    yield f"{name} (global of module {module.__name__})", value
+            first.append((f"{name} (local of {where})", value))
+
+    def rest() -> Iterator[tuple[str, object]]:
+        for module in modules:
+            if module not in user_modules:
+                for name, value in list(vars(module).items()):
+                    if not name.startswith("__"):
+                        yield f"{name} (global of module {module.__name__})", value
+
+    return first, rest()
 
 
 def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
@@ -134,7 +141,7 @@ def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
         for i, pair in enumerate(obj.next_functions):
             nxt = pair[0] if pair else None
             if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
-                yield f"next_functions[{i}] {type(nxt).__name__}", nxt
+                yield type(nxt).__name__, nxt
         return
     if isinstance(obj, types.FunctionType):
         cells = obj.__closure__ or ()
@@ -167,6 +174,16 @@ def _tensor_text(t) -> str:
 
 
 def _chain(labels: list[str]) -> str:
+    # Runs of one hop (a sum's AddBackward0 nodes, one per step) as one, with their count.
+    runs: list[str] = []
+    count = 0
+    for i, label in enumerate(labels):
+        count += 1
+        if i + 1 < len(labels) and labels[i + 1] == label:
+            continue
+        runs.append(label if count == 1 else f"{label} (x{count})")
+        count = 0
+    labels = runs
     if len(labels) > _LONG_CHAIN:
         cut = len(labels) - 8
         labels = [*labels[:4], f"... {cut} more ...", *labels[-4:]]
@@ -210,9 +227,16 @@ class _Search:
             keep.append(obj)
             queue.append(obj)
 
-        for label, value in _roots(self.library, self.own):
+        first, rest = _roots(self.library, self.own)
+        for label, value in first:
             push(value, (None, label))
-        while queue:
+        while True:
+            if not queue:
+                # The user's roots are exhausted: the other modules' globals next.
+                for label, value in rest:
+                    push(value, (None, label))
+                if not queue:
+                    return
             if len(self.found) == len(self.targets):
                 return
             self.visited += 1

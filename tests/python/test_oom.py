@@ -47,3 +47,45 @@ def test_failed_tensor_allocation_is_dumped(tmp_path):
     assert recent == [1200, 20000]
     snapshot = [json.loads(r["Attr"]) for r in rows if r["Event"] == "SNAPSHOT"]
     assert snapshot[0]["allocated"] == 25200
+
+
+PROGRAM = """\
+import torch
+weights = [torch.ones(1000), torch.ones(5000)]
+scratch = torch.ones(300)
+try:
+    huge = torch.empty(2**50)
+except RuntimeError:
+    print("caught")
+"""
+
+
+def test_failed_allocation_prints_one_summary_with_the_users_line(tmp_path):
+    """One failure (the malloc hook's trigger and the tensor allocator's) is one summary on
+    the console: the bytes asked for, the op, the user's line and its text, and the largest
+    live sites; the same text is in the run's analysis_report.txt."""
+    program = tmp_path / "fails.py"
+    program.write_text(PROGRAM)
+    out = subprocess.run(
+        [CLI, "--analysis=oom:2", "-o", str(tmp_path / "out"), sys.executable, str(program)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "caught\n"
+    expected = (
+        "====== OOM: an allocation of 4.00 PiB (4503599627370496 bytes) failed on device cpu"
+        " ======\n"
+        f"  op aten::empty.memory_format at {program}:5 (<module>)\n"
+        "      huge = torch.empty(2**50)\n"
+    )
+    assert expected in out.stderr, out.stderr
+    assert out.stderr.count("====== OOM:") == 1, out.stderr
+    assert (
+        "  live then: 24.6 KiB (25200 bytes) in 3 block(s); the largest sites:\n"
+        f"    {program}:2 (<module>): 23.4 KiB (24000 bytes) in 2 block(s)\n"
+        f"    {program}:3 (<module>): 1.17 KiB (1200 bytes) in 1 block(s)\n"
+    ) in out.stderr, out.stderr
+    (report,) = glob.glob(str(tmp_path / "out" / "*" / "analysis_report.txt"))
+    with open(report) as f:
+        assert expected in f.read()

@@ -200,7 +200,7 @@ def test_timeline_peak_is_the_dumps_peak(runs, browser):
         "return JSON.parse(document.getElementById('report-data').textContent)"
         ".timelines[0].steps.map(s => s[1]);"
     )
-    assert steps == ["1", "2", "3", "4"]
+    assert steps == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_owners_are_the_decompose_analysis(runs, browser):
@@ -240,6 +240,26 @@ def test_leak_rows_are_the_leaks_analysis(runs, browser):
         "return [...document.querySelectorAll('tr.leak-row')].map(r => r.dataset.ptr);"
     )
     assert sorted(rows) == sorted(ptrs)
+
+
+def test_leak_sites_are_the_findings(runs, browser):
+    """The Leaks tab leads with the sites of leaks/findings.json: the line that allocated the
+    kept logits, its source text and the list that holds them."""
+    run = runs["base"]
+    _assert_quiet(_open(browser, run / "msmemscope_report.html", "leaks", "leak-sites"))
+    findings = json.loads((run / "leaks" / "findings.json").read_text())
+    (site,) = findings["leaks"]
+    assert site["file"] == str(WORKLOAD) and site["source"] == "logits = model(x)", site
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('tr.leak-site')].map(r => [r.dataset.site,"
+        " r.querySelector('.site-source').textContent, r.querySelector('.holder').textContent]);"
+    )
+    assert len(shown) == 1, shown
+    assert shown[0][0] == site["site"] and shown[0][1] == "logits = model(x)"
+    assert shown[0][2].startswith("history (global of workload.py) -> list["), shown
+    # The raw blocks are one click away, not the default view.
+    opened = browser.execute_script("return document.getElementById('leak-blocks').open;")
+    assert opened is False
 
 
 def test_compare_rows_are_the_compare_csv(runs, browser):

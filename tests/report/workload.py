@@ -1,6 +1,6 @@
 """The real run the report tests open: a small CPU training loop under `msmemscope`.
 
-It keeps each step's logits (so the leaks analysis has candidates from step 2 on), marks the
+It keeps each step's logits (so the leaks analysis finds the line growing from step 2 on), marks the
 steps with MSTX marks, watches a tensor that an op changes in place, and ends with a tensor
 allocation that fails (so the oom analysis writes OOM_DETAIL rows). With the argument
 `variant` one op more runs each step (the compare view's difference).
@@ -22,7 +22,7 @@ watched = torch.zeros(32)
 watcher.watch(watched, name="counter", dump_nums=4)
 watched.add_(1)  # an in-place op: the watch sees the checksum change inside it
 
-for i in range(4):
+for i in range(6):
     msmemscope.step()
     mstx.mark(f"iteration {i}")
     x = torch.randn(16, 64)

@@ -80,7 +80,8 @@ fn read_error(e: ReadError) -> PyErr {
 }
 
 /// `check_leaks(input_path, mstx_info, start_index)`: (the report text, the leaked blocks as
-/// dicts: id, ptr, size, device, pool, python_stack).
+/// dicts: id, ptr, size, device, pool, python_stack, site, op; site and op are None when the
+/// dump has none).
 #[pyfunction]
 pub fn check_leaks<'py>(
     py: Python<'py>,
@@ -115,6 +116,8 @@ pub fn check_leaks<'py>(
         d.set_item("device", leak.device.to_string())?;
         d.set_item("pool", leak.pool.as_str())?;
         d.set_item("python_stack", &leak.python_stack)?;
+        d.set_item("site", leak.site.as_deref())?;
+        d.set_item("op", leak.op.as_deref())?;
         list.append(d)?;
     }
     Ok((result.console, list))

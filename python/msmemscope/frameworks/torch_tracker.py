@@ -411,6 +411,9 @@ class _Tracker:
                 break
         dev = "cpu" if device is None or device.type == "cpu" else f"cuda:{device.index or 0}"
         attrs = {"func": op_name, "req_size": _requested_bytes(str(failure)), "error": message}
+        _, user = sites.site_of(_SKIP_DIRS, sys._getframe(1))
+        if user is not None:
+            attrs["site"] = user
         nat = self.nat
         nat.emit(
             nat.EVENT_OOM_DETAIL,

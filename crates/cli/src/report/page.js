@@ -237,8 +237,9 @@ function decomposeCard(view, d) {
 function leaksView(view) {
   const leaks = DATA.leaks;
   if (!leaks) {
-    view.appendChild(card("Leak candidates (leaks analysis)", el("p", { class: "empty" }, "No event dump in this run.")));
+    view.appendChild(card("Leaks (leaks analysis)", el("p", { class: "empty" }, "No event dump in this run.")));
   } else {
+    leakSiteCards(view, leaks.findings);
     const byStep = new Map();
     for (const r of leaks.rows) {
       if (!byStep.has(r.step)) byStep.set(r.step, []);
@@ -254,11 +255,44 @@ function leaksView(view) {
           el("td", {}, r.device), el("td", {}, r.pool), el("td", { class: "num" }, fmtBytes(r.size)), el("td", {}, r.mb),
           el("td", {}, r.ptr), el("td", {}, "kernel_" + r.kernel), el("td", { class: "num" }, String(r.row_id))))));
     }
-    if (!leaks.rows.length) body.push(el("p", { class: "empty" }, "No block outlived its step."));
-    view.appendChild(card("Leak candidates per step (leaks analysis)", ...body,
-      el("h3", {}, "Report"), el("pre", { id: "leak-text" }, leaks.text)));
+    if (!leaks.rows.length) body.push(el("p", { class: "empty" }, "No block was judged a leak."));
+    // The blocks behind the sites, one click away.
+    const raw = el("details", { id: "leak-blocks" },
+      el("summary", {}, "Leaked blocks (" + leaks.total + ") and the report text"), ...body,
+      el("h3", {}, "Report"), el("pre", { id: "leak-text" }, leaks.text));
+    view.appendChild(card("Leaked blocks per step (the seed's report)", raw));
   }
   hostLeakCards(view);
+}
+
+// The findings by site: the user's line, its source, what holds it, bytes per step.
+function leakSiteCards(view, f) {
+  if (!f) return;
+  const place = (s) => el("td", { class: "site" },
+    el("div", { class: "site-line" }, s.site || "(no Python line recorded)"),
+    s.source ? el("code", { class: "site-source" }, s.source) : null,
+    s.frame ? el("div", { class: "site-frame" }, "inside " + s.frame) : null);
+  const rows = f.leaks.map((s) => el("tr", { class: "leak-site", "data-site": s.site || "" },
+    place(s),
+    el("td", {}, (s.ops || []).join(", ")),
+    el("td", { class: "num" }, "+" + fmtBytes(s.bytes_per_step)),
+    el("td", { class: "num" }, fmtBytes(s.leaked_bytes) + " in " + s.leaked_blocks),
+    el("td", {}, "steps " + s.first_step + "\u2013" + s.last_step),
+    el("td", {}, sparkline(s.series)),
+    el("td", { class: "holder" }, ...(s.holders.length ? s.holders.map((h) =>
+      el("div", {}, h.chain + (h.blocks > 1 ? " (" + h.blocks + " blocks)" : ""))) : ["not searched"]))));
+  const note = el("p", {}, "A leak is a line whose live memory grows from step to step (new highs at two step ends or more); " +
+    "memory made once and kept is resident, listed below. " + f.steps_marked + " step(s) were marked.");
+  view.appendChild(card("Leaking sites (" + f.leaks.length + ")", note,
+    f.leaks.length ? table(["line", "op", { label: "per step", num: true }, { label: "leaked", num: true }, "grew", "live bytes per step", "held by"],
+      rows, { class: "leak-sites" }) : el("p", { class: "empty" }, "No line's memory grows from step to step.")));
+  if (f.resident.length) {
+    view.appendChild(card("Resident: made once and kept (" + f.resident.length + ")",
+      table(["line", "op", { label: "bytes", num: true }, { label: "blocks", num: true }, "since step"],
+        f.resident.map((s) => el("tr", { class: "resident-site" }, place(s), el("td", {}, (s.ops || []).join(", ")),
+          el("td", { class: "num" }, fmtBytes(s.bytes)), el("td", { class: "num" }, String(s.blocks)),
+          el("td", {}, String(s.since_step)))), { class: "resident-sites" })));
+  }
 }
 
 function sparkline(series) {

@@ -33,7 +33,7 @@ pub struct LeakSection {
 impl LeakSection {
     pub fn new() -> LeakSection {
         LeakSection {
-            analysis: Leaks::new(),
+            analysis: Leaks::new().with_source(msmemscope_core::source_line::read),
         }
     }
 
@@ -41,10 +41,26 @@ impl LeakSection {
         self.analysis.feed(row);
     }
 
-    pub fn finish(mut self) -> Vec<Leak> {
-        self.analysis.finish();
-        self.analysis.leaks().to_vec()
+    /// The judged leaks (the seed's lines) and the findings by site (`leaks/findings.json`'s
+    /// document) with the report text that goes with them.
+    pub fn finish(mut self) -> LeakOutcome {
+        let text = self.analysis.finish().console;
+        let findings = serde_json::from_str(&self.analysis.findings().to_json())
+            .unwrap_or(Value::Null);
+        LeakOutcome {
+            leaks: self.analysis.leaks().to_vec(),
+            findings,
+            text,
+        }
     }
+}
+
+/// What the leaks analysis found over a run's rows.
+pub struct LeakOutcome {
+    pub leaks: Vec<Leak>,
+    pub findings: Value,
+    /// The analysis's console text (the seed's lines, then the findings by site).
+    pub text: String,
 }
 
 /// Decompose table lines kept for the page (the last steps' when there are more).
@@ -94,7 +110,12 @@ impl DecomposeSection {
 }
 
 /// The run's leaks (the analysis fed every row once, as online), for the page.
-pub fn leaks_json(leaks: Vec<Leak>) -> Value {
+pub fn leaks_json(outcome: LeakOutcome) -> Value {
+    let LeakOutcome {
+        leaks,
+        findings,
+        text,
+    } = outcome;
     // Per step: every leak counted, the largest kept.
     let mut steps: std::collections::BTreeMap<u64, (u64, u64, Vec<&Leak>)> = Default::default();
     for leak in &leaks {
@@ -126,7 +147,7 @@ pub fn leaks_json(leaks: Vec<Leak>) -> Value {
             })
         })
         .collect();
-    let mut text = leaks::render(&leaks);
+    let mut text = text;
     if text.is_empty() {
         text = "====== No memory leaks detected ======\n".to_string();
     }
@@ -146,6 +167,7 @@ pub fn leaks_json(leaks: Vec<Leak>) -> Value {
     json!({
         "rows": rows,
         "total": leaks.len(),
+        "findings": findings,
         "steps": steps.iter().map(|(step, (count, bytes, _))| json!({"step": step, "count": count, "bytes": bytes})).collect::<Vec<_>>(),
         // Core's own report text: what `leaks/leak_report.txt` holds for the same rows.
         "text": text,

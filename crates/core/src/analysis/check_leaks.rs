@@ -1,7 +1,9 @@
 //! Offline leak check between marks (SPEC §7, the seed's `check_leaks(input_path, mstx_info,
 //! start_index)`): marks A, B and C are the `start_index`-th (from 0), the next and the one after
-//! that of the `MSTX Mark` rows whose message (Name) equals `mstx_info`. A block allocated (a
-//! `MALLOC` row) after A and before B that has no `FREE` row before C leaks. Every pool counts
+//! that of the `MSTX Mark` rows whose message (Name) equals `mstx_info`; with `mstx_info` `step`
+//! the dump's `SYSTEM STEP` rows count as such marks too (the steps `msmemscope.step()` and
+//! `step start` ranges wrote). A block allocated (a `MALLOC` row) after A and before B that has
+//! no `FREE` row before C leaks. Every pool counts
 //! (`PTA`, `HAL`, `HOST`; the seed checks HAL only); the input is a CSV or SQLite dump.
 //!
 //! The dump is streamed: only the blocks allocated between A and B and not yet freed are kept,
@@ -15,9 +17,13 @@
 //!     train.py(30): <module>
 //! Direct HAL leak of 2.000 Mb(s) at 0x0000000000200000 on device 0 (row 7).
 //! ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======
+//! ====== By site ======
+//!   /w/train.py:12 (step): 15.0 KiB (15360 bytes) in 1 block(s); op aten::addmm
+//!   (no Python line recorded): 2.00 MiB (2097152 bytes) in 1 block(s)
 //! ```
 //! Blocks in allocation order (row ID); `Mb` as in [`super::leaks`]; the Python stack, when the
-//! row has one, follows its block, one frame per line indented by 4 spaces. Without leaks:
+//! row has one, follows its block, one frame per line indented by 4 spaces. The sites (the
+//! MALLOC row's `site` Attr, else its first Python frame), largest first, follow the summary. Without leaks:
 //! `====== No memory leaks between mark A (id 3) and mark B (id 9), all freed by mark C (id 14) ======`.
 //!
 //! # Errors (one line each)
@@ -45,6 +51,10 @@ pub struct LeakedBlock {
     pub row_id: u64,
     /// The MALLOC row's `Call Stack(Python)` (empty when it has none).
     pub python_stack: String,
+    /// Its site: the `site` Attr (`file:line (function)`), else the first Python frame.
+    pub site: Option<String>,
+    /// The op that allocated it (`op` Attr).
+    pub op: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,7 +104,9 @@ pub fn check_leaks(
     let mut rows = reader::open_rows(path)?;
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
-            (Event::Mstx, EventType::Mark) if row.name == mstx_info => {
+            (Event::Mstx, EventType::Mark) | (Event::System, EventType::Step)
+                if is_mark(&row, mstx_info) =>
+            {
                 if found >= start_index {
                     marks[found - start_index] = row.id;
                 }
@@ -144,32 +156,68 @@ pub fn check_leaks(
     })
 }
 
+/// Whether `row` is one of the marks named `mstx_info`.
+fn is_mark(row: &EventRow, mstx_info: &str) -> bool {
+    match row.event_type {
+        EventType::Step => mstx_info == STEP_MARKS,
+        _ => row.name == mstx_info,
+    }
+}
+
+/// The `mstx_info` under which the dump's STEP rows count as marks.
+pub const STEP_MARKS: &str = "step";
+
 /// What a live block keeps besides its key: 32 bytes, since a window can hold hundreds of
 /// thousands and every lookup in a map that size misses the cache.
 struct LiveBlock {
     row_id: u64,
     size: u64,
-    /// The MALLOC row's Python stack, when it has one.
-    python_stack: Option<Box<str>>,
+    /// The MALLOC row's Python stack, site and op, when it has them (kept together: most
+    /// blocks have none, or all).
+    origin: Option<Box<Origin>>,
+}
+
+struct Origin {
+    python_stack: String,
+    site: Option<String>,
+    op: Option<String>,
 }
 
 impl LiveBlock {
     fn of(row: &EventRow) -> LiveBlock {
+        let site = row.attr_string("site").map(|s| s.into_owned());
+        let op = row.attr_str("op").map(str::to_string);
+        let origin = (!row.python_stack.is_empty() || site.is_some() || op.is_some()).then(|| {
+            Box::new(Origin {
+                python_stack: row.python_stack.clone(),
+                site,
+                op,
+            })
+        });
         LiveBlock {
             row_id: row.id,
             size: block_attrs(row).size.unwrap_or(0),
-            python_stack: (!row.python_stack.is_empty()).then(|| row.python_stack.as_str().into()),
+            origin,
         }
     }
 
     fn leaked(self, key: BlockKey) -> LeakedBlock {
+        let (python_stack, site, op) = match self.origin {
+            Some(o) => {
+                let site = o.site.or_else(|| super::leaks::sites::site_from_stack(&o.python_stack));
+                (o.python_stack, site, o.op)
+            }
+            None => (String::new(), None, None),
+        };
         LeakedBlock {
             ptr: key.ptr,
             size: self.size,
             device: key.device,
             pool: key.pool,
             row_id: self.row_id,
-            python_stack: self.python_stack.map(String::from).unwrap_or_default(),
+            python_stack,
+            site,
+            op,
         }
     }
 }
@@ -207,7 +255,48 @@ pub fn render(marks: &[u64; 3], leaks: &[LeakedBlock]) -> String {
         mb(total),
         leaks.len()
     ));
+    render_sites(&mut out, leaks);
     out
+}
+
+/// The leaked blocks by site, largest first (nothing when no block has a site).
+fn render_sites(out: &mut String, leaks: &[LeakedBlock]) {
+    use super::leaks::findings::human;
+    if leaks.iter().all(|l| l.site.is_none()) {
+        return;
+    }
+    // site -> (bytes, blocks, ops)
+    let mut sites: Vec<(Option<&str>, u64, u64, Vec<&str>)> = Vec::new();
+    for leak in leaks {
+        let at = match sites.iter().position(|s| s.0 == leak.site.as_deref()) {
+            Some(at) => at,
+            None => {
+                sites.push((leak.site.as_deref(), 0, 0, Vec::new()));
+                sites.len() - 1
+            }
+        };
+        let entry = &mut sites[at];
+        entry.1 += leak.size;
+        entry.2 += 1;
+        if let Some(op) = leak.op.as_deref() {
+            if !entry.3.contains(&op) {
+                entry.3.push(op);
+            }
+        }
+    }
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.push_str("====== By site ======\n");
+    for (site, bytes, blocks, ops) in sites {
+        out.push_str(&format!(
+            "  {}: {} ({bytes} bytes) in {blocks} block(s)",
+            site.unwrap_or("(no Python line recorded)"),
+            human(bytes)
+        ));
+        if !ops.is_empty() {
+            out.push_str(&format!("; op {}", ops.join(", ")));
+        }
+        out.push('\n');
+    }
 }
 
 #[cfg(test)]
@@ -277,6 +366,33 @@ mod tests {
     }
 
     #[test]
+    fn step_rows_are_marks_named_step_and_sites_come_from_attrs() {
+        use Event::{Free, Malloc};
+        use EventType::Pta;
+        let step = |n: u64| EventRow::new(Event::System, EventType::Step, n.to_string());
+        let mut kept = blk(Malloc, Pta, 0x30, 4096);
+        kept.attrs
+            .insert("site".into(), "/w/t.py:9 (main)".into());
+        kept.attrs.insert("op".into(), "aten::empty".into());
+        let rows = vec![
+            step(1),                   // 1: A
+            kept,                      // 2: leaks
+            blk(Malloc, Pta, 0x40, 8), // 3: freed
+            step(2),                   // 4: B
+            blk(Free, Pta, 0x40, 8),   // 5
+            step(3),                   // 6: C
+        ];
+        let dump = Dump::new("steps", &rows);
+        let result = check_leaks(&dump.0, STEP_MARKS, 0).unwrap();
+        assert_eq!(result.marks, [1, 4, 6]);
+        assert_eq!(result.leaks.len(), 1);
+        assert_eq!(result.leaks[0].site.as_deref(), Some("/w/t.py:9 (main)"));
+        assert!(result.console.ends_with(
+            "====== By site ======\n  /w/t.py:9 (main): 4.00 KiB (4096 bytes) in 1 block(s); op aten::empty\n"
+        ), "{}", result.console);
+    }
+
+    #[test]
     fn blocks_between_a_and_b_not_freed_by_c() {
         let dump = Dump::new("abc", &rows());
         let result = check_leaks(&dump.0, "test", 0).unwrap();
@@ -288,7 +404,10 @@ mod tests {
              train.py(12): step\n    \
              train.py(30): <module>\n\
              Direct HAL leak of 2.000 Mb(s) at 0x0000000000000040 on device cpu (row 6).\n\
-             ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======\n"
+             ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======\n\
+             ====== By site ======\n  \
+             (no Python line recorded): 2.00 MiB (2097152 bytes) in 1 block(s)\n  \
+             train.py:12 (step): 15.4 KiB (15728 bytes) in 1 block(s)\n"
         );
         assert_eq!(
             result.leaks[0].python_stack,

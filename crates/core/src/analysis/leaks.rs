@@ -160,6 +160,8 @@ pub struct Leaks {
     leaks: Vec<Leak>,
     /// Reads a source line for the findings (`file`, 1-based line); none: no source text.
     source: Option<findings::SourceLine>,
+    /// The findings by site, once `finish` has run.
+    findings: findings::Findings,
 }
 
 impl Leaks {
@@ -176,6 +178,11 @@ impl Leaks {
     /// The leaks found (the judged ones once `finish` has run).
     pub fn leaks(&self) -> &[Leak] {
         &self.leaks
+    }
+
+    /// The findings by site (once `finish` has run).
+    pub fn findings(&self) -> &findings::Findings {
+        &self.findings
     }
 
     /// The sites met, with their verdicts' inputs.
@@ -372,11 +379,13 @@ impl Analysis for Leaks {
         };
         let mut console = text;
         console.push_str(&found.notice());
+        let json = found.to_json();
+        self.findings = found;
         AnalysisOutput {
             console,
             files: vec![
                 (REPORT_FILE.to_string(), file),
-                (findings::FINDINGS_FILE.to_string(), found.to_json()),
+                (findings::FINDINGS_FILE.to_string(), json),
             ],
         }
     }

@@ -11,6 +11,7 @@ pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;
 pub mod myers;
+pub mod oom_summary;
 pub mod rank_summary;
 
 use crate::config::{Analysis as Requested, RunConfig};
@@ -58,7 +59,10 @@ pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
                 analyses.push(Box::new(fluctuation::Fluctuation::new()));
             }
             Requested::Decompose => analyses.push(Box::new(decompose::Decompose::new())),
-            Requested::Oom(_) | Requested::HostLeaks => {}
+            Requested::Oom(_) => analyses.push(Box::new(
+                oom_summary::OomSummary::new().with_source(crate::source_line::read),
+            )),
+            Requested::HostLeaks => {}
         }
     }
     analyses

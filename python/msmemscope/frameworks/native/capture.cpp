@@ -150,6 +150,13 @@ struct Site {
 
 const char* current_op();
 
+// `,"site":"…"` for an OOM trigger row: the user's line of the failed allocation ("" if none).
+std::string site_member() {
+  const std::string *inner = nullptr, *user = nullptr;
+  msmemscope_python_site(g_skip_prefixes, g_library_prefixes, &inner, &user);
+  return user != nullptr ? ",\"site\":\"" + *user + "\"" : std::string();
+}
+
 Site site_here() {
   Site s;
   if (!g_cfg.alloc) return s;
@@ -579,7 +586,7 @@ void cpu_oom(size_t n, const c10::Error& e) {
       if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
     }
     std::string attrs = "{\"func\":\"" + std::string(op) + "\",\"req_size\":" + std::to_string(n) +
-                        ",\"error\":\"" + escaped + "\"}";
+                        ",\"error\":\"" + escaped + "\"" + site_member() + "}";
     std::string stack = python_stack(g_cfg.python_depth);
     emit(g_codes.ev_oom, g_codes.ty_oom_trigger, str(op), kDeviceCpu, 0, false, 0, str(attrs),
          str(stack), true);
@@ -710,12 +717,15 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
       char attrs[512];
       int n = std::snprintf(attrs, sizeof attrs,
                             "{\"func\":\"%s\",\"req_size\":%lld,\"error\":\"%s of %lld bytes "
-                            "(allocated %zu, reserved %zu)\"}",
+                            "(allocated %zu, reserved %zu)\"",
                             op, static_cast<long long>(alloc_size), what,
                             static_cast<long long>(alloc_size), total_allocated, total_reserved);
+      std::string text(attrs, n > 0 && size_t(n) < sizeof attrs ? size_t(n) : 0);
+      text += site_member();
+      text += "}";
       std::string stack = python_stack(g_cfg.python_depth > 0 ? g_cfg.python_depth : 0);
-      emit(g_codes.ev_oom, g_codes.ty_oom_trigger, str(op), kind, index, false, 0,
-           StrRef{attrs, size_t(n)}, str(stack), true);
+      emit(g_codes.ev_oom, g_codes.ty_oom_trigger, str(op), kind, index, false, 0, str(text),
+           str(stack), true);
     } catch (...) {
     }
   }

@@ -90,9 +90,11 @@ pub fn split_site(site: &str) -> Option<(&str, u32, &str)> {
     Some((file, line.parse().ok()?, function))
 }
 
-/// Bytes for people: `512 B`, `62.5 KiB`, `4.50 MiB`, `1.25 GiB`.
+/// Bytes for people: `512 B`, `62.5 KiB`, `4.50 MiB`, `1.25 GiB` (up to PiB).
 pub fn human(bytes: u64) -> String {
-    const UNITS: [(&str, f64); 3] = [
+    const UNITS: [(&str, f64); 5] = [
+        ("PiB", 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("TiB", 1024.0 * 1024.0 * 1024.0 * 1024.0),
         ("GiB", 1024.0 * 1024.0 * 1024.0),
         ("MiB", 1024.0 * 1024.0),
         ("KiB", 1024.0),

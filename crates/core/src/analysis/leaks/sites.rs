@@ -137,11 +137,11 @@ impl Key<'_> {
 }
 
 /// The first frame of a `Call Stack(Python)` cell (`file(line): function`) as a site text.
-fn site_from_stack(stack: &str) -> Option<std::borrow::Cow<'_, str>> {
+pub fn site_from_stack(stack: &str) -> Option<String> {
     let first = stack.lines().next()?.trim();
     let (place, function) = first.split_once("): ")?;
     let (file, line) = place.rsplit_once('(')?;
-    Some(format!("{file}:{line} ({function})").into())
+    Some(format!("{file}:{line} ({function})"))
 }
 
 impl SiteBook {
@@ -149,7 +149,7 @@ impl SiteBook {
     pub fn site_of(&mut self, row: &EventRow, pool: EventType) -> u32 {
         let site = row
             .attr_string("site")
-            .or_else(|| site_from_stack(&row.python_stack));
+            .or_else(|| site_from_stack(&row.python_stack).map(Into::into));
         let key = Key {
             device: row.device,
             pool,
@@ -247,20 +247,50 @@ impl SiteBook {
     }
 }
 
-/// A holder chain with the integer indices in brackets blanked (`list[5]` -> `list[*]`):
-/// the blocks a list or a dict keyed by step keeps are one way of holding.
+/// A holder chain with the numbers in brackets and in repeat counts blanked (`list[5]` ->
+/// `list[*]`, `dict['layer0/7']` -> `dict['layer*/*']`, `(x4)` -> `(x*)`): the blocks a list,
+/// a dict keyed by step or a growing autograd graph keeps are one way of holding.
 pub fn chain_shape(chain: &str) -> String {
     let mut out = String::with_capacity(chain.len());
-    let mut rest = chain;
-    while let Some(open) = rest.find('[') {
-        out.push_str(&rest[..=open]);
-        rest = &rest[open + 1..];
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && rest[digits..].starts_with(']') {
-            out.push('*');
-            rest = &rest[digits..];
+    let mut depth = 0usize;
+    // In a run of digits being blanked (its `*` already written).
+    let mut blanking = false;
+    for c in chain.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            _ => {}
         }
+        if c.is_ascii_digit() && (blanking || depth > 0 || out.ends_with("(x")) {
+            if !blanking {
+                out.push('*');
+                blanking = true;
+            }
+            continue;
+        }
+        blanking = false;
+        out.push(c);
     }
-    out.push_str(rest);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_shape;
+
+    #[test]
+    fn chain_shapes_blank_indices_keys_and_repeats() {
+        assert_eq!(
+            chain_shape("a (global of t.py) -> list[15] -> Tensor 4x16 float32"),
+            "a (global of t.py) -> list[*] -> Tensor 4x16 float32"
+        );
+        assert_eq!(
+            chain_shape("acts -> dict['layer0/17'] -> Tensor"),
+            "acts -> dict['layer*/*'] -> Tensor"
+        );
+        assert_eq!(
+            chain_shape("t -> grad_fn AddBackward0 -> AddBackward0 (x12) -> Tensor 64x2"),
+            "t -> grad_fn AddBackward0 -> AddBackward0 (x*) -> Tensor 64x2"
+        );
+    }
 }
