@@ -21,10 +21,14 @@ under six modes:
 - ``profiler``: in-process ``torch.profiler.profile(activities=[CPU], profile_memory=True)``
   around the warmup and timed steps (its post-processing at exit is not timed);
 - ``memtracker``: in-process ``torch.distributed._tools.mem_tracker.MemTracker`` (a
-  TorchDispatchMode with weakref storage tracking), ``reset_mod_stats()`` before each step.
+  TorchDispatchMode with weakref storage tracking), ``reset_mod_stats()`` before each step;
+- ``baseline`` (only with ``--baseline DIR``): ``native`` under another checkout's CLI
+  (``DIR/target/release/msmemscope-cli``, built there, with its own Python package), so an
+  earlier commit is measured side by side with this one in the same run.
 
 Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps N] [--warmup 5]
-[--workloads mlp,gpt2,cnn] [--modes none,native,native-alloc,fallback,profiler,memtracker]``
+[--workloads mlp,gpt2,cnn] [--modes none,native,native-alloc,fallback,profiler,memtracker]
+[--baseline DIR]``
 
 Timed steps default to mlp 200, gpt2 20, cnn 50 (``--steps`` sets all three). Each round runs
 every workload under every mode once as a fresh process (the mode order rotates by round); each
@@ -68,13 +72,17 @@ DESCRIPTIONS = {
     "gpt2": "GPT2LMHeadModel 2 layers, n_embd 128, vocab 1000, batch 4x64 tokens, AdamW",
     "cnn": "CNN 2 conv + pool + linear, batch 32x3x32x32, SGD momentum",
 }
-MODES = ("none", "native", "native-alloc", "fallback", "profiler", "memtracker")
+MODES = ("none", "native", "native-alloc", "fallback", "profiler", "memtracker", "baseline")
+DEFAULT_MODES = MODES[:-1]
 # CLI modes: extra CLI options, MSMEMSCOPE_TORCH_CAPTURE.
 CLI_MODES: dict[str, tuple[list[str], str]] = {
     "native": ([], "native"),
     "native-alloc": (["--events=alloc,free"], "native"),
     "fallback": ([], "python"),
+    "baseline": ([], "native"),
 }
+# --baseline: the other checkout whose CLI the `baseline` mode runs.
+BASELINE: Path | None = None
 CAPTURE_VARIABLE = "MSMEMSCOPE_TORCH_CAPTURE"
 # Targets of the issue: native time/step vs none.
 TARGETS = {"mlp": 1.3, "gpt2": 1.15}
@@ -208,7 +216,11 @@ def command(workload: str, mode: str, steps: int, warmup: int, out_dir: str) -> 
     me = [str(PYTHON), str(Path(__file__).resolve()), "--worker", workload, mode]
     me += ["--steps", str(steps), "--warmup", str(warmup)]
     if mode in CLI_MODES:
-        return [str(CLI), *CLI_MODES[mode][0], "-o", out_dir, *me]
+        cli = CLI
+        if mode == "baseline":
+            assert BASELINE is not None, "the baseline mode needs --baseline"
+            cli = BASELINE / "target" / "release" / "msmemscope-cli"
+        return [str(cli), *CLI_MODES[mode][0], "-o", out_dir, *me]
     return me
 
 
@@ -363,8 +375,18 @@ def main() -> None:
     )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=None)
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout (built) whose CLI the baseline mode runs",
+    )
     args = ap.parse_args()
+    global BASELINE
+    BASELINE = args.baseline.resolve() if args.baseline else None
+    if args.modes is None:
+        args.modes = ",".join(DEFAULT_MODES + (("baseline",) if BASELINE else ()))
     if args.worker:
         workload, mode = args.worker
         worker(workload, mode, args.steps if args.steps is not None else 1, args.warmup)
@@ -377,6 +399,8 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
+        if m == "baseline" and BASELINE is None:
+            raise SystemExit("the baseline mode needs --baseline DIR (a built checkout)")
     if any(m in CLI_MODES for m in modes) and not CLI.is_file():
         raise SystemExit(f"{CLI} is missing: run scripts/setup.sh")
 

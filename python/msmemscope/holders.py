@@ -26,7 +26,8 @@ import sys
 import time
 import types
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["leak_holders"]
 
@@ -76,7 +77,7 @@ def _roots(
                 first.append((f"{name} (global of {where})", value))
     frames = []
     for frame in sys._current_frames().values():
-        f = frame
+        f: types.FrameType | None = frame
         while f is not None:
             if not f.f_code.co_filename.startswith(own):
                 frames.append(f)
@@ -137,8 +138,8 @@ def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
                 except Exception:  # freed (after backward) or not a tensor
                     continue
                 if value is not None:
-                    yield f"saved {name[len('_saved_'):]} of {node}", value
-        for i, pair in enumerate(obj.next_functions):
+                    yield f"saved {name[len('_saved_') :]} of {node}", value
+        for pair in obj.next_functions:
             nxt = pair[0] if pair else None
             if nxt is not None and type(nxt).__name__ != "AccumulateGrad":
                 yield type(nxt).__name__, nxt
@@ -192,7 +193,12 @@ def _chain(labels: list[str]) -> str:
 
 class _Search:
     def __init__(
-        self, targets: set[int], library: tuple[str, ...], own: tuple[str, ...], budget: float, torch
+        self,
+        targets: set[int],
+        library: tuple[str, ...],
+        own: tuple[str, ...],
+        budget: float,
+        torch,
     ):
         self.targets = targets
         self.library = library
@@ -319,9 +325,7 @@ def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:
         dev = None if device == "N/A" else ("cpu" if device == "cpu" else f"cuda:{device}")
         attrs = {"site": site, "size": size}
         nat.emit(nat.EVENT_SYSTEM, nat.TYPE_HOLDER, holder, dev, ptr, attrs, "", False)
-        results.append(
-            {"site": site, "ptr": ptr, "size": size, "device": device, "holder": holder}
-        )
+        results.append({"site": site, "ptr": ptr, "size": size, "device": device, "holder": holder})
     return results
 
 

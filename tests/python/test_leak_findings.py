@@ -77,7 +77,12 @@ BUGS = [
     ),
     # The saved activations of each step's graph: tanh's output 64x512 (saved by the second
     # addmm), the 64x10 output saved by pow, and the loss itself.
-    ("retain_graph", 14, 64 * 512 * 4 + 64 * 10 * 4 + 4, "loss_history (global of retain_graph.py)"),
+    (
+        "retain_graph",
+        14,
+        64 * 512 * 4 + 64 * 10 * 4 + 4,
+        "loss_history (global of retain_graph.py)",
+    ),
     # tanh's output (saved by addmm), log_softmax's (saved by nll_loss) and the loss.
     ("eval_no_grad", 15, 64 * 512 * 4 + 64 * 10 * 4 + 4, "total_loss (global of eval_no_grad.py)"),
 ]
@@ -149,7 +154,57 @@ def test_offline_check_leaks_over_the_dumps_steps_names_the_site(tmp_path):
         [str(PYTHON), "-c", code, dump], capture_output=True, text=True, env=_env(), timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    report, _, blocks = proc.stdout.rpartition("====== By site ======\n")
+    _, _, blocks = proc.stdout.rpartition("====== By site ======\n")
     leaked = json.loads(blocks.strip().splitlines()[-1])
     assert leaked == [[doc["leaks"][0]["site"], "aten::clamp_min", 64 * 512 * 4]], proc.stdout
     assert f"  {doc['leaks'][0]['site']}: 128 KiB (131072 bytes) in 1 block(s)" in blocks
+
+
+def test_a_program_without_steps_is_stepped_by_its_optimizer(tmp_path):
+    stderr, doc = _run(tmp_path, "unmarked")
+    assert doc["steps_source"] == "optimizer.step" and doc["steps_marked"] == 8, doc
+    (leak,) = doc["leaks"]
+    assert (leak["line"], leak["bytes_per_step"]) == (11, 32 * 10 * 4), leak
+    assert leak["holders"][0]["chain"].startswith("seen (global of unmarked.py) -> list[")
+    assert (
+        "msmemscope: the program marks no steps, so each optimizer.step() call ended one "
+        "(8 steps); msmemscope.step() marks them yourself\n"
+    ) in stderr
+
+
+def test_a_program_without_steps_or_optimizer_is_told_how_to_mark_them(tmp_path):
+    program = tmp_path / "plain.py"
+    program.write_text("import torch\nkept = [torch.ones(256) for _ in range(4)]\n")
+    out = subprocess.run(
+        [str(CLI), "-o", str(tmp_path / "out"), str(PYTHON), str(program)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "msmemscope: the leaks analysis saw no steps, so it judged nothing: call "
+        "msmemscope.step() once per training step"
+    ) in out.stderr
+
+
+def test_leak_holders_on_demand_names_the_global(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [str(CLI), "-o", str(out), str(PYTHON), str(PROGRAMS / "on_demand.py")],
+        cwd=PROGRAMS,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    # The newest three live blocks of the one leaking site, each held by the global list.
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        size, holder = line.split(" ", 1)
+        assert size == "4000"
+        assert holder.startswith("kept (global of on_demand.py) -> list["), holder
+        assert holder.endswith("] -> Tensor 1000 float32"), holder

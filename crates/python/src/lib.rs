@@ -237,6 +237,18 @@ fn leak_suspects(py: Python<'_>) -> PyResult<String> {
     py.allow_threads(|| sanitizer::runtime_text(c"msmemscope_leak_suspects", "the leak suspects"))
 }
 
+/// `optimizer_step() -> bool`: an optimizer's `step()` ended; True when the runtime took it as
+/// the end of a step (the program marks none itself).
+#[pyfunction]
+fn optimizer_step() -> PyResult<bool> {
+    type StepFn = unsafe extern "C" fn() -> i32;
+    let f = sanitizer::runtime_symbol(c"msmemscope_optimizer_step")?;
+    // SAFETY: the runtime's `msmemscope_optimizer_step`, whose signature StepFn spells.
+    let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, StepFn>(f) };
+    // SAFETY: a resolved ABI function without arguments.
+    Ok(unsafe { f() } == 1)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(abi_version, m)?)?;
@@ -253,6 +265,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(tracing, m)?)?;
     m.add_function(wrap_pyfunction!(leak_suspects, m)?)?;
+    m.add_function(wrap_pyfunction!(optimizer_step, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
     m.add_function(wrap_pyfunction!(abi_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(emit::emit, m)?)?;

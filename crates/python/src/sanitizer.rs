@@ -157,7 +157,7 @@ impl PyRaceChecker {
 }
 
 /// A runtime function by name, or RuntimeError naming it.
-fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
+pub(crate) fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
     require_runtime()?;
     // SAFETY: RTLD_DEFAULT with a NUL-terminated name; the runtime is loaded globally
     // (preloaded, or dlopen'ed with RTLD_GLOBAL).

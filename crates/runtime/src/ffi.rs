@@ -193,6 +193,13 @@ pub extern "C" fn msmemscope_run_dir_fd() -> i32 {
     copy
 }
 
+/// An optimizer's `step()` ended (the PyTorch tracker calls this): 1 when it was taken as the
+/// end of a step (the program marks no steps itself), 0 when not.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_optimizer_step() -> i32 {
+    catch_unwind(session::optimizer_step).map_or(0, i32::from)
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_step() -> i32 {
     guarded(|| {

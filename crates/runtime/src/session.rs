@@ -238,6 +238,12 @@ pub fn step() {
     pipeline::step();
 }
 
+/// An optimizer's `step()` ended: a step boundary while the program marks none. True when a
+/// STEP row was written.
+pub fn optimizer_step() -> bool {
+    pipeline::inferred_step("optimizer.step")
+}
+
 /// Registers the exit and fork handlers once: at start for launched runs, at the first
 /// `start()` or sanitizer activation otherwise.
 ///

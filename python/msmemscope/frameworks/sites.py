@@ -31,7 +31,9 @@ def library_dirs(own: tuple[str, ...]) -> tuple[str, ...]:
         pass
     user_site = getattr(site, "USER_SITE", None)
     candidates.append(user_site if isinstance(user_site, str) else None)
-    candidates += [p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))]
+    candidates += [
+        p for p in sys.path if p.rstrip(os.sep).endswith(("site-packages", "dist-packages"))
+    ]
     for path in candidates:
         if not path:
             continue

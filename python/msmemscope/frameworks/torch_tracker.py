@@ -52,7 +52,7 @@ import sys
 import threading
 import weakref
 from types import FrameType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
@@ -726,18 +726,40 @@ def _make_tracker(nat) -> _Tracker | NativeTracker:
     return _Tracker(nat)
 
 
-def _holders_at_exit() -> None:
-    """With the leaks analysis on, the holders of leaked tensors are searched for once at exit,
-    while the interpreter still has them (msmemscope.holders)."""
+def _leaks_support() -> None:
+    """With the leaks analysis on: the holders of leaked tensors are searched for once at exit,
+    while the interpreter still has them (msmemscope.holders), and each ``step()`` of the first
+    optimizer that steps ends a step while the program marks none itself."""
+    global _optimizer_hook
     try:
         from .._runtime import native
 
-        if "leaks" in json.loads(native().current_config()).get("analysis", []):
-            from .. import holders
+        nat = native()
+        if "leaks" not in json.loads(nat.current_config()).get("analysis", []):
+            return
+        from .. import holders
 
-            holders.search_at_exit()
+        holders.search_at_exit()
+        if _optimizer_hook is None:
+            first: list[int] = []
+
+            def after_optimizer_step(optimizer, args, kwargs) -> None:
+                if not first:
+                    first.append(id(optimizer))
+                if first[0] == id(optimizer):
+                    try:
+                        nat.optimizer_step()
+                    except Exception as exc:
+                        report_once(_tracker, exc)
+
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            _optimizer_hook = register_optimizer_step_post_hook(after_optimizer_step)
     except Exception as exc:
-        _warn(f"warning: the leak holder search is off: {exc}")
+        _warn(f"warning: the leaks analysis's helpers are off: {exc}")
+
+
+_optimizer_hook: Any = None  # the optimizer step hook's handle, once registered
 
 
 def capture() -> str | None:
@@ -759,7 +781,7 @@ def install() -> None:
             if isinstance(_tracker, _Tracker):  # capture() == "python"
                 _mode = MemscopeDispatchMode(_tracker)
         reload_config()
-        _holders_at_exit()
+        _leaks_support()
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
         from . import cuda_allocator
 

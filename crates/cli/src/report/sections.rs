@@ -44,9 +44,17 @@ impl LeakSection {
     /// The judged leaks (the seed's lines) and the findings by site (`leaks/findings.json`'s
     /// document) with the report text that goes with them.
     pub fn finish(mut self) -> LeakOutcome {
-        let text = self.analysis.finish().console;
-        let findings = serde_json::from_str(&self.analysis.findings().to_json())
-            .unwrap_or(Value::Null);
+        // The text `leaks/leak_report.txt` holds (the console adds only its notices).
+        let text = self
+            .analysis
+            .finish()
+            .files
+            .into_iter()
+            .find(|(name, _)| name == leaks::REPORT_FILE)
+            .map(|(_, text)| text)
+            .unwrap_or_default();
+        let findings =
+            serde_json::from_str(&self.analysis.findings().to_json()).unwrap_or(Value::Null);
         LeakOutcome {
             leaks: self.analysis.leaks().to_vec(),
             findings,
@@ -59,7 +67,7 @@ impl LeakSection {
 pub struct LeakOutcome {
     pub leaks: Vec<Leak>,
     pub findings: Value,
-    /// The analysis's console text (the seed's lines, then the findings by site).
+    /// `leaks/leak_report.txt`'s text (the seed's lines, then the findings by site).
     pub text: String,
 }
 

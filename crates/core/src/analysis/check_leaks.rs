@@ -105,7 +105,7 @@ pub fn check_leaks(
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
             (Event::Mstx, EventType::Mark) | (Event::System, EventType::Step)
-                if is_mark(&row, mstx_info) =>
+                if is_mark(row, mstx_info) =>
             {
                 if found >= start_index {
                     marks[found - start_index] = row.id;
@@ -204,7 +204,9 @@ impl LiveBlock {
     fn leaked(self, key: BlockKey) -> LeakedBlock {
         let (python_stack, site, op) = match self.origin {
             Some(o) => {
-                let site = o.site.or_else(|| super::leaks::sites::site_from_stack(&o.python_stack));
+                let site = o
+                    .site
+                    .or_else(|| super::leaks::sites::site_from_stack(&o.python_stack));
                 (o.python_stack, site, o.op)
             }
             None => (String::new(), None, None),
@@ -371,8 +373,7 @@ mod tests {
         use EventType::Pta;
         let step = |n: u64| EventRow::new(Event::System, EventType::Step, n.to_string());
         let mut kept = blk(Malloc, Pta, 0x30, 4096);
-        kept.attrs
-            .insert("site".into(), "/w/t.py:9 (main)".into());
+        kept.attrs.insert("site".into(), "/w/t.py:9 (main)".into());
         kept.attrs.insert("op".into(), "aten::empty".into());
         let rows = vec![
             step(1),                   // 1: A

@@ -22,7 +22,9 @@
 //! 3                 3000            3000    1.0000
 //! Min gap: 0.3333 at step 2
 //! Max gap: 1.0000 at step 3
+//! Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
 //! ```
+//! (the last line once, after every table).
 //! Columns: `{:<6}{:>16}{:>16}{:>10}`; the gap with 4 decimals (Rust's `{:.4}`); min and max
 //! gap name the first step that has them. Nothing is printed (and no file is written) when no
 //! pool has a step from 2 on.
@@ -169,8 +171,15 @@ pub fn render(tables: &[((DeviceId, EventType), Vec<StepRange>)]) -> String {
         out.push_str(&format!("Min gap: {:.4} at step {}\n", lo.gap(), lo.step));
         out.push_str(&format!("Max gap: {:.4} at step {}\n", hi.gap(), hi.step));
     }
+    if !out.is_empty() {
+        out.push_str(GAP_MEANING);
+    }
     out
 }
+
+/// The line after the tables that says what they show.
+pub const GAP_MEANING: &str = "Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; \
+     a floor (MinUsed) that rises from step to step is memory kept\n";
 
 #[cfg(test)]
 mod tests {
@@ -217,6 +226,7 @@ Step     MinUsed(byte)   MaxUsed(byte)       Gap
 5                    0            2000    0.0000
 Min gap: 0.0000 at step 5
 Max gap: 1.0000 at step 4
+Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
 ";
         assert_eq!(out.console, expected);
         assert_eq!(
@@ -252,6 +262,7 @@ Step     MinUsed(byte)   MaxUsed(byte)       Gap
 2                    0               0    1.0000
 Min gap: 1.0000 at step 2
 Max gap: 1.0000 at step 2
+Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
 "
         );
     }

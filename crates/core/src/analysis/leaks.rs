@@ -144,6 +144,8 @@ pub struct Leaks {
     step: u64,
     /// STEP rows seen.
     steps_marked: u64,
+    /// Some STEP row was inferred by the tracker (its Attr `source`, e.g. `optimizer.step`).
+    steps_source: Option<String>,
     /// Launches without a device (they count for every device).
     launches_anywhere: u64,
     launches: FastMap<DeviceId, u64>,
@@ -271,6 +273,9 @@ impl Analysis for Leaks {
             (Event::System, EventType::Step) => {
                 self.end_step(true);
                 self.steps_marked += 1;
+                if self.steps_source.is_none() {
+                    self.steps_source = row.attr_str("source").map(str::to_string);
+                }
                 self.step = row.name.trim().parse().unwrap_or(self.step + 1);
             }
             (Event::OpLaunch, EventType::AtenStart) | (Event::KernelLaunch, _) => {
@@ -368,8 +373,9 @@ impl Analysis for Leaks {
             .chain(&self.hal_at_exit)
             .cloned()
             .collect();
-        let found =
+        let mut found =
             findings::Findings::build(&self.sites, &self.leaks, self.steps_marked, self.source);
+        found.steps_source = self.steps_source.clone();
         let mut text = render(&self.leaks);
         text.push_str(&found.render());
         let file = if text.is_empty() {

@@ -197,14 +197,33 @@ pub fn stop_tracing() {
     flush(Duration::from_secs(10));
 }
 
+/// Whether the program marked a step itself (`msmemscope.step()`, a `step start` range).
+static PROGRAM_MARKS_STEPS: AtomicBool = AtomicBool::new(false);
+
 /// Starts the next step and records its STEP row (Name = the step number).
 pub fn step() {
+    PROGRAM_MARKS_STEPS.store(true, Ordering::Release);
+    write_step(None);
+}
+
+/// A step boundary the tracker inferred (an optimizer's `step()`): recorded only while the
+/// program has marked no step itself, with the Attr `{"source": source}`. True when written.
+pub fn inferred_step(source: &str) -> bool {
+    if PROGRAM_MARKS_STEPS.load(Ordering::Acquire) {
+        return false;
+    }
+    write_step(Some(source));
+    true
+}
+
+fn write_step(source: Option<&str>) {
     let p = pipeline();
     let step = p.step.fetch_add(1, Ordering::AcqRel) + 1;
-    emit(
-        EventRow::new(Event::System, EventType::Step, step.to_string()),
-        false,
-    );
+    let mut row = EventRow::new(Event::System, EventType::Step, step.to_string());
+    if let Some(source) = source {
+        row.attrs.insert("source".into(), source.into());
+    }
+    emit(row, false);
 }
 
 /// Ranges named `step start` mark steps, as the seed's users annotate them.

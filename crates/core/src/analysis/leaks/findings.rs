@@ -9,6 +9,7 @@
 //! ```text
 //! { "schema": "msmemscope.leaks.findings/1",
 //!   "steps_marked": 12,                   // STEP rows the analysis saw
+//!   "steps_source": "program",            // or "optimizer.step": the program marked none
 //!   "leaks": [ {                          // largest growth first
 //!       "device": "cpu", "pool": "PTA",
 //!       "site": "/w/train.py:42 (main)",  // null: the dump has no site for these blocks
@@ -120,6 +121,8 @@ pub struct Findings {
     pub leaks: Vec<Finding>,
     pub residents: Vec<Finding>,
     pub steps_marked: u64,
+    /// Where the steps came from when the program marked none (`optimizer.step`).
+    pub steps_source: Option<String>,
     pub unjudged_blocks: u64,
 }
 
@@ -276,8 +279,22 @@ impl Findings {
         out
     }
 
-    /// A line for the console when the run could not be judged (too few steps), else empty.
+    /// A line for the console when the run could not be judged (too few steps) or its steps
+    /// were inferred, else empty.
     pub fn notice(&self) -> String {
+        let mut out = match &self.steps_source {
+            Some(source) => format!(
+                "msmemscope: the program marks no steps, so each {source}() call ended one \
+                 ({} steps); msmemscope.step() marks them yourself\n",
+                self.steps_marked
+            ),
+            None => String::new(),
+        };
+        out.push_str(&self.judging_notice());
+        out
+    }
+
+    fn judging_notice(&self) -> String {
         if self.steps_marked == 0 {
             "msmemscope: the leaks analysis saw no steps, so it judged nothing: call \
              msmemscope.step() once per training step (or open an MSTX/NVTX range named \
@@ -311,6 +328,7 @@ impl Findings {
         let doc = json!({
             "schema": SCHEMA,
             "steps_marked": self.steps_marked,
+            "steps_source": self.steps_source.as_deref().unwrap_or("program"),
             "leaks": self.leaks.iter().map(leak_json).collect::<Vec<_>>(),
             "resident": self.residents.iter().map(resident_json).collect::<Vec<_>>(),
             "unjudged_blocks": self.unjudged_blocks,

@@ -131,7 +131,7 @@ impl OptionName {
             OptionName::Events => "a list of alloc, free, launch, access (access implies alloc and free), or none alone",
             OptionName::Level => "op, kernel",
             OptionName::Steps => "1 to 5 positive step numbers separated by commas, e.g. 1,3",
-            OptionName::CallStack => "c[:N], python[:N] separated by commas, depth N from 0 to 1000 (default 50)",
+            OptionName::CallStack => "c[:N], python[:N] separated by commas, depth N from 0 to 1000 (N left out: 50); host-leak stacks keep at most 20 C and 32 Python frames (Python frames on by default there, 20)",
             OptionName::CollectMode => "immediate, deferred",
             OptionName::Device => "a list of cpu, cuda, cuda:N (npu and npu:N are aliases of cuda and cuda:N)",
             OptionName::Analysis => "a list of leaks, decompose, inefficient, oom[:K] (K from 1 to 1000, default 10); or host-leaks alone; or none alone",
