@@ -60,4 +60,5 @@ PYTEST=(.venv/bin/python -m pytest -q -n 2 --dist loadfile)
 # built).
 MSMEMSCOPE_TORCH_CAPTURE=python "${PYTEST[@]}" tests/python/test_torch_tracker.py \
     tests/python/test_decompose.py tests/python/test_oom.py tests/python/test_watch.py \
-    tests/python/test_snapshot.py tests/python/test_framework_hooks_fsdp.py
+    tests/python/test_snapshot.py tests/python/test_framework_hooks_fsdp.py \
+    tests/python/test_leak_findings.py

@@ -124,8 +124,6 @@ def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
         fn = obj.grad_fn
         if fn is not None:
             yield f"grad_fn {type(fn).__name__}", fn
-        if obj.is_leaf and obj.grad is not None:
-            yield ".grad", obj.grad
         for name, value in getattr(obj, "__dict__", {}).items():
             yield f".{name}", value
         return

@@ -39,8 +39,9 @@ mallocs AS (
     SELECT * FROM block_events WHERE event = 'MALLOC'
 ),
 step_leaks AS (
-    -- the leaks analysis: a block allocated in step >= 2 still live when the step after its
-    -- own ends (at the STEP row that starts the one after that, or at the end of the dump)
+    -- the leaks analysis's candidates (no site verdict): a block allocated in step >= 2 still
+    -- live when the step after its own ends (at the STEP row that starts the one after that;
+    -- the end of the dump ends no step)
     SELECT m.run, m.device, m.dump, m.id, COALESCE(m.size, 0) AS size
     FROM mallocs m
     JOIN step_rows ends
@@ -50,7 +51,7 @@ step_leaks AS (
         ON checked.run = m.run AND checked.device = m.device AND checked.dump = m.dump
        AND checked.seg = m.seg + 2
     WHERE m.step >= 2
-      AND (m.next_id IS NULL OR (checked.id IS NOT NULL AND m.next_id > checked.id))
+      AND checked.id IS NOT NULL AND (m.next_id IS NULL OR m.next_id > checked.id)
 ),
 leaks AS (
     -- and HAL blocks still live at the end

@@ -137,6 +137,8 @@ pub struct Leak {
     pub row_id: u64,
     /// Its site in the analysis's [`SiteBook`] (`Leaks::sites`).
     pub site: u32,
+    /// Found at the end of the input (it outlived only the last step).
+    pub late: bool,
 }
 
 #[derive(Default)]
@@ -180,6 +182,20 @@ impl Leaks {
     /// The leaks found (the judged ones once `finish` has run).
     pub fn leaks(&self) -> &[Leak] {
         &self.leaks
+    }
+
+    /// Every block that outlived the step after its own at a step end the program marked (the
+    /// seed's candidates, whatever their site's verdict; not those found only at the end of the
+    /// input) and the HAL blocks live at the end, in the order found (once `finish` has run).
+    pub fn outlived(&self) -> Vec<Leak> {
+        let mut all: Vec<Leak> = self
+            .candidates
+            .iter()
+            .filter(|c| !c.late)
+            .cloned()
+            .collect();
+        all.extend(self.hal_at_exit.iter().cloned());
+        all
     }
 
     /// The findings by site (once `finish` has run).
@@ -246,6 +262,7 @@ impl Leaks {
                 step: b.step,
                 row_id: b.row_id,
                 site: b.site,
+                late: !marked,
             });
         }
         if marked {
@@ -362,6 +379,7 @@ impl Analysis for Leaks {
                 step: b.step,
                 row_id: b.row_id,
                 site: b.site,
+                late: false,
             })
             .collect();
         self.live.clear();

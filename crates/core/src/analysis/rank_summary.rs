@@ -8,7 +8,12 @@
 //!   `MALLOC` row; its step is the step of the first row that reached it.
 //! - Reserved peak: the largest `total` (the pool's reserved bytes) of a `PTA` `MALLOC` or
 //!   `FREE` row, for CUDA devices only (the CPU allocator reserves nothing of its own).
-//! - Leaks: the `leaks` analysis, run on the same rows: its leaked blocks and their bytes.
+//! - Leaks: the `leaks` analysis, run on the same rows: the blocks that outlived their step
+//!   (its candidates, the seed's rule: allocated in step 2 or later and live at the STEP row
+//!   that ends the step after theirs; the end of the dump ends no step, as in the findings,
+//!   since what the interpreter frees at exit varies from run to run) and the HAL blocks live at
+//!   the end, with their bytes. Whether a block's site keeps growing is not asked here: a rank that keeps
+//!   more than the others stands out either way, and the SQL engines see no sites.
 //! - Top owner at peak: the owner with the most live `PTA` bytes just after the peak row. A
 //!   block lives from its `MALLOC` to the next `MALLOC` or `FREE` row of its (Device Id, pool,
 //!   Ptr); its owner is its `MALLOC` row's `owner`, or that of the last `SYSTEM OWNER` row for
@@ -122,7 +127,7 @@ impl RankSummarizer {
 
     pub fn finish(mut self) -> RankSummary {
         self.leaks.finish();
-        let leaks = self.leaks.leaks();
+        let leaks = self.leaks.outlived();
         self.summary.leaked_blocks = leaks.len() as u64;
         self.summary.leaked_bytes = leaks.iter().map(|l| l.size).sum();
         self.summary

@@ -206,10 +206,17 @@ pub fn step() {
     write_step(None);
 }
 
+/// Inferred step boundaries offered so far.
+static INFERRED_OFFERS: AtomicU64 = AtomicU64::new(0);
+
 /// A step boundary the tracker inferred (an optimizer's `step()`): recorded only while the
-/// program has marked no step itself, with the Attr `{"source": source}`. True when written.
+/// program has marked no step itself, with the Attr `{"source": source}`. The first offer is
+/// never written: a program that marks its steps at their end calls `msmemscope.step()` only
+/// after its first optimizer step, and a boundary written before it would count one step
+/// twice. True when written.
 pub fn inferred_step(source: &str) -> bool {
-    if PROGRAM_MARKS_STEPS.load(Ordering::Acquire) {
+    let offers = INFERRED_OFFERS.fetch_add(1, Ordering::AcqRel) + 1;
+    if offers < 2 || PROGRAM_MARKS_STEPS.load(Ordering::Acquire) {
         return false;
     }
     write_step(Some(source));
