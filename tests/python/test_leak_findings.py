@@ -43,10 +43,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(tmp_path: Path, program: str, *options: str) -> tuple[str, dict]:
-    out = tmp_path / "out"
+def _launch(tmp_path: Path, program: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`msmemscope [options] python program` in the programs' folder; exit 0 asserted."""
     proc = subprocess.run(
-        [str(CLI), *options, "-o", str(out), str(PYTHON), str(PROGRAMS / f"{program}.py")],
+        [str(CLI), *options, "-o", str(tmp_path / "out"), str(PYTHON), str(program)],
         cwd=PROGRAMS,
         capture_output=True,
         text=True,
@@ -54,7 +54,12 @@ def _run(tmp_path: Path, program: str, *options: str) -> tuple[str, dict]:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    (findings,) = glob.glob(str(out / "*" / "leaks" / "findings.json"))
+    return proc
+
+
+def _run(tmp_path: Path, program: str, *options: str) -> tuple[str, dict]:
+    proc = _launch(tmp_path, PROGRAMS / f"{program}.py", *options)
+    (findings,) = glob.glob(str(tmp_path / "out" / "*" / "leaks" / "findings.json"))
     doc = json.loads(Path(findings).read_text())
     jsonschema.validate(doc, SCHEMA)
     return proc.stderr, doc
@@ -182,14 +187,7 @@ def test_a_program_without_steps_is_stepped_by_its_optimizer(tmp_path):
 def test_a_program_without_steps_or_optimizer_is_told_how_to_mark_them(tmp_path):
     program = tmp_path / "plain.py"
     program.write_text("import torch\nkept = [torch.ones(256) for _ in range(4)]\n")
-    out = subprocess.run(
-        [str(CLI), "-o", str(tmp_path / "out"), str(PYTHON), str(program)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
+    out = _launch(tmp_path, program)
     assert (
         "msmemscope: the leaks analysis saw no steps, so it judged nothing: call "
         "msmemscope.step() once per training step"
@@ -197,16 +195,7 @@ def test_a_program_without_steps_or_optimizer_is_told_how_to_mark_them(tmp_path)
 
 
 def test_leak_holders_on_demand_names_the_global(tmp_path):
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [str(CLI), "-o", str(out), str(PYTHON), str(PROGRAMS / "on_demand.py")],
-        cwd=PROGRAMS,
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = _launch(tmp_path, PROGRAMS / "on_demand.py")
     lines = proc.stdout.splitlines()
     # The newest three live blocks of the one leaking site, each held by the global list.
     assert len(lines) == 3, proc.stdout

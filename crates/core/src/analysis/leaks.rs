@@ -120,6 +120,21 @@ impl Block {
     fn kernel(&self) -> Option<u64> {
         self.launches.checked_sub(1)
     }
+
+    /// This block, at `key`, as a reported leak (`late`: found at the end of the input).
+    fn leak(&self, key: BlockKey, late: bool) -> Leak {
+        Leak {
+            device: key.device,
+            pool: key.pool,
+            ptr: key.ptr,
+            size: self.size,
+            kernel: self.kernel(),
+            step: self.step,
+            row_id: self.row_id,
+            site: self.site,
+            late,
+        }
+    }
 }
 
 /// One reported leak (or candidate, before the sites are judged).
@@ -253,17 +268,7 @@ impl Leaks {
             block.candidate = true;
             let b = *block;
             self.sites.candidate(b.site, b.size, b.step, !marked);
-            self.candidates.push(Leak {
-                device: key.device,
-                pool: key.pool,
-                ptr: key.ptr,
-                size: b.size,
-                kernel: b.kernel(),
-                step: b.step,
-                row_id: b.row_id,
-                site: b.site,
-                late: !marked,
-            });
+            self.candidates.push(b.leak(*key, !marked));
         }
         if marked {
             self.sites.step_ended(self.step);
@@ -368,20 +373,7 @@ impl Analysis for Leaks {
             .map(|(k, b)| (*k, *b))
             .collect();
         hal.sort_by_key(|(_, b)| b.row_id);
-        self.hal_at_exit = hal
-            .into_iter()
-            .map(|(key, b)| Leak {
-                device: key.device,
-                pool: key.pool,
-                ptr: key.ptr,
-                size: b.size,
-                kernel: b.kernel(),
-                step: b.step,
-                row_id: b.row_id,
-                site: b.site,
-                late: false,
-            })
-            .collect();
+        self.hal_at_exit = hal.into_iter().map(|(key, b)| b.leak(key, false)).collect();
         self.live.clear();
         let sites = &self.sites;
         self.leaks = self
