@@ -29,6 +29,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from .frameworks.sites import is_user_file
+
 __all__ = ["leak_holders"]
 
 BUDGET_VARIABLE = "MSMEMSCOPE_HOLDER_BUDGET_S"
@@ -51,10 +53,6 @@ def _short_key(key: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _is_user_file(file: str | None, library: tuple[str, ...]) -> bool:
-    return bool(file) and not file.startswith("<") and not file.startswith(library)  # type: ignore[union-attr]
-
-
 def _roots(
     library: tuple[str, ...], own: tuple[str, ...]
 ) -> tuple[list[tuple[str, object]], Iterator[tuple[str, object]]]:
@@ -64,7 +62,7 @@ def _roots(
     main = sys.modules.get("__main__")
     modules = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)]
     user_modules = [
-        m for m in modules if m is main or _is_user_file(getattr(m, "__file__", None), library)
+        m for m in modules if m is main or is_user_file(getattr(m, "__file__", None), library)
     ]
     first: list[tuple[str, object]] = []
     for module in user_modules:
@@ -82,7 +80,7 @@ def _roots(
             if not f.f_code.co_filename.startswith(own):
                 frames.append(f)
             f = f.f_back
-    frames.sort(key=lambda f: not _is_user_file(f.f_code.co_filename, library))
+    frames.sort(key=lambda f: not is_user_file(f.f_code.co_filename, library))
     for f in frames:
         where = f"{f.f_code.co_name}, {os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
         for name, value in list(f.f_locals.items()):

@@ -14,7 +14,7 @@ mod sanitizer;
 // Memory block watch: checksums and dumps of watched blocks, the run directory.
 mod watch;
 
-use std::ffi::{c_void, CString};
+use std::ffi::{c_void, CStr, CString};
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::events::abi::{StrRef, ABI_VERSION};
@@ -35,6 +35,48 @@ pub(crate) fn require_runtime() -> PyResult<&'static runtime::Runtime> {
             "the msmemscope runtime library is not loaded: call load_runtime(path) first",
         )),
         Err(e) => Err(PyRuntimeError::new_err(e)),
+    }
+}
+
+/// A runtime function by name, or RuntimeError naming it.
+pub(crate) fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
+    require_runtime()?;
+    // SAFETY: RTLD_DEFAULT with a NUL-terminated name; the runtime is loaded globally
+    // (preloaded, or dlopen'ed with RTLD_GLOBAL).
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if p.is_null() {
+        return Err(PyRuntimeError::new_err(format!(
+            "the loaded msmemscope runtime library does not export {}",
+            name.to_string_lossy()
+        )));
+    }
+    Ok(p)
+}
+
+/// The text a runtime function of the `(buf, cap) -> length` shape writes, grown until it fits.
+pub(crate) fn runtime_text(name: &CStr, what: &str) -> PyResult<String> {
+    let f = runtime_symbol(name)?;
+    type ReportFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
+    // SAFETY: a runtime function whose signature ReportFn spells (the caller names one).
+    let f = unsafe { std::mem::transmute::<*mut c_void, ReportFn>(f) };
+    let mut cap = 4096usize;
+    loop {
+        let mut buf = vec![0u8; cap];
+        // SAFETY: `buf` has `cap` writable bytes.
+        let n = unsafe { f(buf.as_mut_ptr(), cap) };
+        if n < 0 {
+            return Err(PyRuntimeError::new_err(format!(
+                "{} failed with code {n}",
+                name.to_string_lossy()
+            )));
+        }
+        let n = n as usize;
+        if n <= cap {
+            buf.truncate(n);
+            return String::from_utf8(buf)
+                .map_err(|_| PyRuntimeError::new_err(format!("{what} is not UTF-8")));
+        }
+        cap = n;
     }
 }
 
@@ -234,7 +276,7 @@ fn mstx_range_end(range_id: u64) -> PyResult<()> {
 #[pyfunction]
 fn leak_suspects(py: Python<'_>) -> PyResult<String> {
     // The writer may take a moment: other Python threads run meanwhile.
-    py.allow_threads(|| sanitizer::runtime_text(c"msmemscope_leak_suspects", "the leak suspects"))
+    py.allow_threads(|| runtime_text(c"msmemscope_leak_suspects", "the leak suspects"))
 }
 
 /// `optimizer_step() -> bool`: an optimizer's `step()` ended; True when the runtime took it as
@@ -242,7 +284,7 @@ fn leak_suspects(py: Python<'_>) -> PyResult<String> {
 #[pyfunction]
 fn optimizer_step() -> PyResult<bool> {
     type StepFn = unsafe extern "C" fn() -> i32;
-    let f = sanitizer::runtime_symbol(c"msmemscope_optimizer_step")?;
+    let f = runtime_symbol(c"msmemscope_optimizer_step")?;
     // SAFETY: the runtime's `msmemscope_optimizer_step`, whose signature StepFn spells.
     let f = unsafe { std::mem::transmute::<*mut std::ffi::c_void, StepFn>(f) };
     // SAFETY: a resolved ABI function without arguments.

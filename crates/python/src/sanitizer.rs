@@ -9,16 +9,13 @@ use msmemscope_core::sanitizer::message::{parse, Arg};
 use msmemscope_core::sanitizer::race::{Access, AccessKind, Launch, Race, RaceChecker};
 use msmemscope_core::sanitizer::report::RaceLog;
 use msmemscope_core::sanitizer::SyncOp;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-
-use crate::require_runtime;
 
 type EnableFn = unsafe extern "C" fn(Option<ForwardFn>) -> i32;
 type ForwardFn = unsafe extern "C" fn(*const c_char, u64);
 type SyncFn = unsafe extern "C" fn(u32, u64, u64) -> i32;
-type ReportFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
 
 /// The Python callable the runtime's well-formed marks are forwarded to.
 static FORWARD_TO: Mutex<Option<Py<PyAny>>> = Mutex::new(None);
@@ -156,21 +153,6 @@ impl PyRaceChecker {
     }
 }
 
-/// A runtime function by name, or RuntimeError naming it.
-pub(crate) fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
-    require_runtime()?;
-    // SAFETY: RTLD_DEFAULT with a NUL-terminated name; the runtime is loaded globally
-    // (preloaded, or dlopen'ed with RTLD_GLOBAL).
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    if p.is_null() {
-        return Err(PyRuntimeError::new_err(format!(
-            "the loaded msmemscope runtime library does not export {}",
-            name.to_string_lossy()
-        )));
-    }
-    Ok(p)
-}
-
 /// Called by the runtime on the marking thread for each well-formed mark.
 unsafe extern "C" fn forward_trampoline(message: *const c_char, stream: u64) {
     // SAFETY: Py_IsInitialized may be called at any time, with or without the GIL.
@@ -212,7 +194,7 @@ fn sanitizer_enable(forward: Option<Bound<'_, PyAny>>) -> PyResult<()> {
             )));
         }
     }
-    let enable = runtime_symbol(c"msmemscope_sanitizer_enable")?;
+    let enable = crate::runtime_symbol(c"msmemscope_sanitizer_enable")?;
     let has_forward = forward.is_some();
     *FORWARD_TO.lock().unwrap_or_else(|e| e.into_inner()) = forward.map(Bound::unbind);
     // SAFETY: the runtime's `msmemscope_sanitizer_enable`, whose signature EnableFn spells.
@@ -230,7 +212,7 @@ fn sanitizer_enable(forward: Option<Bound<'_, PyAny>>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (kind, a = 0, b = 0))]
 fn sanitizer_sync(kind: u32, a: u64, b: u64) -> PyResult<()> {
-    let f = runtime_symbol(c"msmemscope_sanitizer_sync")?;
+    let f = crate::runtime_symbol(c"msmemscope_sanitizer_sync")?;
     // SAFETY: the runtime's `msmemscope_sanitizer_sync`, whose signature SyncFn spells.
     let rc = unsafe { std::mem::transmute::<*mut c_void, SyncFn>(f)(kind, a, b) };
     if rc != 0 {
@@ -244,33 +226,7 @@ fn sanitizer_sync(kind: u32, a: u64, b: u64) -> PyResult<()> {
 /// `sanitizer_report() -> str`: the runtime's report so far (without stacks).
 #[pyfunction]
 fn sanitizer_report() -> PyResult<String> {
-    runtime_text(c"msmemscope_sanitizer_report", "the sanitizer report")
-}
-
-/// The text a runtime function of the `(buf, cap) -> length` shape writes, grown until it fits.
-pub(crate) fn runtime_text(name: &CStr, what: &str) -> PyResult<String> {
-    let f = runtime_symbol(name)?;
-    // SAFETY: a runtime function whose signature ReportFn spells (the caller names one).
-    let f = unsafe { std::mem::transmute::<*mut c_void, ReportFn>(f) };
-    let mut cap = 4096usize;
-    loop {
-        let mut buf = vec![0u8; cap];
-        // SAFETY: `buf` has `cap` writable bytes.
-        let n = unsafe { f(buf.as_mut_ptr(), cap) };
-        if n < 0 {
-            return Err(PyRuntimeError::new_err(format!(
-                "{} failed with code {n}",
-                name.to_string_lossy()
-            )));
-        }
-        let n = n as usize;
-        if n <= cap {
-            buf.truncate(n);
-            return String::from_utf8(buf)
-                .map_err(|_| PyRuntimeError::new_err(format!("{what} is not UTF-8")));
-        }
-        cap = n;
-    }
+    crate::runtime_text(c"msmemscope_sanitizer_report", "the sanitizer report")
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

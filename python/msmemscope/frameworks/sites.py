@@ -16,7 +16,7 @@ import sys
 import sysconfig
 from types import FrameType
 
-__all__ = ["library_dirs", "site_of"]
+__all__ = ["is_user_file", "library_dirs", "site_of"]
 
 
 def library_dirs(own: tuple[str, ...]) -> tuple[str, ...]:
@@ -42,6 +42,11 @@ def library_dirs(own: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(dirs))
 
 
+def is_user_file(file: str | None, library: tuple[str, ...]) -> bool:
+    """Whether ``file`` is the user's own code: a real file outside ``library``."""
+    return bool(file) and not file.startswith("<") and not file.startswith(library)  # type: ignore[union-attr]
+
+
 def _text(frame: FrameType) -> str:
     co = frame.f_code
     return f"{co.co_filename}:{frame.f_lineno} ({co.co_name})"
@@ -61,9 +66,7 @@ class SiteFinder:
             file = code.co_filename
             kind = 0
             if not file.startswith(self.own):
-                kind = 1
-                if not file.startswith("<") and not file.startswith(self.library):
-                    kind = 3
+                kind = 3 if is_user_file(file, self.library) else 1
             if len(self.kinds) > 65536:
                 self.kinds.clear()
             self.kinds[code] = kind

@@ -44,9 +44,6 @@ step_leaks AS (
     -- the end of the dump ends no step)
     SELECT m.run, m.device, m.dump, m.id, COALESCE(m.size, 0) AS size
     FROM mallocs m
-    JOIN step_rows ends
-        ON ends.run = m.run AND ends.device = m.device AND ends.dump = m.dump
-       AND ends.seg = m.seg + 1
     LEFT JOIN step_rows checked
         ON checked.run = m.run AND checked.device = m.device AND checked.dump = m.dump
        AND checked.seg = m.seg + 2

@@ -185,7 +185,7 @@ struct Origin {
 
 impl LiveBlock {
     fn of(row: &EventRow) -> LiveBlock {
-        let site = row.attr_string("site").map(|s| s.into_owned());
+        let site = super::leaks::sites::row_site(row).map(|s| s.into_owned());
         let op = row.attr_str("op").map(str::to_string);
         let origin = (!row.python_stack.is_empty() || site.is_some() || op.is_some()).then(|| {
             Box::new(Origin {
@@ -203,12 +203,7 @@ impl LiveBlock {
 
     fn leaked(self, key: BlockKey) -> LeakedBlock {
         let (python_stack, site, op) = match self.origin {
-            Some(o) => {
-                let site = o
-                    .site
-                    .or_else(|| super::leaks::sites::site_from_stack(&o.python_stack));
-                (o.python_stack, site, o.op)
-            }
+            Some(o) => (o.python_stack, o.site, o.op),
             None => (String::new(), None, None),
         };
         LeakedBlock {

@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 
 use super::fast_map::FastMap;
-use super::leaks::findings::{human, split_site};
-use super::leaks::sites::site_from_stack;
+use super::leaks::findings::{human, source_of};
+use super::leaks::sites::{owner_category, row_site};
 use super::{Analysis, AnalysisOutput};
 use crate::events::{DeviceId, Event, EventRow, EventType};
 
@@ -77,15 +77,10 @@ impl OomSummary {
     }
 
     fn origin_of(&mut self, row: &EventRow) -> u32 {
-        let site = row
-            .attr_string("site")
-            .map(|s| s.into_owned())
-            .or_else(|| site_from_stack(&row.python_stack));
-        let owner = row
-            .attr_str("owner")
-            .and_then(|o| o.split('@').nth(1))
-            .map(str::to_string);
-        let key = (site, owner);
+        let key = (
+            row_site(row).map(|s| s.into_owned()),
+            owner_category(row).map(str::to_string),
+        );
         if let Some(id) = self.origin_ids.get(&key) {
             return *id;
         }
@@ -98,10 +93,7 @@ impl OomSummary {
     fn trigger(&mut self, row: &EventRow) {
         let requested = row.attr_u64("req_size").unwrap_or(0);
         let op = op_name(row.attr_str("func")).or_else(|| op_name(Some(&row.name)));
-        let site = row
-            .attr_string("site")
-            .map(|s| s.into_owned())
-            .or_else(|| site_from_stack(&row.python_stack));
+        let site = row_site(row).map(|s| s.into_owned());
         let error = row.attr_string("error").map(|e| e.into_owned());
         if let Some(last) = self.failures.last_mut() {
             if last.device == row.device
@@ -178,11 +170,7 @@ impl OomSummary {
                 Some(op) => out.push_str(&format!("  op {op} at {at}\n")),
                 None => out.push_str(&format!("  at {at}\n")),
             }
-            let source = f
-                .site
-                .as_deref()
-                .and_then(split_site)
-                .and_then(|(file, line, _)| self.source.and_then(|read| read(file, line)));
+            let source = source_of(f.site.as_deref(), self.source);
             if let Some(source) = source {
                 out.push_str(&format!("      {source}\n"));
             }

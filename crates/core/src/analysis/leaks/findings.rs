@@ -91,6 +91,12 @@ pub fn split_site(site: &str) -> Option<(&str, u32, &str)> {
     Some((file, line.parse().ok()?, function))
 }
 
+/// The source text of a site's line, read by `source` (none without either).
+pub fn source_of(site: Option<&str>, source: Option<SourceLine>) -> Option<String> {
+    let (file, line, _) = split_site(site?)?;
+    source?(file, line)
+}
+
 /// Bytes for people: `512 B`, `62.5 KiB`, `4.50 MiB`, `1.25 GiB` (up to PiB).
 pub fn human(bytes: u64) -> String {
     const UNITS: [(&str, f64); 5] = [
@@ -164,10 +170,7 @@ impl Findings {
                 verdict,
                 device,
                 pool,
-                source: site
-                    .as_deref()
-                    .and_then(split_site)
-                    .and_then(|(file, line, _)| source.and_then(|read| read(file, line))),
+                source: source_of(site.as_deref(), source),
                 site,
                 frame: members.iter().find_map(|s| s.frame.clone()),
                 ops: Vec::new(),

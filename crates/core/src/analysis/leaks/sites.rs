@@ -137,19 +137,28 @@ impl Key<'_> {
 }
 
 /// The first frame of a `Call Stack(Python)` cell (`file(line): function`) as a site text.
-pub fn site_from_stack(stack: &str) -> Option<String> {
+fn site_from_stack(stack: &str) -> Option<String> {
     let first = stack.lines().next()?.trim();
     let (place, function) = first.split_once("): ")?;
     let (file, line) = place.rsplit_once('(')?;
     Some(format!("{file}:{line} ({function})"))
 }
 
+/// A row's allocation site: its `site` Attr, else the first frame of its Python stack.
+pub fn row_site(row: &EventRow) -> Option<std::borrow::Cow<'_, str>> {
+    row.attr_string("site")
+        .or_else(|| site_from_stack(&row.python_stack).map(Into::into))
+}
+
+/// The category of a row's `owner` (`activation` of `PTA@activation`), if it has one.
+pub fn owner_category(row: &EventRow) -> Option<&str> {
+    row.attr_str("owner").and_then(|o| o.split('@').nth(1))
+}
+
 impl SiteBook {
     /// The id of the site of a MALLOC row (made on first sight).
     pub fn site_of(&mut self, row: &EventRow, pool: EventType) -> u32 {
-        let site = row
-            .attr_string("site")
-            .or_else(|| site_from_stack(&row.python_stack).map(Into::into));
+        let site = row_site(row);
         let key = Key {
             device: row.device,
             pool,
@@ -167,10 +176,7 @@ impl SiteBook {
         }
         let id = self.sites.len() as u32;
         ids.push(id);
-        let owner = row
-            .attr_str("owner")
-            .and_then(|o| o.split('@').nth(1))
-            .map(str::to_string);
+        let owner = owner_category(row).map(str::to_string);
         self.sites.push(Site {
             device: key.device,
             pool,
