@@ -34,6 +34,16 @@ if ! dpkg-query -W -f='${Status}' libc6-dbg 2>/dev/null | grep -q 'install ok in
         exit 1
     fi
 fi
+# The hostile-process tests preload other allocators (Debian's jemalloc and tcmalloc).
+if [ ! -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] \
+    || [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq libjemalloc2 libtcmalloc-minimal4 >/dev/null
+    else
+        echo "jemalloc and tcmalloc are needed by the tests: sudo apt-get install libjemalloc2 libtcmalloc-minimal4" >&2
+        exit 1
+    fi
+fi
 # `msmemscope ranks --engine spark` runs pyspark, which needs a Java runtime (Debian's default).
 if ! command -v java >/dev/null; then
     if [ "$(id -u)" = 0 ]; then

@@ -38,6 +38,7 @@ extern "C" fn on_load() {
         return;
     };
     let _ = catch_unwind(|| {
+        crate::hooks::forward::init();
         begin_run();
         if session::origin() == session::Origin::Launched {
             session::ensure_exit_handler();

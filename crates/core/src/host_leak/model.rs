@@ -88,6 +88,25 @@ pub struct DataHealth {
     pub stack_cap: u64,
     /// Ledger shards that could not be read within the aggregation deadline.
     pub unread_shards: u32,
+    /// Which allocator the program's `malloc` reached.
+    pub allocator: AllocatorPath,
+}
+
+/// Where the program's `malloc` calls go, as the runtime found the process's symbol lookup.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum AllocatorPath {
+    /// Through the hooks to glibc's allocator.
+    #[default]
+    Glibc,
+    /// Through the hooks to another allocator loaded after the runtime: its file, and whether it
+    /// brings its own C++ `operator new`, which does not call `malloc` (those blocks are unseen).
+    Forwarded {
+        file: String,
+        own_operator_new: bool,
+    },
+    /// Not through the hooks: a module ahead of the runtime in symbol lookup defines `malloc`
+    /// (the program itself, or a library preloaded before the runtime).
+    Bypassed(String),
 }
 
 /// One call stack's line in the report. `stack_id == None` is the unknown bucket.
@@ -166,6 +185,21 @@ impl HostLeakReport {
     /// Reasons the window cannot support a leak conclusion; empty when it can.
     pub fn unusable_reasons(&self) -> Vec<String> {
         let mut reasons = Vec::new();
+        match &self.health.allocator {
+            AllocatorPath::Bypassed(who) => reasons.push(format!(
+                "malloc is defined by {who}, which the loader finds before the runtime, so the \
+                 program's allocations never reach the hooks (only calls bound to the runtime's \
+                 functions are counted)"
+            )),
+            AllocatorPath::Forwarded {
+                file,
+                own_operator_new: true,
+            } => reasons.push(format!(
+                "blocks from C++ operator new are not seen ({file} brings its own, which does not \
+                 call malloc); malloc's are"
+            )),
+            _ => {}
+        }
         if self.health.truncation_bits & truncation::ACCOUNTING_STOPPED != 0 {
             reasons.push(
                 "accounting stopped when the overflow ledger filled: the data is the prefix up to that point"

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::model::{truncation, CountBytes, HostLeakReport, LeakSite};
+use super::model::{truncation, AllocatorPath, CountBytes, HostLeakReport, LeakSite};
 use super::{SizeHistogram, SIZE_BUCKETS};
 use crate::config::HostLeakMode;
 use crate::time_fmt::{human_bytes, utc_timestamp};
@@ -87,6 +87,24 @@ fn data_health(out: &mut String, report: &HostLeakReport) {
         HostLeakMode::Event => "event (block_detail CSV written)",
     };
     let _ = writeln!(out, "Report mode: {mode}");
+    let allocator = match &h.allocator {
+        AllocatorPath::Glibc => "glibc's, through the hooks".to_string(),
+        AllocatorPath::Forwarded { file, .. } => format!("{file}, through the hooks"),
+        AllocatorPath::Bypassed(who) => {
+            format!("{who}, NOT through the hooks (found before the runtime)")
+        }
+    };
+    let _ = writeln!(out, "Allocator: {allocator}");
+    if let AllocatorPath::Forwarded {
+        own_operator_new: true,
+        ..
+    } = h.allocator
+    {
+        let _ = writeln!(
+            out,
+            "C++ operator new/delete: the allocator's own, not seen by the hooks"
+        );
+    }
     let _ = writeln!(out, "Allocations tracked: {}", count_bytes(h.allocations));
     let _ = writeln!(out, "Frees tracked: {}", count_bytes(h.frees));
     let _ = writeln!(
@@ -418,6 +436,7 @@ mod tests {
             overflow_cap: 5_000_000,
             stack_cap: 400_000,
             unread_shards: 0,
+            allocator: AllocatorPath::Glibc,
         }
     }
 

@@ -203,6 +203,12 @@ impl Survey {
             // In the runtime's own unit tests the hooks are not exported.
             return;
         }
+        if !super::forward::forwards_to_glibc() {
+            // The hooks hand blocks to another allocator (jemalloc preloaded after the runtime):
+            // a slot bound to glibc must keep glibc, or its earlier blocks would reach the other
+            // allocator's free.
+            return;
+        }
         let mut plan = Plan {
             generation,
             ours: self.ours,

@@ -2,16 +2,18 @@
 //!
 //! Each function has the contract of its C namesake (the caller passes what C allows); the
 //! symbols are exported only outside unit tests, so the test harness keeps glibc's allocator.
+//! The real work is the next allocator's (forward.rs); recording leaves errno as that allocator
+//! left it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use libc::{c_int, c_void, size_t};
 
+use super::forward;
 use super::own_blocks;
 use crate::guard::Entered;
 use crate::host_leak::ledger::Taken;
 use crate::host_leak::window;
-use crate::libc_heap::*;
 
 /// Runs recording work, stopping a panic there: the program's allocation or free has been or
 /// will be done exactly once by the caller either way, and a panic must not unwind into C.
@@ -19,6 +21,18 @@ use crate::libc_heap::*;
 #[inline(always)]
 fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
     catch_unwind(AssertUnwindSafe(work)).ok()
+}
+
+/// Runs recording work and puts errno back as it was: the program reads errno after a failed
+/// allocation (and glibc's `free` promises to keep it), never ours.
+#[inline(always)]
+fn keeping_errno<R>(work: impl FnOnce() -> R) -> R {
+    // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
+    let errno = unsafe { *libc::__errno_location() };
+    let result = work();
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+    result
 }
 
 /// Before the runtime's constructor (a linked library's constructor allocating): begins the
@@ -31,6 +45,11 @@ fn begin_run_now() -> Option<&'static crate::host_leak::ledger::Ledger> {
 
 #[inline(always)]
 fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
+    keeping_errno(|| record_alloc_inner(ptr, size, function))
+}
+
+#[inline(always)]
+fn record_alloc_inner(ptr: *mut c_void, size: usize, function: &'static str) {
     if ptr.is_null() {
         if size != 0 && crate::pipeline::oom::watching() {
             if let Some(_entered) = Entered::try_enter() {
@@ -63,6 +82,15 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
 #[inline(always)]
 fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
     if !ptr.is_null() {
+        keeping_errno(|| forget_block(ptr));
+    }
+    real(ptr)
+}
+
+/// Takes a block the program frees out of the ledger (before the real free).
+#[inline(always)]
+fn forget_block(ptr: *mut c_void) {
+    {
         if let Some(ledger) = window::active() {
             match Entered::try_enter() {
                 Some(entered) => {
@@ -82,15 +110,14 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
             }
         }
     }
-    real(ptr)
 }
 
 /// # Safety
 /// As C's `malloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
-    // SAFETY: glibc's malloc accepts any size.
-    let ptr = unsafe { __libc_malloc(size) };
+    // SAFETY: the next allocator's malloc accepts any size.
+    let ptr = unsafe { forward::malloc(size) };
     record_alloc(ptr, size, "malloc");
     ptr
 }
@@ -99,8 +126,8 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 /// As C's `calloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
-    // SAFETY: glibc's calloc accepts any count and size (it checks the product for overflow).
-    let ptr = unsafe { __libc_calloc(count, size) };
+    // SAFETY: C's calloc accepts any count and size (it checks the product for overflow).
+    let ptr = unsafe { forward::calloc(count, size) };
     record_alloc(ptr, count.wrapping_mul(size), "calloc");
     ptr
 }
@@ -109,9 +136,9 @@ pub unsafe extern "C" fn calloc(count: size_t, size: size_t) -> *mut c_void {
 /// As C's `free`: `ptr` is null or a live block of this allocator, not used afterwards.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn free(ptr: *mut c_void) {
-    // SAFETY: forwards the caller's pointer, null or a live block by our contract, to glibc's
-    // free, once.
-    free_with(ptr, |p| unsafe { __libc_free(p) })
+    // SAFETY: forwards the caller's pointer, null or a live block by our contract, to the next
+    // allocator's free, once.
+    free_with(ptr, |p| unsafe { forward::free(p) })
 }
 
 /// `realloc` is a free of the old block and an allocation of the new one. The old block leaves
@@ -129,7 +156,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     }
     let Some(ledger) = window::active() else {
         // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged.
-        let new = unsafe { __libc_realloc(ptr, size) };
+        let new = unsafe { forward::realloc(ptr, size) };
         if new.is_null() && size != 0 {
             record_alloc(new, size, "realloc");
         }
@@ -140,7 +167,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         // glibc reallocating for the runtime: the new block is the runtime's too.
         let was_own = caught(|| own_blocks::remove(ptr as usize)).unwrap_or(false);
         // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged.
-        let new = unsafe { __libc_realloc(ptr, size) };
+        let new = unsafe { forward::realloc(ptr, size) };
         caught(|| {
             if failed(new) {
                 if was_own {
@@ -161,7 +188,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     });
     // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged; the
     // ledger work above only read its address.
-    let new = unsafe { __libc_realloc(ptr, size) };
+    let new = unsafe { forward::realloc(ptr, size) };
     if failed(new) {
         if let Some((taken, own)) = taken {
             caught(|| {
@@ -226,36 +253,25 @@ pub unsafe extern "C" fn posix_memalign(
     align: size_t,
     size: size_t,
 ) -> c_int {
-    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
-        return libc::EINVAL;
+    // SAFETY: the caller's arguments, as C's posix_memalign takes them; the next allocator
+    // checks the alignment as the host's allocator does.
+    let rc = unsafe { forward::posix_memalign(out, align, size) };
+    if rc == 0 {
+        // SAFETY: on success `out` holds the new block.
+        record_alloc(unsafe { *out }, size, "posix_memalign");
+    } else if rc == libc::ENOMEM {
+        record_alloc(std::ptr::null_mut(), size, "posix_memalign");
     }
-    // SAFETY: `__errno_location` returns this thread's errno, always valid to read.
-    let saved_errno = unsafe { *libc::__errno_location() };
-    // SAFETY: `align` is a power of two (checked above); glibc's memalign takes any size.
-    let ptr = unsafe { __libc_memalign(align, size) };
-    if ptr.is_null() {
-        record_alloc(ptr, size, "posix_memalign");
-        // SAFETY: as above, this thread's errno.
-        unsafe { *libc::__errno_location() = saved_errno };
-        return libc::ENOMEM;
-    }
-    // SAFETY: `out` is valid for writing a pointer, by our contract.
-    unsafe { *out = ptr };
-    record_alloc(ptr, size, "posix_memalign");
-    0
+    rc
 }
 
 /// # Safety
 /// As C's `aligned_alloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
-    if !align.is_power_of_two() {
-        // SAFETY: `__errno_location` returns this thread's errno, always valid to write.
-        unsafe { *libc::__errno_location() = libc::EINVAL };
-        return std::ptr::null_mut();
-    }
-    // SAFETY: `align` is a power of two (checked above); glibc's memalign takes any size.
-    let ptr = unsafe { __libc_memalign(align, size) };
+    // SAFETY: the caller's arguments; what an unusual alignment does is the next allocator's
+    // rule (glibc 2.36 rounds it up, later ones fail with EINVAL).
+    let ptr = unsafe { forward::aligned_alloc(align, size) };
     record_alloc(ptr, size, "aligned_alloc");
     ptr
 }
@@ -264,9 +280,8 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 /// As C's `memalign`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
-    // SAFETY: the caller's arguments, unchanged; glibc's memalign accepts any alignment (it
-    // rounds one that is not a power of two up, or fails with EINVAL) and any size.
-    let ptr = unsafe { __libc_memalign(align, size) };
+    // SAFETY: the caller's arguments, unchanged.
+    let ptr = unsafe { forward::memalign(align, size) };
     record_alloc(ptr, size, "memalign");
     ptr
 }
@@ -275,8 +290,8 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 /// As C's `valloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
-    // SAFETY: glibc's valloc accepts any size.
-    let ptr = unsafe { __libc_valloc(size) };
+    // SAFETY: C's valloc accepts any size.
+    let ptr = unsafe { forward::valloc(size) };
     record_alloc(ptr, size, "valloc");
     ptr
 }
@@ -285,8 +300,8 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 /// As C's `pvalloc`.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
-    // SAFETY: glibc's pvalloc accepts any size.
-    let ptr = unsafe { __libc_pvalloc(size) };
+    // SAFETY: C's pvalloc accepts any size.
+    let ptr = unsafe { forward::pvalloc(size) };
     record_alloc(ptr, size, "pvalloc");
     ptr
 }

@@ -12,8 +12,8 @@ use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::overview::render_overview;
 use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
-    BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta, SizeHistogram,
-    WindowSpan,
+    AllocatorPath, BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta,
+    SizeHistogram, WindowSpan,
 };
 use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::symbolize::Symbolizer;
@@ -226,6 +226,7 @@ pub fn build_report(
         overflow_cap: s.overflow_cap,
         stack_cap: s.stack_cap,
         unread_shards: unread,
+        allocator: allocator_path(),
     };
     let report = HostLeakReport {
         stage: ledger.stage,
@@ -396,4 +397,18 @@ pub fn write_report(
         )?;
     }
     Ok(run_dir.path().join(dir).join(overview))
+}
+
+/// Where the program's `malloc` went, for Data Health.
+fn allocator_path() -> AllocatorPath {
+    if let Some(who) = crate::hooks::forward::malloc_ahead_of_runtime() {
+        return AllocatorPath::Bypassed(who);
+    }
+    match crate::hooks::forward::foreign_allocator() {
+        Some((file, own_operator_new)) => AllocatorPath::Forwarded {
+            file,
+            own_operator_new,
+        },
+        None => AllocatorPath::Glibc,
+    }
 }

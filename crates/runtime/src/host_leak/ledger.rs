@@ -511,7 +511,7 @@ impl Ledger {
             return Taken::Overflow(size);
         }
         Taken::NotFound {
-            usable: crate::libc_heap::usable_size(ptr as *mut _) as u64,
+            usable: crate::hooks::forward::usable_size(ptr) as u64,
         }
     }
 

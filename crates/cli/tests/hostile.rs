@@ -1,0 +1,272 @@
+//! The runtime inside processes nobody here wrote: other allocators, programs that close and
+//! reuse descriptors, memory pressure, full disks, signals and exit paths. Each test builds a
+//! real C program, runs it once without the tool and once under the real CLI, and checks that
+//! the program's own output and exit status are the same, that nothing was written outside the
+//! run directory, and what the tool said.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::host_leak::{clear_runtime_knobs, gcc, output_with_timeout, Overview};
+use common::{Scratch, BIN};
+
+/// Builds `tests/fixtures/hostile/{name}` (C or C++ by its extension) into `dir`.
+fn build(dir: &Path, source: &str, extra: &[&str]) -> PathBuf {
+    let src = common::repo().join("tests/fixtures/hostile").join(source);
+    let stem = Path::new(source).file_stem().unwrap().to_str().unwrap();
+    let exe = dir.join(stem);
+    let compiler = if source.ends_with(".cc") {
+        "g++"
+    } else {
+        "gcc"
+    };
+    let mut args: Vec<&str> = vec!["-O1", "-g", "-Wno-alloc-size-larger-than"];
+    args.extend_from_slice(extra);
+    let src_s = src.to_str().unwrap().to_string();
+    let exe_s = exe.to_str().unwrap().to_string();
+    args.extend_from_slice(&[&src_s, "-o", &exe_s]);
+    if compiler == "gcc" {
+        gcc(&args);
+    } else {
+        let out = Command::new("g++").args(&args).output().expect("g++ runs");
+        assert!(
+            out.status.success(),
+            "g++ {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    exe
+}
+
+/// A library the test command installs from Debian's packages.
+fn debian_library(name: &str) -> PathBuf {
+    let path = Path::new("/usr/lib/x86_64-linux-gnu").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: scripts/test.sh installs libjemalloc2 and libtcmalloc-minimal4",
+        path.display()
+    );
+    path
+}
+
+/// One program, run without the tool and under it, in directories of its own.
+struct Pair {
+    /// Where the traced run's program ran (its working directory) and the tool's output went.
+    scratch: Scratch,
+    plain: Output,
+    traced: Output,
+}
+
+impl Pair {
+    /// Runs `program` plainly and under `msmemscope {tool_args} -o OUT`; `env` for both.
+    fn run(tool_args: &[&str], program: &[&str], env: &[(&str, &str)]) -> Pair {
+        let scratch = Scratch::new("hostile");
+        let plain_dir = scratch.path().join("plain");
+        let traced_dir = scratch.path().join("work");
+        std::fs::create_dir_all(&plain_dir).unwrap();
+        std::fs::create_dir_all(&traced_dir).unwrap();
+        let mut plain = Command::new(program[0]);
+        plain.args(&program[1..]).current_dir(&plain_dir);
+        let mut traced = Command::new(BIN);
+        traced
+            .args(tool_args)
+            .arg("-o")
+            .arg(scratch.path().join("out"))
+            .args(program)
+            .current_dir(&traced_dir);
+        for cmd in [&mut plain, &mut traced] {
+            cmd.env_remove("LD_PRELOAD");
+            clear_runtime_knobs(cmd);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+        }
+        let plain = output_with_timeout(plain);
+        let traced = output_with_timeout(traced);
+        Pair {
+            scratch,
+            plain,
+            traced,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.traced.stderr).into_owned()
+    }
+
+    /// The program's output and status are what they are without the tool, and it wrote only
+    /// what it writes without it.
+    fn assert_unchanged(&self) {
+        assert_eq!(
+            String::from_utf8_lossy(&self.traced.stdout),
+            String::from_utf8_lossy(&self.plain.stdout),
+            "stdout changed; tool's stderr:\n{}",
+            self.stderr()
+        );
+        assert_eq!(
+            self.traced.status.code(),
+            self.plain.status.code(),
+            "exit status changed ({:?} vs {:?}); stderr:\n{}",
+            self.traced.status,
+            self.plain.status,
+            self.stderr()
+        );
+        assert_eq!(
+            listing(&self.scratch.path().join("work")),
+            listing(&self.scratch.path().join("plain")),
+            "the traced program's directory differs from the plain one's"
+        );
+    }
+
+    /// The single run directory.
+    fn run_dir(&self) -> PathBuf {
+        let out = self.scratch.path().join("out");
+        let dirs: Vec<PathBuf> = std::fs::read_dir(&out)
+            .unwrap_or_else(|e| panic!("no {}: {e}\n{}", out.display(), self.stderr()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(dirs.len(), 1, "{dirs:?}");
+        dirs.into_iter().next().unwrap()
+    }
+
+    fn overview(&self) -> Overview {
+        let path = self.run_dir().join("host_leak/leak_overview_1.txt");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.stderr()));
+        Overview::parse(&text)
+    }
+}
+
+/// Every file under `dir` with its contents, sorted.
+fn listing(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+// ------------------------------------------------------------------------------------------
+// Other allocators
+
+/// jemalloc and tcmalloc preloaded after the runtime (the launcher puts it first): the hooks
+/// forward to them, C++ `new`/`delete` and `malloc`/`free` mixed, in both modes; the report says
+/// which allocator it saw and counts the program's blocks.
+#[test]
+fn allocators_preloaded_after_the_runtime() {
+    let dir = Scratch::new("alloc-bin");
+    let prog = build(dir.path(), "mixed_allocations.cc", &[]);
+    let prog = prog.to_str().unwrap();
+    for lib in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"] {
+        let lib = debian_library(lib);
+        let env = [("LD_PRELOAD", lib.to_str().unwrap())];
+        let events = Pair::run(&["-q"], &[prog], &env);
+        events.assert_unchanged();
+        let host = Pair::run(&["--analysis=host-leaks"], &[prog], &env);
+        host.assert_unchanged();
+        let overview = host.overview();
+        assert_eq!(
+            overview.h("Allocator"),
+            format!("{}, through the hooks", lib.display()),
+            "{}",
+            host.stderr()
+        );
+        // 7 blocks of 3000 bytes leak through malloc. Both allocators bring their own C++
+        // `operator new`, which never calls `malloc`: the report says its blocks are not seen.
+        let leaked = overview
+            .by_function("leak_with_malloc()")
+            .expect("malloc site");
+        assert_eq!(leaked.0, (7, 7 * 3000));
+        assert!(overview.by_function("leak_with_new()").is_none());
+        assert_eq!(
+            overview.h("C++ operator new/delete"),
+            "the allocator's own, not seen by the hooks"
+        );
+        assert_eq!(
+            overview.verdict(),
+            format!(
+                "INCOMPLETE, not usable as a leak conclusion: blocks from C++ operator new are \
+                 not seen ({} brings its own, which does not call malloc); malloc's are",
+                lib.display()
+            )
+        );
+    }
+}
+
+/// An allocator preloaded ahead of the runtime (a wrapper script that prepends it), and a
+/// program that defines malloc itself: the program's calls never reach the hooks, and the
+/// report says so instead of calling the empty window complete.
+#[test]
+fn allocators_ahead_of_the_runtime_are_named() {
+    let dir = Scratch::new("ahead-bin");
+    let own = build(dir.path(), "own_malloc.c", &[]);
+    let run = Pair::run(&["--analysis=host-leaks"], &[own.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    let overview = run.overview();
+    assert_eq!(
+        overview.h("Allocator"),
+        "the program itself, NOT through the hooks (found before the runtime)"
+    );
+    assert!(
+        overview.verdict().starts_with(
+            "INCOMPLETE, not usable as a leak conclusion: malloc is defined by the program \
+             itself, which the loader finds before the runtime"
+        ),
+        "{}",
+        overview.verdict()
+    );
+
+    let mixed = build(dir.path(), "mixed_allocations.cc", &[]);
+    let tcmalloc = debian_library("libtcmalloc_minimal.so.4");
+    let script = format!(
+        "LD_PRELOAD={}:$LD_PRELOAD exec {}",
+        tcmalloc.display(),
+        mixed.display()
+    );
+    let run = Pair::run(&["--analysis=host-leaks"], &["sh", "-c", &script], &[]);
+    run.assert_unchanged();
+    assert_eq!(
+        run.overview().h("Allocator"),
+        format!(
+            "{}, NOT through the hooks (found before the runtime)",
+            tcmalloc.display()
+        )
+    );
+}
+
+/// The edges of the malloc API behave as the host's glibc makes them (alignment rules, errno
+/// after failures, `free` keeping errno), in both modes.
+#[test]
+fn glibc_semantics_are_the_hosts() {
+    let dir = Scratch::new("semantics-bin");
+    let prog = build(dir.path(), "glibc_semantics.c", &["-O0"]);
+    let prog = prog.to_str().unwrap();
+    for mode in [&["-q"][..], &["-q", "--analysis=host-leaks"][..]] {
+        let run = Pair::run(mode, &[prog], &[]);
+        run.assert_unchanged();
+        let text = String::from_utf8_lossy(&run.traced.stdout);
+        // glibc 2.36 rounds a non-power-of-two alignment up in aligned_alloc.
+        assert!(
+            text.contains("aligned_alloc(24, 48): null=0 errno=0"),
+            "{text}"
+        );
+        assert!(text.contains("free keeps errno: 4321"), "{text}");
+        assert!(
+            text.contains("posix_memalign(128, 512): rc=0 errno=1234"),
+            "{text}"
+        );
+    }
+}
