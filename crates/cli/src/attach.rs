@@ -131,6 +131,22 @@ pub fn precheck(pid: i32) -> Result<Target, String> {
             "process {pid} belongs to uid {uid}, not to you (uid {me}): only its user or root may attach"
         ));
     }
+    // A stopped process never answers, and an exited one has no memory left to look at.
+    match process_state(&status) {
+        Some('Z') | Some('X') => {
+            return Err(format!(
+                "process {pid} has exited (a zombie waiting for its parent to reap it): there is \
+                 nothing left to attach to"
+            ))
+        }
+        Some('T') | Some('t') => {
+            return Err(format!(
+                "process {pid} is stopped (SIGSTOP, or a debugger): it cannot answer until it \
+                 runs again (kill -CONT {pid})"
+            ))
+        }
+        _ => {}
+    }
     let maps = std::fs::read_to_string(proc_dir.join("maps"))
         .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
     if !maps.lines().any(|l| l.ends_with(RUNTIME_LIBRARY)) {
@@ -175,6 +191,12 @@ fn no_listener_reason(pid: i32, uid: u32) -> Option<String> {
     control_socket::check_private_dir(&dir, uid)
         .err()
         .map(|reason| format!("its socket directory was refused: {reason}"))
+}
+
+/// The state letter from `/proc/PID/status` (`State:\tT (stopped)`).
+fn process_state(status: &str) -> Option<char> {
+    let line = status.lines().find(|l| l.starts_with("State:"))?;
+    line["State:".len()..].trim_start().chars().next()
 }
 
 /// The effective uid from `/proc/PID/status` (`Uid: real effective saved fs`).
@@ -350,6 +372,9 @@ mod tests {
         let status = "Name:\tx\nUid:\t1000\t1001\t1001\t1001\nGid:\t5\t5\t5\t5\n";
         assert_eq!(status_uid(status), Some(1001));
         assert_eq!(status_uid("Name: x\n"), None);
+        assert_eq!(process_state("Name:\tx\nState:\tT (stopped)\n"), Some('T'));
+        assert_eq!(process_state("State:\tZ (zombie)\n"), Some('Z'));
+        assert_eq!(process_state("Name: x\n"), None);
     }
 
     #[test]

@@ -62,11 +62,17 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(line) = check_output_path_length(&config.output_path) {
+        eprintln!("msmemscope: {line}");
+        return ExitCode::from(2);
+    }
+    // The output path is the user's choice: one it cannot be made in (read-only, not a
+    // directory, no permission) is a usage error.
     let dir = match RunDir::create(config, std::process::id()) {
         Ok(dir) => dir,
         Err(line) => {
-            eprintln!("msmemscope: {line}");
-            return ExitCode::from(1);
+            eprintln!("msmemscope: {line}; choose another --output-path");
+            return ExitCode::from(2);
         }
     };
     log(&dir, &format!("launching {:?}", program));
@@ -82,7 +88,13 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     let mut command = std::process::Command::new(&program[0]);
     // The runtime writes through this descriptor, never through the path: the child inherits it
     // (close-on-exec cleared in the child only) and learns its number from the environment.
-    let held = dir.fd().as_raw_fd();
+    let held = match dir.fd() {
+        Ok(fd) => fd.as_raw_fd(),
+        Err(e) => {
+            eprintln!("msmemscope: {e}");
+            return ExitCode::from(1);
+        }
+    };
     command
         .args(&program[1..])
         .env("LD_PRELOAD", preload)
@@ -154,12 +166,12 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     log(&dir, &format!("target exited: {status}"));
 
     if config.host_leaks() {
-        report_host_leaks(&dir, config, &status);
+        report_host_leaks(&dir, config, &status, &program[0]);
     } else {
         if config.format == DataFormat::Parquet {
             convert_journals(&dir);
         }
-        report_event_dump(&dir, config);
+        report_event_dump(&dir, config, &status, &program[0]);
     }
     if report {
         // The page is extra output: failing to write it is said, never the target's status.
@@ -276,7 +288,12 @@ fn convert_journals(run: &RunDir) {
     }
 }
 
-fn report_event_dump(run: &RunDir, config: &RunConfig) {
+fn report_event_dump(
+    run: &RunDir,
+    config: &RunConfig,
+    status: &std::process::ExitStatus,
+    program: &std::ffi::OsStr,
+) {
     // Read through the held descriptor (whatever was renamed since), named by the run's path.
     let (dir, shown) = (run.resolved(), run.path());
     let mut dumps: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -300,12 +317,20 @@ fn report_event_dump(run: &RunDir, config: &RunConfig) {
     dumps.sort();
     if dumps.is_empty() {
         eprintln!(
-            "msmemscope: no events were recorded; run directory {}",
+            "msmemscope: no events were recorded: {}; run directory {}",
+            crate::why_empty::reason(run, program, status),
             shown.display()
         );
     }
+    let incomplete = crate::why_empty::dump_failure(run);
     for dump in dumps {
-        eprintln!("msmemscope: event dump: {}", dump.display());
+        match &incomplete {
+            Some(why) => eprintln!(
+                "msmemscope: event dump (INCOMPLETE: {why}): {}",
+                dump.display()
+            ),
+            None => eprintln!("msmemscope: event dump: {}", dump.display()),
+        }
     }
     match run.read_to_string(Path::new(launch_env::ANALYSIS_REPORT)) {
         Ok(report) if config.log_level < LogLevel::Error => eprint!("{report}"),
@@ -315,18 +340,15 @@ fn report_event_dump(run: &RunDir, config: &RunConfig) {
 
 /// Prints every window's overview in stage order (a program may close and reopen windows), or
 /// why there is none.
-fn report_host_leaks(run: &RunDir, config: &RunConfig, status: &std::process::ExitStatus) {
+fn report_host_leaks(
+    run: &RunDir,
+    config: &RunConfig,
+    status: &std::process::ExitStatus,
+    program: &std::ffi::OsStr,
+) {
     let overviews = overviews_in(&run.resolved().join("host_leak"));
     if overviews.is_empty() {
-        // A signal death is known from the status; otherwise exit handlers (where the window
-        // closes) did not run.
-        let why = match status.signal() {
-            Some(sig) => match signal_name(sig) {
-                Some(name) => format!("it was killed by signal {sig} ({name})"),
-                None => format!("it was killed by signal {sig}"),
-            },
-            None => "it ended without running exit handlers (_exit or exec)".to_string(),
-        };
+        let why = crate::why_empty::reason(run, program, status);
         eprintln!(
             "msmemscope: no host leak report was written for the target: {why}; run directory {}",
             run.path().display()
@@ -337,6 +359,13 @@ fn report_host_leaks(run: &RunDir, config: &RunConfig, status: &std::process::Ex
         let relative = Path::new("host_leak").join(&name);
         let path = run.path().join(&relative);
         match run.read_to_string(&relative) {
+            Ok(text) if text.is_empty() => eprintln!(
+                "msmemscope: no host leak report was written for the target: {} ({} is empty); \
+                 run directory {}",
+                crate::why_empty::reason(run, program, status),
+                path.display(),
+                run.path().display()
+            ),
             Ok(text) => {
                 if config.log_level < LogLevel::Error {
                     eprint!("{text}");
@@ -369,27 +398,26 @@ fn overviews_in(dir: &Path) -> Vec<PathBuf> {
     found.into_iter().map(|(_, path)| path).collect()
 }
 
-fn signal_name(sig: i32) -> Option<&'static str> {
-    Some(match sig {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGTRAP => "SIGTRAP",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGXCPU => "SIGXCPU",
-        libc::SIGXFSZ => "SIGXFSZ",
-        _ => return None,
-    })
+/// The longest path below the output directory that a run writes (run directory, device
+/// directory, a dump with a counter), beyond the output path itself.
+const LONGEST_RUN_FILE: usize =
+    "/msmemscope_4194304_20261203131504/device_cuda:65535/dump/memscope_dump_20261203131504_99.parquet"
+        .len();
+
+/// Refuses an output path so long that the run's files would pass PATH_MAX: the run would
+/// otherwise record nothing, silently.
+fn check_output_path_length(output: &Path) -> Result<(), String> {
+    let absolute = std::path::absolute(output).unwrap_or_else(|_| output.to_path_buf());
+    let length = absolute.as_os_str().len();
+    let limit = libc::PATH_MAX as usize - 1;
+    if length + LONGEST_RUN_FILE > limit {
+        return Err(format!(
+            "--output-path is {length} bytes long: the run's files below it would pass the \
+             system's path limit ({limit} bytes); use a path of at most {} bytes",
+            limit - LONGEST_RUN_FILE
+        ));
+    }
+    Ok(())
 }
 
 /// Exits the way the target did: the same code, or the same signal re-raised.

@@ -11,6 +11,7 @@ mod launcher;
 mod progress;
 mod ranks;
 mod report;
+mod why_empty;
 
 use std::process::ExitCode;
 

@@ -270,3 +270,155 @@ fn glibc_semantics_are_the_hosts() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// Descriptors the program closes and reuses
+
+/// The program closes every descriptor above stderr and opens its own pipe (fed with bytes
+/// that are signal numbers), file and listening socket on the freed numbers: it reads back
+/// exactly what it wrote, its file holds only its lines, it ends as it ends without the tool
+/// (exit 0, or SIGTERM/SIGHUP by default action, without hanging), and the run still gets its
+/// dump or report, the leak counted, through descriptors made again.
+#[test]
+fn descriptors_closed_and_reused_by_the_program() {
+    let dir = Scratch::new("fd-bin");
+    let prog = build(dir.path(), "fd_reuse.c", &[]);
+    let prog = prog.to_str().unwrap();
+    for ending in ["exit", "sigterm", "sighup"] {
+        let events = Pair::run(&[], &[prog, ending], &[]);
+        events.assert_unchanged();
+        let stdout = String::from_utf8_lossy(&events.traced.stdout);
+        assert!(stdout.contains("pipe gave 4 bytes: 1 2 15 42"), "{stdout}");
+        assert!(
+            stdout.contains("program.txt: 50 lines, all mine"),
+            "{stdout}"
+        );
+        let dump = std::fs::read_dir(events.run_dir().join("device_cpu/dump"))
+            .unwrap_or_else(|e| panic!("no dump ({ending}): {e}\n{}", events.stderr()))
+            .count();
+        assert_eq!(dump, 1, "{}", events.stderr());
+
+        let host = Pair::run(&["--analysis=host-leaks"], &[prog, ending], &[]);
+        host.assert_unchanged();
+        let overview = host.overview();
+        assert_eq!(
+            overview.expect_function("leak_after_close_range").0,
+            (4, 4 * 5000)
+        );
+        let log = std::fs::read_dir(host.run_dir().join("msmemscope_logs"))
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect::<String>();
+        assert!(
+            log.contains("the program closed the control socket's descriptor; listening again"),
+            "{log}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Full disks, cut files
+
+/// A small file system, mounted for one test and unmounted when it ends.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> SmallDisk {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs (as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The disk fills during an event dump: the program runs as without the tool, the console says
+/// the dump is incomplete and why, and the dump's rows up to the cut are readable (the cut last
+/// row left out with one warning naming it).
+#[test]
+fn a_full_disk_during_the_event_dump() {
+    let dir = Scratch::new("disk-bin");
+    let include = common::repo().join("crates/runtime/include");
+    let include = format!("-I{}", include.display());
+    let prog = build(
+        dir.path(),
+        "many_marks.c",
+        &["-DMSMEMSCOPE_MSTX_WEAK", &include],
+    );
+    let scratch = Scratch::new("disk");
+    let out = scratch.path().join("out");
+    let disk = SmallDisk::mount(&out, "160k");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-o")
+        .arg(&out)
+        .arg(&prog)
+        .current_dir(scratch.path());
+    cmd.env_remove("LD_PRELOAD");
+    clear_runtime_knobs(&mut cmd);
+    let traced = output_with_timeout(cmd);
+    let stderr = String::from_utf8_lossy(&traced.stderr).into_owned();
+    assert_eq!(String::from_utf8_lossy(&traced.stdout), "marked 20000\n");
+    assert_eq!(traced.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("msmemscope: event dump (INCOMPLETE: ")
+            && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    // Read back off the full disk: a copy of the run, reported on.
+    let run = std::fs::read_dir(&out)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let copy = scratch.path().join("copy");
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(&run)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    drop(disk);
+    let dumps: Vec<PathBuf> = std::fs::read_dir(copy.join("device_cpu/dump"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dumps.len(), 1);
+    let bytes = std::fs::read(&dumps[0]).unwrap();
+    assert_ne!(bytes.last(), Some(&b'\n'), "the disk filled mid-row");
+    let rows = msmemscope_core::events::reader::open(&dumps[0])
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("every row before the cut is read");
+    let complete_lines = bytes.iter().filter(|&&b| b == b'\n').count();
+    assert_eq!(
+        rows.len(),
+        complete_lines - 1,
+        "all complete rows, header aside"
+    );
+    let report = Command::new(BIN).arg("report").arg(&copy).output().unwrap();
+    let said = String::from_utf8_lossy(&report.stderr);
+    assert_eq!(report.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "{}:{}: the last row is cut off",
+            dumps[0].display(),
+            complete_lines + 1
+        )),
+        "{said}"
+    );
+}

@@ -9,6 +9,7 @@ pub mod control_frame;
 // Where the control socket lives; the directory checks shared by the runtime and `--pid`.
 pub mod control_socket;
 pub mod events;
+pub mod held_fd;
 pub mod host_leak;
 pub mod launch_env;
 // Native Python frames: line numbers from code objects' line tables.

@@ -9,12 +9,14 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::config::RunConfig;
+use crate::held_fd::{hold, Identity};
 use crate::launch_env;
 
 /// Mode of every directory made in (and for) the run directory.
@@ -23,11 +25,24 @@ pub const DIR_MODE: libc::mode_t = 0o750;
 pub const FILE_MODE: libc::mode_t = 0o640;
 
 /// The run directory, held open: `path` is what it was created (or opened) as, for messages
-/// and for the environment; every file goes through `fd`.
+/// and for the environment; every file goes through `fd`, a high number checked by identity
+/// before each use (held_fd): when the program has closed it and taken the number, `path` is
+/// opened again, and used only if it is still the same directory.
 #[derive(Debug)]
 pub struct RunDir {
     path: PathBuf,
-    fd: OwnedFd,
+    fd: AtomicI32,
+    id: Identity,
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let fd = *self.fd.get_mut();
+        if self.id.holds(fd) {
+            // SAFETY: our own descriptor (checked just now), closed once.
+            unsafe { libc::close(fd) };
+        }
+    }
 }
 
 fn c_path(path: &Path) -> Result<CString, String> {
@@ -182,7 +197,7 @@ impl RunDir {
         let c = CString::new(name.as_str()).expect("no NUL in a generated name");
         let fd = open_dir_at(out.as_fd(), &c)
             .map_err(|e| format!("cannot open run directory {}: {e}", path.display()))?;
-        let dir = RunDir { path, fd };
+        let dir = RunDir::hold(path, fd);
         dir.ensure_dir(Path::new(launch_env::LOG_DIR))?;
         let mut recorded = config.clone();
         if recorded.distributed.is_none() {
@@ -200,10 +215,50 @@ impl RunDir {
     pub fn open(path: &Path) -> Result<RunDir, String> {
         let fd = open_dir_nofollow(path)
             .map_err(|e| format!("cannot open run directory {}: {e}", path.display()))?;
-        Ok(RunDir {
-            path: path.to_path_buf(),
-            fd,
-        })
+        Ok(RunDir::hold(path.to_path_buf(), fd))
+    }
+
+    /// Holds `fd` (moved to a high number, its identity remembered). A descriptor the program
+    /// closed meanwhile is held as lost: the first use opens the path again.
+    fn hold(path: PathBuf, fd: OwnedFd) -> RunDir {
+        let (raw, id) = match (Identity::of(fd.as_raw_fd()), hold(fd)) {
+            (_, Some((fd, id))) => (fd.into_raw_fd(), id),
+            (Some(id), None) => (-1, id),
+            (None, None) => (-1, Identity::from_parts(u64::MAX, u64::MAX)),
+        };
+        RunDir {
+            path,
+            fd: AtomicI32::new(raw),
+            id,
+        }
+    }
+
+    /// The held descriptor, checked: when the program has closed it (and perhaps reused the
+    /// number), the path is opened again and taken only if it is still the same directory.
+    fn held(&self) -> std::io::Result<BorrowedFd<'_>> {
+        let fd = self.fd.load(Ordering::Acquire);
+        if self.id.holds(fd) {
+            // SAFETY: our own open descriptor (just checked), never closed while `self` lives.
+            return Ok(unsafe { BorrowedFd::borrow_raw(fd) });
+        }
+        let lost = || {
+            std::io::Error::other(format!(
+                "the program closed the run directory's descriptor and {} is no longer that \
+                 directory",
+                self.path.display()
+            ))
+        };
+        let (again, id) =
+            hold(open_dir_nofollow(&self.path).map_err(|_| lost())?).ok_or_else(lost)?;
+        if id != self.id {
+            return Err(lost());
+        }
+        let raw = again.into_raw_fd();
+        // The number we held is the program's now: forgotten, not closed. Another thread that
+        // reopened at the same time keeps its own copy open (a descriptor leaked, nothing lost).
+        self.fd.store(raw, Ordering::Release);
+        // SAFETY: as above, our own descriptor, just opened.
+        Ok(unsafe { BorrowedFd::borrow_raw(raw) })
     }
 
     /// The run directory the launcher passed down as descriptor `fd` (taken over: it is closed
@@ -221,24 +276,21 @@ impl RunDir {
         }
         // SAFETY: checked open just above; borrowed only for the comparison.
         let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-        if !same_file(by_path.fd.as_fd(), borrowed) {
+        if !by_path.held().is_ok_and(|fd| same_file(fd, borrowed)) {
             return Ok(by_path);
         }
         // SAFETY: FD_CLOEXEC on the descriptor taken over: programs the target execs do not
         // inherit it.
         unsafe { libc::fcntl(raw, libc::F_SETFD, libc::FD_CLOEXEC) };
         // SAFETY: the launcher passed this descriptor to this process alone, for the run
-        // directory; it is owned from here.
+        // directory; it is owned from here (and moved to a high number).
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        Ok(RunDir {
-            path: path.to_path_buf(),
-            fd,
-        })
+        Ok(RunDir::hold(path.to_path_buf(), fd))
     }
 
     /// Wraps a descriptor of the run directory (the Python extension's copy of the runtime's).
     pub fn from_fd(path: PathBuf, fd: OwnedFd) -> RunDir {
-        RunDir { path, fd }
+        RunDir::hold(path, fd)
     }
 
     /// The path the directory was created or opened as (it may no longer name it).
@@ -246,21 +298,18 @@ impl RunDir {
         &self.path
     }
 
-    /// The held descriptor.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The held descriptor, checked (see `held`).
+    pub fn fd(&self) -> std::io::Result<BorrowedFd<'_>> {
+        self.held()
     }
 
     /// A second descriptor of the same directory.
     pub fn try_clone(&self) -> Result<RunDir, String> {
         let fd = self
-            .fd
-            .try_clone()
+            .held()
+            .and_then(|fd| fd.try_clone_to_owned())
             .map_err(|e| format!("cannot duplicate the run directory's descriptor: {e}"))?;
-        Ok(RunDir {
-            path: self.path.clone(),
-            fd,
-        })
+        Ok(RunDir::hold(self.path.clone(), fd))
     }
 
     /// The directory `names` lead to from the run directory, each made (0750) when missing
@@ -268,7 +317,10 @@ impl RunDir {
     fn walk(&self, names: &[CString], create: bool) -> std::io::Result<Option<OwnedFd>> {
         let mut current: Option<OwnedFd> = None;
         for name in names {
-            let parent = current.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+            let parent = match current.as_ref() {
+                Some(f) => f.as_fd(),
+                None => self.held()?,
+            };
             if create {
                 mkdir_at(parent, name)?;
             }
@@ -284,7 +336,10 @@ impl RunDir {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         };
         let dir = self.walk(&names, true)?;
-        let parent = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+        let parent = match dir.as_ref() {
+            Some(f) => f.as_fd(),
+            None => self.held()?,
+        };
         // SAFETY: a valid directory descriptor, a NUL-terminated name; the result is owned by
         // the File.
         let fd = unsafe {
@@ -348,7 +403,10 @@ impl RunDir {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         };
         let dir = self.walk(&names, false)?;
-        let parent = dir.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+        let parent = match dir.as_ref() {
+            Some(f) => f.as_fd(),
+            None => self.held()?,
+        };
         // SAFETY: a valid directory descriptor, a NUL-terminated name; owned by the File.
         let fd = unsafe {
             libc::openat(
@@ -369,11 +427,8 @@ impl RunDir {
     pub fn open_dir(&self, relative: &Path) -> std::io::Result<RunDir> {
         let fd = self
             .walk(&names(relative)?, false)?
-            .map_or_else(|| self.fd.try_clone(), Ok)?;
-        Ok(RunDir {
-            path: self.path.join(relative),
-            fd,
-        })
+            .map_or_else(|| self.held().and_then(|fd| fd.try_clone_to_owned()), Ok)?;
+        Ok(RunDir::hold(self.path.join(relative), fd))
     }
 
     /// Opens the existing regular file `name` of this directory for reading and writing, never
@@ -383,7 +438,7 @@ impl RunDir {
         // SAFETY: a valid directory descriptor, a NUL-terminated name; owned by the File.
         let fd = unsafe {
             libc::openat(
-                self.fd.as_raw_fd(),
+                self.held()?.as_raw_fd(),
                 c.as_ptr(),
                 libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
             )
@@ -410,7 +465,7 @@ impl RunDir {
         // SAFETY: a valid directory descriptor, a NUL-terminated name, a valid out-pointer.
         let r = unsafe {
             libc::fstatat(
-                self.fd.as_raw_fd(),
+                self.held()?.as_raw_fd(),
                 c.as_ptr(),
                 &mut st,
                 libc::AT_SYMLINK_NOFOLLOW,
@@ -428,7 +483,7 @@ impl RunDir {
     /// the file system lacks it, a hard link and the removal of `from`.
     pub fn publish(&self, from: &Path, to: &Path) -> std::io::Result<()> {
         let (a, b) = (single_name(from)?, single_name(to)?);
-        let dir = self.fd.as_raw_fd();
+        let dir = self.held()?.as_raw_fd();
         // SAFETY: valid directory descriptors and NUL-terminated names.
         if unsafe { libc::renameat2(dir, a.as_ptr(), dir, b.as_ptr(), libc::RENAME_NOREPLACE) } == 0
         {
@@ -449,7 +504,7 @@ impl RunDir {
     pub fn remove_file(&self, name: &Path) -> std::io::Result<()> {
         let c = single_name(name)?;
         // SAFETY: a valid directory descriptor and a NUL-terminated name.
-        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+        if unsafe { libc::unlinkat(self.held()?.as_raw_fd(), c.as_ptr(), 0) } != 0 {
             return Err(os_error());
         }
         Ok(())
@@ -465,11 +520,16 @@ impl RunDir {
     /// A path that reaches the held directory whatever has been renamed since
     /// (`/proc/self/fd/N`), for reading what the run wrote; the creation path without /proc.
     pub fn resolved(&self) -> PathBuf {
-        let proc = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
-        if proc.exists() {
-            proc
-        } else {
-            self.path.clone()
+        match self.held() {
+            Ok(fd) => {
+                let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                if proc.exists() {
+                    proc
+                } else {
+                    self.path.clone()
+                }
+            }
+            Err(_) => self.path.clone(),
         }
     }
 }
@@ -630,18 +690,57 @@ mod tests {
         let out = scratch("inherited");
         let dir = RunDir::create(&config_in(&out), 10).unwrap();
         let other = RunDir::create(&config_in(&out), 11).unwrap();
-        let copy = dir.fd.try_clone().unwrap();
+        let copy = dir.fd().unwrap().try_clone_to_owned().unwrap();
         let raw = copy.as_raw_fd();
         std::mem::forget(copy);
         // Another directory's descriptor is left alone: the path is opened.
-        let taken = RunDir::inherited(Some(other.fd().as_raw_fd()), dir.path()).unwrap();
-        assert_ne!(taken.fd().as_raw_fd(), other.fd().as_raw_fd());
+        let other_raw = other.fd().unwrap().as_raw_fd();
+        let taken = RunDir::inherited(Some(other_raw), dir.path()).unwrap();
+        assert_ne!(taken.fd().unwrap().as_raw_fd(), other_raw);
+        assert!(Identity::of(other_raw).is_some());
+        // The launcher's descriptor is taken over: moved to a high number, close-on-exec, the
+        // low number closed.
         let taken = RunDir::inherited(Some(raw), dir.path()).unwrap();
-        assert_eq!(taken.fd().as_raw_fd(), raw);
+        let held = taken.fd().unwrap().as_raw_fd();
+        assert!(held >= crate::held_fd::high_floor(), "{held}");
+        assert!(same_file(taken.fd().unwrap(), dir.fd().unwrap()));
         // SAFETY: F_GETFD on an open descriptor.
-        let flags = unsafe { libc::fcntl(raw, libc::F_GETFD) };
+        let flags = unsafe { libc::fcntl(held, libc::F_GETFD) };
         assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
         assert!(RunDir::inherited(None, dir.path()).is_ok());
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    /// The program closes the held descriptor and opens its own file on the number: the run's
+    /// files still go into the run directory, opened again by its path, and the program's file
+    /// is untouched; a path that now names another directory is refused.
+    #[test]
+    fn a_closed_descriptor_is_reopened_only_as_the_same_directory() {
+        let out = scratch("reopen");
+        let dir = RunDir::create(&config_in(&out), 12).unwrap();
+        let number = dir.fd().unwrap().as_raw_fd();
+        let theirs = out.join("theirs.txt");
+        let file = std::fs::File::create(&theirs).unwrap();
+        // SAFETY: the test plays the program, putting its own file on the number we hold.
+        assert_eq!(unsafe { libc::dup2(file.as_raw_fd(), number) }, number);
+        dir.write_new(Path::new("after.txt"), b"ours").unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("after.txt")).unwrap(),
+            b"ours"
+        );
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"");
+        assert_ne!(dir.fd().unwrap().as_raw_fd(), number);
+
+        let number = dir.fd().unwrap().as_raw_fd();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::dup2(file.as_raw_fd(), number) }, number);
+        std::fs::rename(dir.path(), out.join("away")).unwrap();
+        std::fs::create_dir(dir.path()).unwrap();
+        let e = dir.write_new(Path::new("late.txt"), b"x").unwrap_err();
+        assert!(e.contains("is no longer that directory"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // SAFETY: the test's own descriptor.
+        unsafe { libc::close(number) };
         let _ = std::fs::remove_dir_all(&out);
     }
 }

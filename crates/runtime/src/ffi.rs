@@ -185,8 +185,12 @@ pub extern "C" fn msmemscope_run_dir_fd() -> i32 {
     let Ok(Ok(dir)) = catch_unwind(session::run_dir_handle) else {
         return FAILED;
     };
-    // SAFETY: F_DUPFD_CLOEXEC on the held, open descriptor; the copy belongs to the caller.
-    let copy = unsafe { libc::fcntl(dir.fd().as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    let Ok(fd) = dir.fd() else {
+        return FAILED;
+    };
+    // SAFETY: F_DUPFD_CLOEXEC on the held, checked descriptor; the copy belongs to the caller
+    // (who keeps it checked by identity too: python's RunDir::from_fd moves it high).
+    let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
     if copy < 0 {
         return FAILED;
     }

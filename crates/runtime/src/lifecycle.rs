@@ -134,6 +134,9 @@ pub fn mark_own_code() {
     }
 }
 
+/// How long the exit handler waits for the service thread to end a run for a signal.
+const TERMINATING_WAIT_S: u64 = 30;
+
 /// The exit handler (registered by `session::ensure_exit_handler`).
 pub extern "C" fn at_exit(_: *mut libc::c_void) {
     let Some(_entered) = Entered::try_enter() else {
@@ -144,8 +147,11 @@ pub extern "C" fn at_exit(_: *mut libc::c_void) {
         // A terminating signal is being taken through the end of the run on the service
         // thread, which then raises it again: the process ends by that signal, as it would
         // have without the tool, not by this exit.
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(1));
+        // Never forever: should the service thread be stuck (behind a lock of a hung
+        // program), the signal's default action still happens.
+        for _ in 0..TERMINATING_WAIT_S * 10 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
+        crate::signals::default_of_pending();
     }
 }

@@ -6,11 +6,14 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use msmemscope_core::config::LogLevel;
+use msmemscope_core::held_fd::HeldFile;
 use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::time_fmt::utc_timestamp;
 
 struct Sink {
-    file: std::fs::File,
+    /// Held by identity: a program that closes every descriptor and reuses the numbers never
+    /// gets our lines in its files.
+    file: HeldFile,
     level: LogLevel,
 }
 
@@ -19,7 +22,10 @@ static SINK: Mutex<Option<Sink>> = Mutex::new(None);
 pub fn init(run_dir: &RunDir, level: LogLevel) {
     let relative = Path::new(msmemscope_core::launch_env::LOG_DIR)
         .join(format!("runtime_{}.log", std::process::id()));
-    let file = run_dir.append_file(&relative);
+    let path = run_dir.path().join(&relative);
+    let file = run_dir
+        .append_file(&relative)
+        .and_then(|f| HeldFile::new(f, &path).map_err(|e| e.to_string()));
     if let (Ok(file), Ok(mut sink)) = (file, SINK.lock()) {
         *sink = Some(Sink { file, level });
     }

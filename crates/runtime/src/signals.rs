@@ -11,10 +11,19 @@
 //! does that right before re-raising SIGINT after a KeyboardInterrupt). Any other disposition
 //! the program sets goes to the kernel as it asked, and its handler runs, not ours.
 //!
+//! The pipe's descriptors are held at high numbers and checked by identity (held_fd): the
+//! handler writes only into our own pipe (an `fstat` first, async-signal-safe) and records the
+//! signal in an atomic either way, and the service thread, which wakes at least every half
+//! second, makes the pipe again when the program has closed it, and takes a recorded signal
+//! even if its byte never arrived.
+//!
 //! Without the attach listener (`MSMEMSCOPE_NO_CONTROL=1`, or its socket refused) the runtime
 //! adds no thread, so nothing would read the pipe: then the signals keep their plain default.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+use msmemscope_core::held_fd::{hold, Identity};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 
 use libc::{c_int, sighandler_t};
 
@@ -28,6 +37,11 @@ static PIPE_READ: AtomicI32 = AtomicI32::new(-1);
 static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
 /// The write end between `prepare` and `install`.
 static PIPE_WRITE_PENDING: AtomicI32 = AtomicI32::new(-1);
+/// The pipe's identity (both ends share one inode).
+static PIPE_DEV: AtomicU64 = AtomicU64::new(u64::MAX);
+static PIPE_INO: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The signal the handler took, until the service thread takes it (0: none).
+static PENDING: AtomicI32 = AtomicI32::new(0);
 /// Set once a signal is being taken through the end of the run: exit handlers that run
 /// meanwhile wait for the signal instead of ending the process with another status.
 static TERMINATING: AtomicBool = AtomicBool::new(false);
@@ -69,17 +83,65 @@ fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
 /// Makes the pipe the handler writes into; its read end is for the service thread that
 /// `control` starts. Called once, from the constructor of a launched run, before `install`.
 pub fn prepare() {
-    let mut fds = [-1; 2];
-    // SAFETY: a valid out-array of two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } == 0 {
-        PIPE_READ.store(fds[0], Ordering::Release);
+    if let Some((read, write)) = make_pipe() {
+        PIPE_READ.store(read, Ordering::Release);
+        PIPE_WRITE_PENDING.store(write, Ordering::Release);
     }
-    PIPE_WRITE_PENDING.store(fds[1], Ordering::Release);
 }
 
-/// The pipe's read end, for the service thread's poll (-1: none).
+/// A new non-blocking pipe at high numbers, its identity recorded: (read end, write end).
+fn make_pipe() -> Option<(i32, i32)> {
+    let mut fds = [-1; 2];
+    // SAFETY: a valid out-array of two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return None;
+    }
+    // SAFETY: both ends were just made and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let ((read, id), (write, _)) = (hold(read)?, hold(write)?);
+    let (dev, ino) = id.parts();
+    PIPE_DEV.store(dev, Ordering::Release);
+    PIPE_INO.store(ino, Ordering::Release);
+    Some((read.into_raw_fd(), write.into_raw_fd()))
+}
+
+/// Whether `fd` is our pipe (async-signal-safe).
+fn is_our_pipe(fd: i32) -> bool {
+    let id = Identity::from_parts(
+        PIPE_DEV.load(Ordering::Acquire),
+        PIPE_INO.load(Ordering::Acquire),
+    );
+    fd >= 0 && id.holds(fd)
+}
+
+/// The pipe's read end, for the service thread's poll (-1: none). When the program has closed
+/// either end (and perhaps reused the number), a new pipe takes its place; the old numbers are
+/// the program's and are left alone.
 pub fn service_fd() -> i32 {
-    PIPE_READ.load(Ordering::Acquire)
+    let read = PIPE_READ.load(Ordering::Acquire);
+    if read < 0 {
+        return -1;
+    }
+    let write = PIPE_WRITE.load(Ordering::Acquire);
+    if is_our_pipe(read) && (write < 0 || is_our_pipe(write)) {
+        return read;
+    }
+    // An end the program left open stays open (a descriptor leaked; never one of the
+    // program's closed).
+    let Some((read, write)) = make_pipe() else {
+        PIPE_READ.store(-1, Ordering::Release);
+        return -1;
+    };
+    PIPE_READ.store(read, Ordering::Release);
+    if PIPE_WRITE.load(Ordering::Acquire) >= 0 {
+        PIPE_WRITE.store(write, Ordering::Release);
+    } else {
+        PIPE_WRITE_PENDING.store(write, Ordering::Release);
+    }
+    crate::log::info(
+        "the program closed the signal pipe's descriptors; a new pipe took their place",
+    );
+    read
 }
 
 /// Puts our handler in place of each handled signal's default, once a service thread reads
@@ -123,13 +185,23 @@ extern "C" fn on_signal(sig: c_int) {
         default_now(sig);
         return;
     }
+    if PENDING.load(Ordering::Acquire) != 0 {
+        // A second terminating signal while the first is taken through the end of the run
+        // (which may be stuck behind a lock of a hung program): its default, now.
+        default_now(sig);
+        return;
+    }
     TERMINATING.store(true, Ordering::Release);
+    let _ = PENDING.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire);
     let byte = sig as u8;
-    // SAFETY: one byte from a valid buffer into our pipe; errno is saved and restored, since
-    // the interrupted code may be reading it.
+    // SAFETY: fstat, then one byte from a valid buffer into our pipe (a number the program
+    // took over gets nothing: the service thread sees PENDING within half a second); errno is
+    // saved and restored, since the interrupted code may be reading it.
     unsafe {
         let errno = *libc::__errno_location();
-        libc::write(fd, (&byte as *const u8).cast(), 1);
+        if is_our_pipe(fd) {
+            libc::write(fd, (&byte as *const u8).cast(), 1);
+        }
         *libc::__errno_location() = errno;
     }
 }
@@ -153,17 +225,17 @@ fn default_now(sig: c_int) {
     }
 }
 
-/// Called by the service thread when the pipe is readable: ends the run, then lets the signal
-/// take its default course.
-pub fn on_service_ready() {
+/// Called by the service thread after each wait (`readable`: the pipe woke it): when the
+/// handler took a signal, ends the run, then lets the signal take its default course.
+pub fn on_service_ready(readable: bool) {
     let fd = PIPE_READ.load(Ordering::Acquire);
-    let mut byte = 0u8;
-    // SAFETY: one byte into a valid buffer from our non-blocking pipe.
-    if fd < 0 || unsafe { libc::read(fd, (&mut byte as *mut u8).cast(), 1) } != 1 {
-        return;
+    if readable && is_our_pipe(fd) {
+        let mut bytes = [0u8; 16];
+        // SAFETY: reads into a valid buffer from our own (checked) non-blocking pipe.
+        unsafe { libc::read(fd, bytes.as_mut_ptr().cast(), bytes.len()) };
     }
-    let sig = byte as c_int;
-    if index_of(sig).is_none() {
+    let sig = PENDING.load(Ordering::Acquire);
+    if sig == 0 || index_of(sig).is_none() {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
@@ -172,6 +244,15 @@ pub fn on_service_ready() {
         "signal {sig}: run finished, default action follows"
     ));
     default_now(sig);
+}
+
+/// The pending terminating signal's default action, now: for an exit handler that waited long
+/// enough for the service thread to take it.
+pub fn default_of_pending() {
+    let sig = PENDING.load(Ordering::Acquire);
+    if sig != 0 {
+        default_now(sig);
+    }
 }
 
 /// Whether a terminating signal is being taken through the end of the run.

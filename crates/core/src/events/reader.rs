@@ -95,7 +95,106 @@ pub fn open(
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") => Ok(Box::new(DbRows::open(path)?)),
         Some("parquet") => Ok(Box::new(super::parquet::ParquetRows::open(path)?)),
-        _ => Ok(Box::new(CsvRows::open(path)?)),
+        _ => Ok(Box::new(CutTail {
+            inner: CsvRows::open(path)?,
+            path: path.to_path_buf(),
+            ended: false,
+        })),
+    }
+}
+
+/// Whether `e` is about a CSV dump's last row, cut off where the writing stopped (a full disk,
+/// the process killed): the file does not end with a line end, and the bad row starts on its
+/// last line. Looked at only when a row is refused.
+fn is_cut_last_row(path: &Path, e: &ReadError) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let ReadError::BadRow { line, .. } = e else {
+        return false;
+    };
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut last = [0u8; 1];
+    if file.seek(SeekFrom::End(-1)).is_err() || file.read_exact(&mut last).is_err() {
+        return false;
+    }
+    if last[0] == b'\n' || file.seek(SeekFrom::Start(0)).is_err() {
+        return false;
+    }
+    let mut lines = 0u64;
+    let mut block = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut block) {
+            Ok(0) => break,
+            Ok(n) => lines += memchr::memchr_iter(b'\n', &block[..n]).count() as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    *line == lines + 1
+}
+
+fn warn_cut_last_row(e: &ReadError) {
+    if let ReadError::BadRow { path, line, .. } = e {
+        eprintln!(
+            "msmemscope: warning: {}:{line}: the last row is cut off (the writing stopped inside \
+             it: a full disk, or the process killed); it is left out, the rows before it are read",
+            path.display()
+        );
+    }
+}
+
+/// A CSV reader that ends, with one warning, at a cut-off last row instead of refusing the
+/// file.
+struct CutTail<R> {
+    inner: R,
+    path: PathBuf,
+    ended: bool,
+}
+
+impl Iterator for CutTail<CsvRows> {
+    type Item = Result<EventRow, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        match self.inner.next()? {
+            Err(e) if is_cut_last_row(&self.path, &e) => {
+                warn_cut_last_row(&e);
+                self.ended = true;
+                None
+            }
+            other => Some(other),
+        }
+    }
+}
+
+impl<R: RowSource> RowSource for CutTail<R> {
+    fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError> {
+        if self.ended {
+            return Ok(None);
+        }
+        if let Err(e) = self.inner.next_row() {
+            if is_cut_last_row(&self.path, &e) {
+                warn_cut_last_row(&e);
+                self.ended = true;
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        Ok(self.inner.current())
+    }
+
+    fn current(&self) -> Option<&EventRow> {
+        if self.ended {
+            return None;
+        }
+        self.inner.current()
+    }
+
+    fn progress(&self) -> Option<super::scan::Progress> {
+        self.inner.progress()
     }
 }
 
@@ -121,7 +220,11 @@ pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
             rows: open(path)?,
             row: None,
         })),
-        _ => Ok(Box::new(super::scan::FastCsv::open(path)?)),
+        _ => Ok(Box::new(CutTail {
+            inner: super::scan::FastCsv::open(path)?,
+            path: path.to_path_buf(),
+            ended: false,
+        })),
     }
 }
 

@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use msmemscope_core::held_fd::{self, Identity};
+
 use crate::guard::Entered;
 use crate::host_leak::window;
 use crate::session::{self, StartError, Started, Stopped};
@@ -103,7 +105,7 @@ pub fn signal_service_running() -> bool {
 }
 
 /// Binds this process's socket, or says why not (logged) and returns `None`.
-fn bind_listener() -> Option<UnixListener> {
+fn bind_listener() -> Option<Held<UnixListener>> {
     if std::env::var_os(ENV_NO_CONTROL).is_some_and(|v| v == "1") {
         log::info("control channel off (MSMEMSCOPE_NO_CONTROL=1)");
         return None;
@@ -121,6 +123,10 @@ fn bind_listener() -> Option<UnixListener> {
             if let Ok(mut slot) = SOCKET_PATH.lock() {
                 *slot = Some(path);
             }
+            // Held (high number, identity) here, before the program's code runs: the service
+            // thread may start after the program has closed and reused the number.
+            let _ = listener.set_nonblocking(true);
+            let listener = Held::new(listener)?;
             // SAFETY: registering a plain extern "C" function with libc.
             unsafe { libc::atexit(at_exit) };
             Some(listener)
@@ -149,11 +155,11 @@ fn warn_not_attachable(reason: &str) {
 /// that allocates (its spawn-hook thread-local registers a destructor) before the thread's own
 /// function, where the reentrancy guard could not be held yet, so that allocation would be
 /// counted as the program's. Here the guard is the first thing the thread takes.
-fn spawn_service(listener: UnixListener) -> std::io::Result<()> {
+fn spawn_service(listener: Held<UnixListener>) -> std::io::Result<()> {
     extern "C" fn service_main(arg: *mut libc::c_void) -> *mut libc::c_void {
         let entered = Entered::try_enter();
         // SAFETY: `arg` is the Box leaked by spawn_service for this thread alone.
-        let listener = unsafe { Box::from_raw(arg as *mut UnixListener) };
+        let listener = unsafe { Box::from_raw(arg as *mut Held<UnixListener>) };
         let _ = catch_unwind(AssertUnwindSafe(|| serve(*listener)));
         drop(entered);
         std::ptr::null_mut()
@@ -165,7 +171,7 @@ fn spawn_service(listener: UnixListener) -> std::io::Result<()> {
     let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), service_main, arg) };
     if rc != 0 {
         // SAFETY: the thread was not created, so the Box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut UnixListener) });
+        drop(unsafe { Box::from_raw(arg as *mut Held<UnixListener>) });
         return Err(std::io::Error::from_raw_os_error(rc));
     }
     let name = std::ffi::CString::new(THREAD_NAME).expect("no NUL in the name");
@@ -229,15 +235,24 @@ fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
 /// ready. Connections are non-blocking and multiplexed here, each with a whole-request
 /// deadline, so a slow client holds one of [`MAX_CONNECTIONS`] slots and nothing else; a
 /// command itself runs to its end on this thread (under [`BUSY`]) before the next is read.
-fn serve(listener: UnixListener) {
-    let signal_fd = crate::signals::service_fd();
-    let _ = listener.set_nonblocking(true);
+fn serve(mut listener: Held<UnixListener>) {
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
     loop {
+        // The program may have closed any of our descriptors and reused the numbers: what is
+        // no longer ours is forgotten (never read, written or closed), the listener and the
+        // signal pipe made again.
+        conns.retain(|c| c.id.holds(c.stream.as_raw_fd()));
+        if !listener.is_ours() {
+            match rebind(listener) {
+                Some(again) => listener = again,
+                None => return serve_signals_only(),
+            }
+        }
+        let signal_fd = crate::signals::service_fd();
         fds.clear();
         fds.push(libc::pollfd {
-            fd: listener.as_raw_fd(),
+            fd: listener.socket.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         });
@@ -257,8 +272,10 @@ fn serve(listener: UnixListener) {
             .map(|c| c.deadline.saturating_duration_since(now))
             .min()
             // Rounded up: waking just before a deadline would only poll again.
-            .map_or(-1, |d| {
-                d.as_millis().saturating_add(1).min(60_000) as libc::c_int
+            .map_or(IDENTITY_CHECK_MS, |d| {
+                d.as_millis()
+                    .saturating_add(1)
+                    .min(IDENTITY_CHECK_MS as u128) as libc::c_int
             });
         // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
@@ -268,9 +285,8 @@ fn serve(listener: UnixListener) {
             }
             continue;
         }
-        if fds[1].revents != 0 {
-            crate::signals::on_service_ready();
-        }
+        // A signal taken while the pipe was not ours is still pending: seen here too.
+        crate::signals::on_service_ready(fds[1].revents != 0);
         // The connections' bytes first: a request that came in while a command ran is served
         // even if its deadline passed meanwhile.
         let mut index = 2;
@@ -303,7 +319,83 @@ fn serve(listener: UnixListener) {
             // Exiting: the socket is gone; only a signal could still have needed this thread.
             return;
         }
-        accept_ready(&listener, &mut conns);
+        accept_ready(&listener.socket, &mut conns);
+    }
+}
+
+/// How often the service thread looks at its descriptors when nothing else wakes it.
+const IDENTITY_CHECK_MS: libc::c_int = 500;
+
+/// A socket of ours, remembered by identity: a number the program closed and reused is
+/// forgotten, never closed.
+struct Held<T: AsRawFd + Into<std::os::fd::OwnedFd> + From<std::os::fd::OwnedFd>> {
+    socket: std::mem::ManuallyDrop<T>,
+    id: Identity,
+}
+
+impl<T: AsRawFd + Into<std::os::fd::OwnedFd> + From<std::os::fd::OwnedFd>> Held<T> {
+    /// Moves the socket to a high number and remembers it (`None`: the program closed it
+    /// meanwhile).
+    fn new(socket: T) -> Option<Held<T>> {
+        let (fd, id) = held_fd::hold(socket.into())?;
+        Some(Held {
+            socket: std::mem::ManuallyDrop::new(T::from(fd)),
+            id,
+        })
+    }
+
+    fn is_ours(&self) -> bool {
+        self.id.holds(self.socket.as_raw_fd())
+    }
+}
+
+impl<T: AsRawFd + Into<std::os::fd::OwnedFd> + From<std::os::fd::OwnedFd>> Drop for Held<T> {
+    fn drop(&mut self) {
+        if self.is_ours() {
+            // SAFETY: dropped once, here; the number is ours (checked just now).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.socket) };
+        }
+    }
+}
+
+/// The listening socket made again at its path, after the program closed ours (the old
+/// number is the program's now). `None` when it cannot be: then the control channel is gone
+/// (said in the log) and only the signal pipe is served.
+fn rebind(lost: Held<UnixListener>) -> Option<Held<UnixListener>> {
+    drop(lost);
+    let path = SOCKET_PATH.lock().ok()?.clone()?;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    match socket::bind_private(&path, uid) {
+        Ok(listener) => {
+            let _ = listener.set_nonblocking(true);
+            log::info(&format!(
+                "the program closed the control socket's descriptor; listening again on {}",
+                path.display()
+            ));
+            Held::new(listener)
+        }
+        Err(e) => {
+            log::error(&format!(
+                "the program closed the control socket's descriptor and it cannot be made again: {e}"
+            ));
+            None
+        }
+    }
+}
+
+/// Without a listener: the signal pipe alone, until the process ends.
+fn serve_signals_only() {
+    loop {
+        let fd = crate::signals::service_fd();
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd (a negative fd is ignored).
+        unsafe { libc::poll(&mut pfd, 1, IDENTITY_CHECK_MS) };
+        crate::signals::on_service_ready(pfd.revents != 0);
     }
 }
 
@@ -390,7 +482,9 @@ enum Payload {
 
 /// One accepted client: the frame it is sending, or the reply it is being sent.
 struct Conn {
-    stream: UnixStream,
+    stream: std::mem::ManuallyDrop<UnixStream>,
+    /// The connection's identity: the program may close the number and reuse it.
+    id: Identity,
     /// Reading: the whole request must be in by then (from the connection, or from the end
     /// of the previous reply). Writing: the whole reply must be taken by then.
     deadline: Instant,
@@ -405,12 +499,24 @@ struct Conn {
     close_after: bool,
 }
 
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.id.holds(self.stream.as_raw_fd()) {
+            // SAFETY: dropped once, here; the number is ours (checked just now).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.stream) };
+        }
+    }
+}
+
 impl Conn {
     /// Checks the peer; `None` when the connection is done with already (refused).
     fn accepted(stream: UnixStream) -> Option<Conn> {
         stream.set_nonblocking(true).ok()?;
+        let (stream, id) = held_fd::hold(stream.into())?;
+        let stream = UnixStream::from(stream);
         let mut conn = Conn {
-            stream,
+            stream: std::mem::ManuallyDrop::new(stream),
+            id,
             deadline: Instant::now() + REQUEST_DEADLINE,
             header: [0; HEADER_LEN],
             header_got: 0,
@@ -493,11 +599,11 @@ impl Conn {
         let mut skip_buf = [0u8; 4096];
         loop {
             let read = match &mut self.payload {
-                None => (&self.stream).read(&mut self.header[self.header_got..]),
-                Some((_, Payload::Keep { buf, got })) => (&self.stream).read(&mut buf[*got..]),
+                None => (&*self.stream).read(&mut self.header[self.header_got..]),
+                Some((_, Payload::Keep { buf, got })) => (&*self.stream).read(&mut buf[*got..]),
                 Some((_, Payload::Skip { left, .. })) => {
                     let want = (*left).min(skip_buf.len());
-                    (&self.stream).read(&mut skip_buf[..want])
+                    (&*self.stream).read(&mut skip_buf[..want])
                 }
             };
             let n = match read {

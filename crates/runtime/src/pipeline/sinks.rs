@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use msmemscope_core::config::DataFormat;
 use msmemscope_core::events::{csv, db, DeviceId, EventRow};
+use msmemscope_core::held_fd::HeldFile;
 use msmemscope_core::run_dir::RunDir;
 
 trait Sink: Send {
@@ -25,7 +26,8 @@ trait Sink: Send {
 }
 
 struct CsvSink {
-    file: std::io::BufWriter<std::fs::File>,
+    /// Held by identity: a descriptor the program closed and reused is never written.
+    file: std::io::BufWriter<HeldFile>,
     scratch: String,
 }
 
@@ -122,6 +124,8 @@ impl Sinks {
                         self.journals.push(path.clone());
                     }
                     writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
+                    let file = HeldFile::new(file, &self.run_dir.path().join(&path))
+                        .map_err(|e| e.to_string())?;
                     let file = std::io::BufWriter::with_capacity(1 << 20, file);
                     (
                         Box::new(CsvSink {

@@ -56,6 +56,8 @@ struct State {
     symbolizer: Option<Symbolizer>,
     symbols: HashMap<u64, String>,
     written: u64,
+    /// A write of the dump failed (said once in the log, which the launcher reads).
+    dump_incomplete: bool,
     journals: Journals,
 }
 
@@ -79,6 +81,7 @@ impl Writer {
             symbolizer: None,
             symbols: HashMap::new(),
             written: 0,
+            dump_incomplete: false,
             journals: journals.clone(),
         };
         // Block every signal while spawning: the new thread inherits the mask.
@@ -298,9 +301,16 @@ fn write_batch(state: &mut State, all: bool) {
             analysis.feed(&q.row);
         }
     }
-    match result.and_then(|()| state.sinks.flush(all)) {
-        Ok(()) => state.written += written,
-        Err(e) => crate::log::error(&format!("event dump: {e}")),
+    // Rows handed to the file; a failed write or flush below loses some of them, said once.
+    state.written += written;
+    if let Err(e) = result.and_then(|()| state.sinks.flush(all)) {
+        if !state.dump_incomplete {
+            state.dump_incomplete = true;
+            crate::log::error(&format!(
+                "event dump incomplete: {e}; the rows from ID {} on are not all in the file",
+                state.next_id.saturating_sub(written)
+            ));
+        }
     }
 }
 
