@@ -422,3 +422,211 @@ fn a_full_disk_during_the_event_dump() {
         "{said}"
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// Clear reasons
+
+/// A program the runtime cannot be preloaded into gets the loader's reason, not "_exit or exec":
+/// a static binary, a setuid binary (secure execution drops LD_PRELOAD).
+#[test]
+fn programs_the_loader_keeps_the_runtime_out_of() {
+    let dir = Scratch::new("loader-bin");
+    let exe = build(dir.path(), "plain_hello.c", &["-static"]);
+    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    assert!(
+        run.stderr().contains(&format!(
+            "no host leak report was written for the target: {} is statically linked",
+            exe.display()
+        )),
+        "{}",
+        run.stderr()
+    );
+
+    let setuid_dir = dir.path().join("setuid");
+    std::fs::create_dir(&setuid_dir).unwrap();
+    let exe = build(&setuid_dir, "plain_hello.c", &[]);
+    // Owned by nobody, setuid: root running it changes its effective uid, so the loader runs
+    // it in secure mode.
+    let chown = Command::new("chown")
+        .args(["nobody"])
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(
+        chown.success(),
+        "this test changes a file's owner (as root)"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    // The directories on the way must let nobody run it.
+    for d in [dir.path(), setuid_dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let run = Pair::run(&[], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    assert!(
+        run.stderr().contains(&format!(
+            "no events were recorded: {} is setuid/setgid, so the loader ignores LD_PRELOAD",
+            exe.display()
+        )),
+        "{}",
+        run.stderr()
+    );
+}
+
+/// The run directory removed while the program runs: said as such.
+#[test]
+fn a_run_directory_deleted_during_the_run() {
+    let dir = Scratch::new("deleted-bin");
+    let exe = build(dir.path(), "waits_for_go.c", &[]);
+    let scratch = Scratch::new("deleted");
+    let out = scratch.path().join("out");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("-o")
+        .arg(&out)
+        .arg(&exe)
+        .current_dir(scratch.path())
+        .env_remove("LD_PRELOAD")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    clear_runtime_knobs(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(&out).map_or(true, |mut d| d.next().is_none()) {
+        assert!(started.elapsed().as_secs() < 60, "no run directory");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::write(scratch.path().join("go"), b"").unwrap();
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "went\n");
+    assert_eq!(done.status.code(), Some(0));
+    assert!(
+        stderr.contains(
+            "msmemscope: no events were recorded: the run directory was deleted while the program ran"
+        ),
+        "{stderr}"
+    );
+}
+
+/// An output path the run cannot be made in, or too long for the run's files: refused before
+/// the program starts, exit status 2, one line saying why.
+#[test]
+fn output_paths_refused_up_front() {
+    let scratch = Scratch::new("outpath");
+    let long = scratch.path().join("d".repeat(250)).join("e".repeat(250));
+    let mut long_path = long.clone();
+    for _ in 0..16 {
+        long_path = long_path.join("f".repeat(250));
+    }
+    let run = Command::new(BIN)
+        .arg("-o")
+        .arg(&long_path)
+        .arg("true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("msmemscope: --output-path is ")
+            && stderr.contains("would pass the system's path limit (4095 bytes)"),
+        "{stderr}"
+    );
+    assert!(!long.exists(), "nothing made for a refused path");
+
+    let ro = scratch.path().join("ro");
+    let _disk = {
+        std::fs::create_dir_all(&ro).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=16k", "tmpfs"])
+            .arg(&ro)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "this test mounts a read-only tmpfs (as root)");
+        SmallDisk(ro.clone())
+    };
+    let run = Command::new(BIN)
+        .arg("-o")
+        .arg(&ro)
+        .arg("true")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("Read-only file system") && stderr.contains("choose another --output-path"),
+        "{stderr}"
+    );
+}
+
+/// Attaching to a process that has exited (a zombie) or is stopped says so at once.
+#[test]
+fn attach_to_exited_and_stopped_processes() {
+    let mut zombie = Command::new("true").spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let run = Command::new(BIN)
+        .arg(format!("--pid={}", zombie.id()))
+        .arg("--command=help")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&format!("process {} has exited", zombie.id())),
+        "{stderr}"
+    );
+    zombie.wait().unwrap();
+
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    // SAFETY: stops the child this test started.
+    unsafe { libc::kill(sleeper.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let run = Command::new(BIN)
+        .arg(format!("--pid={}", sleeper.id()))
+        .arg("--command=help")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&format!("process {} is stopped", sleeper.id())),
+        "{stderr}"
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}
+
+// ------------------------------------------------------------------------------------------
+// Memory pressure
+
+/// The program exhausts its address space (its own RLIMIT_AS), so the runtime's allocations
+/// fail too: the program runs to its normal end, and the report is written and says accounting
+/// stopped because the runtime's memory ran out.
+#[test]
+fn memory_pressure_never_ends_the_program() {
+    let dir = Scratch::new("pressure-bin");
+    let exe = build(dir.path(), "memory_pressure.c", &[]);
+    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    assert_eq!(
+        String::from_utf8_lossy(&run.traced.stdout),
+        "exhausted: 1, recovered\n"
+    );
+    let overview = run.overview();
+    assert!(
+        overview
+            .h("Truncation")
+            .starts_with("bits=12 (bit3 the runtime's own memory ran out"),
+        "{}",
+        overview.h("Truncation")
+    );
+    assert!(
+        overview.verdict().starts_with(
+            "INCOMPLETE, not usable as a leak conclusion: accounting stopped when the runtime's \
+             own memory ran out"
+        ),
+        "{}",
+        overview.verdict()
+    );
+}

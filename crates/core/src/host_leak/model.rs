@@ -25,6 +25,9 @@ pub mod truncation {
     pub const STACK_TABLE_FULL: u32 = 1 << 1;
     /// The overflow ledger was full too: accounting stopped.
     pub const ACCOUNTING_STOPPED: u32 = 1 << 2;
+    /// The runtime's own memory ran out (the program's allocations went on): accounting
+    /// stopped (with ACCOUNTING_STOPPED).
+    pub const RUNTIME_OUT_OF_MEMORY: u32 = 1 << 3;
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -200,7 +203,13 @@ impl HostLeakReport {
             )),
             _ => {}
         }
-        if self.health.truncation_bits & truncation::ACCOUNTING_STOPPED != 0 {
+        if self.health.truncation_bits & truncation::RUNTIME_OUT_OF_MEMORY != 0 {
+            reasons.push(
+                "accounting stopped when the runtime's own memory ran out (the program went on): \
+                 the data is the prefix up to that point"
+                    .to_string(),
+            );
+        } else if self.health.truncation_bits & truncation::ACCOUNTING_STOPPED != 0 {
             reasons.push(
                 "accounting stopped when the overflow ledger filled: the data is the prefix up to that point"
                     .to_string(),

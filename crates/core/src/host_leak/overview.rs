@@ -238,7 +238,13 @@ fn truncation_text(bits: u32, stopped_at: Option<u64>) -> String {
                 .to_string(),
         );
     }
-    if bits & truncation::ACCOUNTING_STOPPED != 0 {
+    if bits & truncation::RUNTIME_OUT_OF_MEMORY != 0 {
+        let at = stopped_at.map(utc_timestamp).unwrap_or_else(|| "?".into());
+        parts.push(format!(
+            "bit3 the runtime's own memory ran out (the program's allocations went on), \
+             accounting stopped at {at}"
+        ));
+    } else if bits & truncation::ACCOUNTING_STOPPED != 0 {
         let at = stopped_at.map(utc_timestamp).unwrap_or_else(|| "?".into());
         parts.push(format!(
             "bit2 overflow ledger full, accounting stopped at {at}"

@@ -276,6 +276,13 @@ impl Ledger {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
+        if let Some(at) = crate::private_alloc::out_of_memory_since() {
+            // The runtime lives on its reserve now: recording more would use it up.
+            self.truncation
+                .fetch_or(truncation::RUNTIME_OUT_OF_MEMORY, Ordering::Relaxed);
+            self.stop(at);
+            return false;
+        }
         // A process without Python (or with its frames off) skips the frame buffer: filling
         // it costs more than the rest of a memoized allocation's bookkeeping.
         let ts = if python::active() {

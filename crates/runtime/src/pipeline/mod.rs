@@ -249,6 +249,17 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     if !is_tracing() {
         return;
     }
+    if crate::private_alloc::out_of_memory_since().is_some() {
+        // The runtime lives on its reserve: rows would use it up. Said once in the log.
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            crate::log::error(
+                "event dump incomplete: the runtime's own memory ran out (the program went on); \
+                 later events are not recorded",
+            );
+        }
+        return;
+    }
     let p = pipeline();
     let step = p.step.load(Ordering::Acquire);
     let depth = match p.filter.read() {
