@@ -630,3 +630,23 @@ fn memory_pressure_never_ends_the_program() {
         overview.verdict()
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// Threads, signals and exit
+
+/// A program that takes every pthread key it can and exits: the runtime's exit path needs no
+/// key (its threads are raw pthreads), so the program ends as it would and the report is there.
+#[test]
+fn a_program_that_uses_every_pthread_key() {
+    let dir = Scratch::new("keys-bin");
+    let exe = build(dir.path(), "all_tls_keys.c", &["-lpthread"]);
+    let exe = exe.to_str().unwrap();
+    let events = Pair::run(&["-q"], &[exe], &[]);
+    events.assert_unchanged();
+    let host = Pair::run(&["--analysis=host-leaks"], &[exe], &[]);
+    host.assert_unchanged();
+    assert_eq!(
+        host.overview().expect_function("leak_with_no_keys_left").0,
+        (2, 1400)
+    );
+}

@@ -532,7 +532,7 @@ fn no_overview_after_underscore_exit_says_exit_handlers_did_not_run() {
     let stderr = run.stderr();
     let want = format!(
         "msmemscope: no host leak report was written for the target: it ended without running \
-         exit handlers (_exit or exec); run directory {}\n",
+         exit handlers (_exit, or exec into a program without the runtime); run directory {}\n",
         run.run_dir().display()
     );
     assert!(stderr.ends_with(&want), "stderr:\n{stderr}");

@@ -22,6 +22,8 @@ pub mod python;
 // `InitializeInjectionNvtx2` (the NVTX injection entry point).
 pub mod marks;
 mod private_alloc;
+// The runtime's own threads.
+mod raw_thread;
 // The one owner of the run state and of configure/start/stop/step/finish.
 pub mod session;
 // Terminating signals end the run (window report, dump analyses) before they take effect.

@@ -84,7 +84,7 @@ pub fn start() {
         return;
     };
     // The new thread inherits the blocked mask: no signal of the program is delivered to it.
-    match with_signals_blocked(|| spawn_service(listener)) {
+    match spawn_service(listener) {
         Ok(()) => {
             SERVICE_RUNNING.store(true, Ordering::Release);
             if let Some(path) = SOCKET_PATH.lock().ok().and_then(|p| p.clone()) {
@@ -151,36 +151,9 @@ fn warn_not_attachable(reason: &str) {
     let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
 }
 
-/// Starts the service thread with `pthread_create` rather than `std::thread`: std runs code
-/// that allocates (its spawn-hook thread-local registers a destructor) before the thread's own
-/// function, where the reentrancy guard could not be held yet, so that allocation would be
-/// counted as the program's. Here the guard is the first thing the thread takes.
+/// Starts the service thread (raw_thread: no allocation before the guard, no pthread key).
 fn spawn_service(listener: Held<UnixListener>) -> std::io::Result<()> {
-    extern "C" fn service_main(arg: *mut libc::c_void) -> *mut libc::c_void {
-        let entered = Entered::try_enter();
-        // SAFETY: `arg` is the Box leaked by spawn_service for this thread alone.
-        let listener = unsafe { Box::from_raw(arg as *mut Held<UnixListener>) };
-        let _ = catch_unwind(AssertUnwindSafe(|| serve(*listener)));
-        drop(entered);
-        std::ptr::null_mut()
-    }
-    let arg = Box::into_raw(Box::new(listener)) as *mut libc::c_void;
-    let mut thread: libc::pthread_t = 0;
-    // SAFETY: a valid out-pointer, default attributes, an entry function with the C ABI and
-    // an argument it takes ownership of.
-    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), service_main, arg) };
-    if rc != 0 {
-        // SAFETY: the thread was not created, so the Box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut Held<UnixListener>) });
-        return Err(std::io::Error::from_raw_os_error(rc));
-    }
-    let name = std::ffi::CString::new(THREAD_NAME).expect("no NUL in the name");
-    // SAFETY: `thread` was just created; the name is NUL-terminated and at most 15 bytes.
-    unsafe {
-        libc::pthread_setname_np(thread, name.as_ptr());
-        libc::pthread_detach(thread);
-    }
-    Ok(())
+    crate::raw_thread::spawn(THREAD_NAME, Box::new(move || serve(listener)))
 }
 
 /// At exit: wait for a command in progress, stop serving, remove the socket. Never in a
@@ -215,19 +188,6 @@ fn remove_socket() {
     let path = SOCKET_PATH.lock().ok().and_then(|mut p| p.take());
     if let Some(path) = path {
         let _ = std::fs::remove_file(path);
-    }
-}
-
-fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: sigfillset/pthread_sigmask on valid, initialised sets; the old mask is restored.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let result = f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        result
     }
 }
 

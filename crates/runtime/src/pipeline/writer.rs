@@ -17,7 +17,6 @@ use msmemscope_core::run_dir::RunDir;
 use super::buffers::{self, Queued};
 use super::sinks::Sinks;
 use crate::clock::precise_realtime_ns;
-use crate::guard::Entered;
 
 const TICK: Duration = Duration::from_millis(100);
 /// Rows younger than this wait for the next tick.
@@ -84,20 +83,15 @@ impl Writer {
             dump_incomplete: false,
             journals: journals.clone(),
         };
-        // Block every signal while spawning: the new thread inherits the mask.
-        let spawned = with_signals_blocked(|| {
-            std::thread::Builder::new()
-                .name("msmemscope-wr".into())
-                .spawn(move || {
-                    let _entered = Entered::try_enter();
-                    // However the thread ends (a panic included), waiters learn it at once: a
-                    // dead writer must not hold the program's exit for the flush timeout.
-                    let _gone = Gone(theirs.clone());
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run(&theirs, &mut state)
-                    }));
-                })
-        });
+        let spawned = crate::raw_thread::spawn(
+            "msmemscope-wr",
+            Box::new(move || {
+                // However the thread ends (a panic included), waiters learn it at once: a dead
+                // writer must not hold the program's exit for the flush timeout.
+                let _gone = Gone(theirs.clone());
+                run(&theirs, &mut state)
+            }),
+        );
         spawned.ok().map(|_| Writer { control, journals })
     }
 
@@ -337,17 +331,4 @@ fn symbolize(
         lines.push(line.clone());
     }
     lines.join("\n")
-}
-
-fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: sigfillset/pthread_sigmask on valid, initialised sets; the old mask is restored.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let result = f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        result
-    }
 }
