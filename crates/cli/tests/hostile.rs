@@ -650,3 +650,28 @@ fn a_program_that_uses_every_pthread_key() {
         (2, 1400)
     );
 }
+
+/// A program that execs right after its last events: they are in the dump (the exec waits for
+/// the writer), and the program's output and status are those of the image it became.
+#[test]
+fn events_before_an_exec_reach_the_dump() {
+    let dir = Scratch::new("exec-bin");
+    let include = common::repo().join("crates/runtime/include");
+    let include = format!("-I{}", include.display());
+    let exe = build(
+        dir.path(),
+        "marks_then_exec.c",
+        &["-DMSMEMSCOPE_MSTX_WEAK", &include],
+    );
+    let run = Pair::run(&["-q"], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    let dumps = run.run_dir().join("device_cpu/dump");
+    let marks: usize = std::fs::read_dir(&dumps)
+        .unwrap()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            text.lines().filter(|l| l.contains("before exec ")).count()
+        })
+        .sum();
+    assert_eq!(marks, 500, "{}", run.stderr());
+}

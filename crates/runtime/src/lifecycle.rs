@@ -39,6 +39,7 @@ extern "C" fn on_load() {
     };
     let _ = catch_unwind(|| {
         crate::hooks::forward::init();
+        crate::hooks::exec::init();
         begin_run();
         if session::origin() == session::Origin::Launched {
             session::ensure_exit_handler();

@@ -4,6 +4,7 @@
 // CUDA backend (issue 11).
 pub mod cuda;
 pub mod dl;
+pub mod exec;
 pub mod forward;
 pub mod got;
 pub mod malloc;
