@@ -675,3 +675,33 @@ fn events_before_an_exec_reach_the_dump() {
         .sum();
     assert_eq!(marks, 500, "{}", run.stderr());
 }
+
+/// The common PyTorch deployment: jemalloc preloaded for a Python program that imports torch
+/// (C++ blocks from jemalloc's own operator new reach the hooked free). Both modes run it as
+/// without the tool.
+#[test]
+fn pytorch_with_jemalloc_preloaded() {
+    let python = common::repo().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/setup.sh makes it",
+        python.display()
+    );
+    let jemalloc = debian_library("libjemalloc.so.2");
+    let env = [("LD_PRELOAD", jemalloc.to_str().unwrap())];
+    let script = "import torch\n\
+                  x = torch.ones(256, 256)\n\
+                  kept = [x @ x for _ in range(3)]\n\
+                  print(float(kept[0].sum()))\n";
+    let program = [python.to_str().unwrap(), "-c", script];
+    for mode in [&["-q"][..], &["-q", "--analysis=host-leaks"][..]] {
+        let run = Pair::run(mode, &program, &env);
+        run.assert_unchanged();
+        assert_eq!(
+            String::from_utf8_lossy(&run.traced.stdout),
+            "16777216.0\n",
+            "{}",
+            run.stderr()
+        );
+    }
+}

@@ -36,6 +36,10 @@ extern "C" {
 
 /// Finds glibc's `dlsym` (its default version on glibc ≥ 2.34, the original one before).
 extern "C" fn resolve_real_dlsym() -> usize {
+    std::panic::catch_unwind(find_real_dlsym).unwrap_or(0)
+}
+
+fn find_real_dlsym() -> usize {
     let current = REAL_DLSYM.load(Ordering::Acquire);
     if current != 0 {
         return current;
@@ -65,6 +69,11 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 // The unit-test build, and targets without the jump stub, export no `dlsym`.
 #[cfg_attr(any(test, not(target_arch = "x86_64")), allow(dead_code))]
 extern "C" fn dlsym_wants_us(handle: *mut c_void, name: *const c_char) -> usize {
+    // A fault of ours answers "not ours": glibc's lookup then runs as without the runtime.
+    std::panic::catch_unwind(|| wants_us(handle, name)).unwrap_or(0)
+}
+
+fn wants_us(handle: *mut c_void, name: *const c_char) -> usize {
     if handle == libc::RTLD_NEXT {
         return 0;
     }
@@ -88,6 +97,23 @@ extern "C" fn dlsym_cuda(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     let Some(real) = real_dlsym() else {
         return std::ptr::null_mut();
     };
+    // A fault of ours: the plain lookup, as without the wrapper.
+    std::panic::catch_unwind(|| lookup_cuda(real, handle, name)).unwrap_or_else(|_| {
+        let handle = if handle.is_null() {
+            libc::RTLD_NEXT
+        } else {
+            handle
+        };
+        // SAFETY: the caller's handle (or the lookup after this library) and name.
+        unsafe { real(handle, name) as usize }
+    }) as *mut c_void
+}
+
+fn lookup_cuda(real: DlsymFn, handle: *mut c_void, name: *const c_char) -> usize {
+    lookup_cuda_ptr(real, handle, name) as usize
+}
+
+fn lookup_cuda_ptr(real: DlsymFn, handle: *mut c_void, name: *const c_char) -> *mut c_void {
     let _entered = Entered::try_enter();
     // SAFETY: checked by the stub and `dlsym_wants_us`.
     let symbol = unsafe { CStr::from_ptr(name) }.to_bytes();
