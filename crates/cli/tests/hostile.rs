@@ -705,3 +705,49 @@ fn pytorch_with_jemalloc_preloaded() {
         );
     }
 }
+
+/// glibc's fork-in-a-signal-handler pattern is safe only in a single-threaded process. In
+/// host-leak mode with the control channel off the runtime adds no thread at all, so the
+/// program runs as without the tool, and its report is written (README: what stays
+/// multi-threaded and why).
+#[test]
+fn fork_in_a_signal_handler_with_no_runtime_thread() {
+    let dir = Scratch::new("fork-bin");
+    let exe = build(dir.path(), "fork_in_handler.c", &[]);
+    let run = Pair::run(
+        &["--analysis=host-leaks"],
+        &[exe.to_str().unwrap()],
+        &[("MSMEMSCOPE_NO_CONTROL", "1")],
+    );
+    run.assert_unchanged();
+    assert_eq!(
+        String::from_utf8_lossy(&run.traced.stdout),
+        "survived the signals: 1\n"
+    );
+    assert_eq!(
+        run.overview().expect_function("leak_at_the_end").0,
+        (2, 1800)
+    );
+}
+
+/// Allocations made on a stack the program switched to (makecontext/swapcontext, the stack from
+/// malloc) keep the frames that can be walked, each read checked, ending at the fiber's root.
+#[test]
+fn allocations_on_a_fiber_stack_keep_their_frames() {
+    let dir = Scratch::new("fiber-bin");
+    let exe = build(dir.path(), "fiber_stack.c", &[]);
+    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    let overview = run.overview();
+    assert_eq!(overview.expect_function("leak_on_the_fiber").0, (3, 4500));
+    let site = overview
+        .sites
+        .iter()
+        .find(|s| s.first_function() == "leak_on_the_fiber")
+        .unwrap();
+    assert!(
+        site.frames[1].starts_with("fiber ") && site.frames[1].contains("fiber_stack.c:15"),
+        "{:?}",
+        site.frames
+    );
+}

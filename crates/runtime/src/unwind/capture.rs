@@ -40,8 +40,9 @@ type RuleCache = CacheX86_64<MustNotAllocateDuringUnwind>;
 struct ThreadUnwinder {
     rules: RuleCache,
     memo: Memo,
-    /// [low, high) of this thread's stack; (0, 0) until first asked.
-    bounds: (u64, u64),
+    /// [low, high) of this thread's stack, and whether reads there must be checked (a stack
+    /// the program switched to: see `query_stack_bounds`); (0, 0, false) until first asked.
+    bounds: (u64, u64, bool),
 }
 
 impl ThreadUnwinder {
@@ -49,20 +50,23 @@ impl ThreadUnwinder {
         Box::new(ThreadUnwinder {
             rules: RuleCache::new_in(),
             memo: Memo::new(),
-            bounds: (0, 0),
+            bounds: (0, 0, false),
         })
     }
 
     /// The part of this thread's stack a walk from `sp` may read, or `None` when `sp` lies
-    /// outside the stack (an alternate signal stack or a user-level stack switch): then no
-    /// stack is taken rather than reading memory that may be unmapped meanwhile.
+    /// in no readable mapping.
     fn stack_range(&mut self, sp: u64) -> Option<StackRange> {
-        let (low, high) = self.bounds;
+        let (low, high, _) = self.bounds;
         if !(low <= sp && sp < high) {
             self.bounds = query_stack_bounds(sp)?;
         }
-        let (low, high) = self.bounds;
-        (low <= sp && sp < high).then_some(StackRange { low: sp, high })
+        let (low, high, checked) = self.bounds;
+        (low <= sp && sp < high).then_some(StackRange {
+            low: sp,
+            high,
+            checked,
+        })
     }
 }
 
@@ -181,8 +185,33 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
 #[inline]
 fn read_word(range: StackRange, addr: u64) -> Result<u64, ()> {
     if addr >= range.low && addr.saturating_add(8) <= range.high && addr.is_multiple_of(8) {
+        if range.checked {
+            return checked_read(addr);
+        }
         // SAFETY: addr is 8-aligned and inside this thread's live stack mapping.
         Ok(unsafe { *(addr as *const u64) })
+    } else {
+        Err(())
+    }
+}
+
+/// A word of this process's memory read by the kernel (`process_vm_readv`): an address that
+/// was unmapped meanwhile is an error, never a fault in the program.
+#[cold]
+fn checked_read(addr: u64) -> Result<u64, ()> {
+    let mut word = 0u64;
+    let local = libc::iovec {
+        iov_base: (&mut word as *mut u64).cast(),
+        iov_len: 8,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: reads 8 bytes of our own process into `word`; the kernel checks the source.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n == 8 {
+        Ok(word)
     } else {
         Err(())
     }
@@ -256,6 +285,7 @@ fn walk(
         start.sp,
         start.bp,
         &mut read_stack,
+        range,
         |address| {
             // One frame past the key's depth is only looked at, to know the stack was cut.
             if out.len == MAX_FRAMES {
@@ -297,6 +327,7 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
                 sp,
                 bp,
                 &mut read_stack,
+                range,
                 |a| {
                     frames.push(a);
                     frames.len() < max
@@ -324,6 +355,7 @@ fn unwind(
     sp: u64,
     bp: u64,
     read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
+    range: StackRange,
     mut push: impl FnMut(u64) -> bool,
 ) -> Unknown {
     let own = OWN_CODE.get().cloned().unwrap_or(0..0);
@@ -349,6 +381,11 @@ fn unwind(
                         unknown.add_deeper(address);
                     }
                 }
+                if range.checked && !skipping_own && !snapshot.covers(address) {
+                    // On a stack the program switched to, the walk ends at its root (what
+                    // lies above it in the mapping is not a caller).
+                    return unknown;
+                }
                 skipping_own = false;
                 if !push(address) {
                     return unknown;
@@ -371,23 +408,28 @@ fn unwind(
 /// Not from `pthread_getattr_np`: it holds the thread descriptor's lock while it allocates (its
 /// `fopen` of /proc/self/maps for the main thread, its cpuset for the others), so the hook it
 /// re-enters would wait on the lock its own thread holds. Instead, the mapping that contains
-/// `sp`, accepted only where it is this thread's stack, since the range is cached and read
-/// later: a mapping of any other kind (an alternate signal stack, a coroutine's stack inside a
-/// heap or a pool) may shrink or go away meanwhile.
+/// `sp`, read directly only where it is this thread's stack (the range is cached and read
+/// later):
 /// - the main thread's `[stack]`: it grows down, so a later sp below `low` asks again;
 /// - a thread's stack as glibc lays it out: the thread descriptor (`pthread_self()`, the TCB)
 ///   sits above the stack in the same mapping, also for a stack the program supplied, and
 ///   nothing of the stack lies above it, so the range ends there: a supplied stack inside a
 ///   larger mapping is not read past its own end.
-fn query_stack_bounds(sp: u64) -> Option<(u64, u64)> {
+/// - any other readable mapping (a `makecontext`/`swapcontext` stack in the heap or a pool, an
+///   alternate signal stack): the walk may read up to the mapping's end, every read checked by
+///   the kernel, since another thread may shrink or unmap that memory meanwhile.
+fn query_stack_bounds(sp: u64) -> Option<(u64, u64, bool)> {
     let mapping = super::maps::mapping_containing(sp)?;
     if !mapping.readable {
         return None;
     }
     if mapping.main_stack {
-        return Some((mapping.start, mapping.end));
+        return Some((mapping.start, mapping.end, false));
     }
     // SAFETY: pthread_self only reads the thread pointer; it takes no lock.
     let tcb = unsafe { libc::pthread_self() } as u64;
-    (mapping.start <= tcb && tcb < mapping.end && sp < tcb).then_some((mapping.start, tcb))
+    if mapping.start <= tcb && tcb < mapping.end && sp < tcb {
+        return Some((mapping.start, tcb, false));
+    }
+    Some((mapping.start, mapping.end, true))
 }

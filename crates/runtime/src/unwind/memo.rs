@@ -23,6 +23,8 @@ const BELOW_STACK_MARGIN: u64 = 4096;
 pub struct StackRange {
     pub low: u64,
     pub high: u64,
+    /// Reads must be checked (a stack the program switched to; see capture.rs).
+    pub checked: bool,
 }
 
 impl StackRange {
@@ -136,6 +138,11 @@ impl Memo {
     /// The slot of the entry for `key` if the stack still reads the same.
     #[inline]
     pub fn lookup(&self, key: &MemoKey, range: StackRange) -> Option<usize> {
+        if range.checked {
+            // A stack the program switched to: its words are read only through the kernel's
+            // checks, which the direct reads below skip.
+            return None;
+        }
         let slot = Self::slot(key);
         let entry = self.entries[slot].as_ref()?;
         if entry.key != *key || entry.range != range {
@@ -201,6 +208,7 @@ mod tests {
         let range = StackRange {
             low: 0x10_000,
             high: 0x20_000,
+            checked: false,
         };
         assert_eq!(range.class_of(0x18_000), 0x18_000);
         assert_eq!(range.class_of(0x10_000 - 16), 0x10_000 - 16);
@@ -219,6 +227,7 @@ mod tests {
         let range = StackRange {
             low: base,
             high: base + 64 * 8,
+            checked: false,
         };
         words[3] = 0x4000_1234; // a return address
         words[5] = 0xdead_beef_0000; // a saved rbp holding heap data
