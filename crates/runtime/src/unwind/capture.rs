@@ -278,25 +278,16 @@ fn walk(
     };
     out.len = 0;
     out.cut = false;
-    unwind(
-        snapshot,
-        rules,
-        start.pc,
-        start.sp,
-        start.bp,
-        &mut read_stack,
-        range,
-        |address| {
-            // One frame past the key's depth is only looked at, to know the stack was cut.
-            if out.len == MAX_FRAMES {
-                out.cut = true;
-                return false;
-            }
-            out.frames[out.len] = address;
-            out.len += 1;
-            true
-        },
-    )
+    unwind(snapshot, rules, start, &mut read_stack, |address| {
+        // One frame past the key's depth is only looked at, to know the stack was cut.
+        if out.len == MAX_FRAMES {
+            out.cut = true;
+            return false;
+        }
+        out.frames[out.len] = address;
+        out.len += 1;
+        true
+    })
 }
 
 /// Takes up to `max` frames of the current thread's stack (deeper than a stack key can hold),
@@ -323,11 +314,8 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
             let met_unknown = unwind(
                 snapshot,
                 &mut thread.rules,
-                pc,
-                sp,
-                bp,
+                &WalkStart { pc, sp, bp, range },
                 &mut read_stack,
-                range,
                 |a| {
                     frames.push(a);
                     frames.len() < max
@@ -351,13 +339,11 @@ pub fn capture_deep(max: usize) -> Vec<u64> {
 fn unwind(
     snapshot: &modules::Snapshot,
     rules: &mut RuleCache,
-    pc: u64,
-    sp: u64,
-    bp: u64,
+    start: &WalkStart,
     read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
-    range: StackRange,
     mut push: impl FnMut(u64) -> bool,
 ) -> Unknown {
+    let (pc, sp, bp, range) = (start.pc, start.sp, start.bp, start.range);
     let own = OWN_CODE.get().cloned().unwrap_or(0..0);
     let mut frames =
         snapshot
