@@ -40,6 +40,13 @@ fn build(dir: &Path, source: &str, extra: &[&str]) -> PathBuf {
     exe
 }
 
+/// Builds a fixture that writes MSTX marks (weakly linked: it runs without the tool too).
+fn build_with_mstx(dir: &Path, source: &str) -> PathBuf {
+    let include = common::repo().join("crates/runtime/include");
+    let include = format!("-I{}", include.display());
+    build(dir, source, &["-DMSMEMSCOPE_MSTX_WEAK", &include])
+}
+
 /// A library the test command installs from Debian's packages.
 fn debian_library(name: &str) -> PathBuf {
     let path = Path::new("/usr/lib/x86_64-linux-gnu").join(name);
@@ -230,21 +237,25 @@ fn allocators_ahead_of_the_runtime_are_named() {
     );
 
     let mixed = build(dir.path(), "mixed_allocations.cc", &[]);
-    let tcmalloc = debian_library("libtcmalloc_minimal.so.4");
-    let script = format!(
-        "LD_PRELOAD={}:$LD_PRELOAD exec {}",
-        tcmalloc.display(),
-        mixed.display()
-    );
-    let run = Pair::run(&["--analysis=host-leaks"], &["sh", "-c", &script], &[]);
-    run.assert_unchanged();
-    assert_eq!(
-        run.overview().h("Allocator"),
-        format!(
-            "{}, NOT through the hooks (found before the runtime)",
-            tcmalloc.display()
-        )
-    );
+    for lib in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"] {
+        let lib = debian_library(lib);
+        let script = format!(
+            "LD_PRELOAD={}:$LD_PRELOAD exec {}",
+            lib.display(),
+            mixed.display()
+        );
+        let events = Pair::run(&["-q"], &["sh", "-c", &script], &[]);
+        events.assert_unchanged();
+        let run = Pair::run(&["--analysis=host-leaks"], &["sh", "-c", &script], &[]);
+        run.assert_unchanged();
+        assert_eq!(
+            run.overview().h("Allocator"),
+            format!(
+                "{}, NOT through the hooks (found before the runtime)",
+                lib.display()
+            )
+        );
+    }
 }
 
 /// The edges of the malloc API behave as the host's glibc makes them (alignment rules, errno
@@ -323,10 +334,11 @@ fn descriptors_closed_and_reused_by_the_program() {
 struct SmallDisk(PathBuf);
 
 impl SmallDisk {
-    fn mount(at: &Path, size: &str) -> SmallDisk {
+    /// A tmpfs with mount `options` (`size=160k`, `ro,size=16k`).
+    fn mount(at: &Path, options: &str) -> SmallDisk {
         std::fs::create_dir_all(at).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(at)
             .output()
             .expect("mount runs");
@@ -351,16 +363,10 @@ impl Drop for SmallDisk {
 #[test]
 fn a_full_disk_during_the_event_dump() {
     let dir = Scratch::new("disk-bin");
-    let include = common::repo().join("crates/runtime/include");
-    let include = format!("-I{}", include.display());
-    let prog = build(
-        dir.path(),
-        "many_marks.c",
-        &["-DMSMEMSCOPE_MSTX_WEAK", &include],
-    );
+    let prog = build_with_mstx(dir.path(), "many_marks.c");
     let scratch = Scratch::new("disk");
     let out = scratch.path().join("out");
-    let disk = SmallDisk::mount(&out, "160k");
+    let disk = SmallDisk::mount(&out, "size=160k");
     let mut cmd = Command::new(BIN);
     cmd.arg("-o")
         .arg(&out)
@@ -538,16 +544,7 @@ fn output_paths_refused_up_front() {
     assert!(!long.exists(), "nothing made for a refused path");
 
     let ro = scratch.path().join("ro");
-    let _disk = {
-        std::fs::create_dir_all(&ro).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "ro,size=16k", "tmpfs"])
-            .arg(&ro)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "this test mounts a read-only tmpfs (as root)");
-        SmallDisk(ro.clone())
-    };
+    let _disk = SmallDisk::mount(&ro, "ro,size=16k");
     let run = Command::new(BIN)
         .arg("-o")
         .arg(&ro)
@@ -656,13 +653,7 @@ fn a_program_that_uses_every_pthread_key() {
 #[test]
 fn events_before_an_exec_reach_the_dump() {
     let dir = Scratch::new("exec-bin");
-    let include = common::repo().join("crates/runtime/include");
-    let include = format!("-I{}", include.display());
-    let exe = build(
-        dir.path(),
-        "marks_then_exec.c",
-        &["-DMSMEMSCOPE_MSTX_WEAK", &include],
-    );
+    let exe = build_with_mstx(dir.path(), "marks_then_exec.c");
     let run = Pair::run(&["-q"], &[exe.to_str().unwrap()], &[]);
     run.assert_unchanged();
     let dumps = run.run_dir().join("device_cpu/dump");
@@ -749,5 +740,25 @@ fn allocations_on_a_fiber_stack_keep_their_frames() {
         site.frames[1].starts_with("fiber ") && site.frames[1].contains("fiber_stack.c:15"),
         "{:?}",
         site.frames
+    );
+}
+
+/// A program that exits with every descriptor taken: the runtime kept one in reserve for its
+/// report, which is written with the program's leak.
+#[test]
+fn a_program_out_of_descriptors() {
+    let dir = Scratch::new("nofd-bin");
+    let exe = build(dir.path(), "no_fds_left.c", &[]);
+    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
+    run.assert_unchanged();
+    assert_eq!(
+        String::from_utf8_lossy(&run.traced.stdout),
+        "out of descriptors: 1\n"
+    );
+    assert_eq!(
+        run.overview()
+            .expect_function("leak_with_no_descriptors_left")
+            .0,
+        (2, 1600)
     );
 }

@@ -5,6 +5,8 @@
 //!   after closing everything gets low numbers first, and
 //! - remembered by its file's identity (`st_dev`, `st_ino`), checked before every use: a number
 //!   that no longer holds the same file is the program's, never read, written or closed by us.
+//!   (An inode number is given to a new file only once the old file is gone from the file
+//!   system: removed, and closed by everyone.)
 
 use std::fs::File;
 use std::io::Write;
@@ -220,11 +222,12 @@ mod tests {
         // SAFETY: the test's own descriptor.
         unsafe { libc::close(number) };
 
-        // A file put in our file's place is refused, not written.
+        // A file put in our file's place is refused, not written. (Ours stays linked under
+        // another name, so the planted file cannot be given its inode number.)
         let mut held = HeldFile::new(File::create(&ours).unwrap(), &ours).unwrap();
         // SAFETY: as above.
         unsafe { libc::close(held.fd) };
-        std::fs::remove_file(&ours).unwrap();
+        std::fs::rename(&ours, dir.join("ours.moved")).unwrap();
         std::fs::write(&ours, b"planted").unwrap();
         let e = held.write_all(b"x").unwrap_err();
         assert!(e

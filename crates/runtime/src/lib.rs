@@ -24,6 +24,8 @@ pub mod marks;
 mod private_alloc;
 // The runtime's own threads.
 mod raw_thread;
+// A descriptor kept for writing the report.
+mod spare_fd;
 // The one owner of the run state and of configure/start/stop/step/finish.
 pub mod session;
 // Terminating signals end the run (window report, dump analyses) before they take effect.

@@ -42,6 +42,12 @@ extern "C" fn on_load() {
         crate::hooks::exec::init();
         begin_run();
         if session::origin() == session::Origin::Launched {
+            // What the end of the run needs, taken while the program cannot have used it up:
+            // descriptors for the report, the main thread's stack bounds.
+            crate::spare_fd::take();
+            if session::config().host_leaks() {
+                capture::prime_this_thread();
+            }
             session::ensure_exit_handler();
             // `msmemscope --pid` can attach to every launched run; the same thread reads the
             // signal pipe.

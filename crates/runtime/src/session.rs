@@ -289,6 +289,8 @@ pub fn finish() {
         return;
     }
     *finished = true;
+    // The report's files need a descriptor even if the program has used up its own.
+    crate::spare_fd::release();
     // No control command runs from here on (one in progress is waited for).
     crate::control::shutdown();
     let _ops = lock(&OPS);

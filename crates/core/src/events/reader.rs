@@ -121,17 +121,21 @@ fn is_cut_last_row(path: &Path, e: &ReadError) -> bool {
     if last[0] == b'\n' || file.seek(SeekFrom::Start(0)).is_err() {
         return false;
     }
+    count_line_ends(file).is_ok_and(|lines| *line == lines + 1)
+}
+
+/// How many line ends `file` holds from where it is read on.
+pub fn count_line_ends(mut file: impl std::io::Read) -> std::io::Result<u64> {
     let mut lines = 0u64;
     let mut block = vec![0u8; 1 << 20];
     loop {
         match file.read(&mut block) {
-            Ok(0) => break,
+            Ok(0) => return Ok(lines),
             Ok(n) => lines += memchr::memchr_iter(b'\n', &block[..n]).count() as u64,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
+            Err(e) => return Err(e),
         }
     }
-    *line == lines + 1
 }
 
 fn warn_cut_last_row(e: &ReadError) {

@@ -103,6 +103,18 @@ pub fn set_own_code_range(range: std::ops::Range<u64>) {
     let _ = OWN_CODE.set(range);
 }
 
+/// Reads this thread's stack bounds now (the runtime's constructor, on the main thread): a
+/// program that later runs out of descriptors could not have /proc/self/maps read then, and
+/// its allocations would lose their stacks. Must be called with the reentrancy guard held.
+pub fn prime_this_thread() {
+    let (_, sp, _) = registers!();
+    let _ = THREAD.try_with(|cell| {
+        // SAFETY: as in `with_stack`: this thread's cell, never re-entered.
+        let slot = unsafe { &mut *cell.get() };
+        let _ = slot.get_or_insert_with(ThreadUnwinder::new).stack_range(sp);
+    });
+}
+
 /// Captures the current thread's stack, skipping the runtime's own frames, and calls `f` with
 /// it and its memo tag (0 when the stack was walked afresh, else what `f` stored last time for
 /// the same stack). Must be called with the reentrancy guard held: the first call on a thread

@@ -309,18 +309,8 @@ fn at_last_line(dir: &RunDir, name: &str, e: &ReadError) -> bool {
     let ReadError::BadRow { line, .. } = e else {
         return false;
     };
-    let Ok(mut file) = dir.open_read_write(Path::new(name)) else {
+    let Ok(file) = dir.open_read_write(Path::new(name)) else {
         return false;
     };
-    let mut lines = 0u64;
-    let mut block = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut block) {
-            Ok(0) => break,
-            Ok(n) => lines += memchr::memchr_iter(b'\n', &block[..n]).count() as u64,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-    }
-    *line == lines
+    reader::count_line_ends(file).is_ok_and(|lines| *line == lines)
 }
