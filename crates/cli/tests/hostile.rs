@@ -762,3 +762,46 @@ fn a_program_out_of_descriptors() {
         (2, 1600)
     );
 }
+
+/// The same pattern with the runtime's thread present can deadlock inside glibc (its fork takes
+/// the malloc locks in a multi-threaded process). Such a hung program still ends when it is
+/// sent SIGTERM: the end of the run gets a deadline (`MSMEMSCOPE_SIGNAL_DEADLINE_S`), then the
+/// signal's default action happens, and the launcher ends the same way.
+#[test]
+fn sigterm_ends_a_hung_program() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = Scratch::new("hung-bin");
+    let exe = build(dir.path(), "fork_in_handler.c", &[]);
+    let scratch = Scratch::new("hung");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--analysis=host-leaks")
+        .arg("-o")
+        .arg(scratch.path().join("out"))
+        .arg(&exe)
+        .current_dir(scratch.path())
+        .env_remove("LD_PRELOAD")
+        .env("MSMEMSCOPE_SIGNAL_DEADLINE_S", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    clear_runtime_knobs(&mut cmd);
+    let mut launcher = cmd.spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // SAFETY: signals the launcher this test started (it passes SIGTERM on to the program).
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) };
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = launcher.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > common::host_leak::RUN_TIMEOUT {
+            let _ = launcher.kill();
+            panic!("the hung program did not end after SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Exit 0 when no deadlock happened this time; otherwise the SIGTERM, as without the tool.
+    assert!(
+        status.code() == Some(0) || status.signal() == Some(libc::SIGTERM),
+        "{status:?}"
+    );
+}

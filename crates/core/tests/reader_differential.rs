@@ -25,9 +25,10 @@ fn fixtures() -> Vec<PathBuf> {
 }
 
 /// Everything the reference reader gives: the rows and the error that ended them (or the
-/// error of opening).
+/// error of opening). Both readers bare, as `FastCsv::open_with` is: without the leniency for a
+/// cut last row that `reader::open` and `reader::open_rows` add to either.
 fn reference(path: &Path) -> (Vec<EventRow>, Option<String>) {
-    let rows = match reader::open(path) {
+    let rows = match reader::CsvRows::open(path) {
         Ok(rows) => rows,
         Err(e) => return (Vec::new(), Some(e.to_string())),
     };
@@ -240,4 +241,51 @@ fn a_generated_5m_row_dump_reads_the_same() {
     );
     assert!(n >= 5_000_000, "{n}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A dump whose last row was cut off where the writing stopped (no line end after it): both
+/// readers users get (`open`, `open_rows`) hand out every complete row and end there; the same
+/// damage on a row that is not the last is still an error naming it.
+#[test]
+fn a_cut_last_row_is_left_out_by_both_readers() {
+    let text =
+        std::fs::read_to_string(root().join("tests/fixtures/dumps/check_leaks.csv")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 5);
+    let dir = std::env::temp_dir().join(format!("msmemscope-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cut_row = &lines[4][..lines[4].len() / 2];
+    let cut = dir.join("cut.csv");
+    std::fs::write(&cut, format!("{}\n{cut_row}", lines[..4].join("\n"))).unwrap();
+    let rows: Vec<EventRow> = reader::open(&cut)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .expect("the cut row is left out");
+    assert_eq!(rows.len(), 3);
+    let mut source = reader::open_rows(&cut).unwrap();
+    let mut n = 0;
+    while let Some(row) = source.next_row().unwrap() {
+        assert_eq!(row, &rows[n]);
+        n += 1;
+    }
+    assert_eq!(n, 3);
+
+    let middle = dir.join("middle.csv");
+    std::fs::write(
+        &middle,
+        format!(
+            "{}\n{cut_row}\n{}\n",
+            lines[..4].join("\n"),
+            lines[5.min(lines.len() - 1)]
+        ),
+    )
+    .unwrap();
+    let error = reader::open(&middle)
+        .unwrap()
+        .find_map(Result::err)
+        .expect("a damaged row before the end is refused");
+    assert!(error
+        .to_string()
+        .starts_with(&format!("{}:5: malformed row", middle.display())));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -239,11 +239,53 @@ pub fn on_service_ready(readable: bool) {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
+    arm_deadline(sig);
     let _ = std::panic::catch_unwind(crate::session::finish);
     crate::log::info(&format!(
         "signal {sig}: run finished, default action follows"
     ));
     default_now(sig);
+}
+
+/// How long the end of the run may take once a terminating signal came, before the signal's
+/// default action happens anyway (`MSMEMSCOPE_SIGNAL_DEADLINE_S`, 1 to 3600; 60 by default): a
+/// hung program (a fork deadlocked on glibc's malloc locks, say) may hold a lock the report
+/// needs, and must still end when it is told to.
+fn deadline_seconds() -> i64 {
+    std::env::var(ENV_SIGNAL_DEADLINE)
+        .ok()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .unwrap_or(60)
+}
+
+/// The variable that sets [`deadline_seconds`].
+pub const ENV_SIGNAL_DEADLINE: &str = "MSMEMSCOPE_SIGNAL_DEADLINE_S";
+
+/// A one-shot timer that sends `sig` again after the deadline: our handler, seeing the signal
+/// pending already, takes its default action at once (on whichever thread it lands).
+fn arm_deadline(sig: c_int) {
+    // SAFETY: sigevent is plain data; zero is a valid start, filled below.
+    let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+    event.sigev_notify = libc::SIGEV_SIGNAL;
+    event.sigev_signo = sig;
+    let mut timer: libc::timer_t = std::ptr::null_mut();
+    // SAFETY: valid pointers to our sigevent and timer id.
+    if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } != 0 {
+        return;
+    }
+    let when = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: deadline_seconds(),
+            tv_nsec: 0,
+        },
+    };
+    // SAFETY: the timer just made, a valid itimerspec.
+    unsafe { libc::timer_settime(timer, 0, &when, std::ptr::null_mut()) };
 }
 
 /// The pending terminating signal's default action, now: for an exit handler that waited long
