@@ -20,7 +20,7 @@
 //! Without the attach listener (`MSMEMSCOPE_NO_CONTROL=1`, or its socket refused) the runtime
 //! adds no thread, so nothing would read the pipe: then the signals keep their plain default.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 use msmemscope_core::held_fd::{hold, Identity};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
@@ -83,6 +83,7 @@ fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
 /// Makes the pipe the handler writes into; its read end is for the service thread that
 /// `control` starts. Called once, from the constructor of a launched run, before `install`.
 pub fn prepare() {
+    make_deadline_timers();
     if let Some((read, write)) = make_pipe() {
         PIPE_READ.store(read, Ordering::Release);
         PIPE_WRITE_PENDING.store(write, Ordering::Release);
@@ -192,7 +193,14 @@ extern "C" fn on_signal(sig: c_int) {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
-    let _ = PENDING.compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire);
+    if PENDING
+        .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        if let Some(i) = index_of(sig) {
+            arm_deadline(i);
+        }
+    }
     let byte = sig as u8;
     // SAFETY: fstat, then one byte from a valid buffer into our pipe (a number the program
     // took over gets nothing: the service thread sees PENDING within half a second); errno is
@@ -239,7 +247,6 @@ pub fn on_service_ready(readable: bool) {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
-    arm_deadline(sig);
     let _ = std::panic::catch_unwind(crate::session::finish);
     crate::log::info(&format!(
         "signal {sig}: run finished, default action follows"
@@ -262,16 +269,35 @@ fn deadline_seconds() -> i64 {
 /// The variable that sets [`deadline_seconds`].
 pub const ENV_SIGNAL_DEADLINE: &str = "MSMEMSCOPE_SIGNAL_DEADLINE_S";
 
-/// A one-shot timer that sends `sig` again after the deadline: our handler, seeing the signal
-/// pending already, takes its default action at once (on whichever thread it lands).
-fn arm_deadline(sig: c_int) {
-    // SAFETY: sigevent is plain data; zero is a valid start, filled below.
-    let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
-    event.sigev_notify = libc::SIGEV_SIGNAL;
-    event.sigev_signo = sig;
-    let mut timer: libc::timer_t = std::ptr::null_mut();
-    // SAFETY: valid pointers to our sigevent and timer id.
-    if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } != 0 {
+/// Per handled signal: a one-shot timer (made in `prepare`, armed by the handler with the
+/// async-signal-safe `timer_settime`) that sends the signal again after the deadline: our
+/// handler, seeing the signal pending already, takes its default action at once, on whichever
+/// thread it lands. Nothing on the way allocates or waits for the service thread, which a hung
+/// program may keep from running.
+/// The kernel's timer ids (0 is a valid one); `NO_TIMER` where none was made.
+static DEADLINE_TIMERS: [AtomicUsize; 3] = [const { AtomicUsize::new(NO_TIMER) }; 3];
+const NO_TIMER: usize = usize::MAX;
+static DEADLINE_S: AtomicI64 = AtomicI64::new(60);
+
+fn make_deadline_timers() {
+    DEADLINE_S.store(deadline_seconds(), Ordering::Relaxed);
+    for (slot, &sig) in DEADLINE_TIMERS.iter().zip(HANDLED.iter()) {
+        // SAFETY: sigevent is plain data; zero is a valid start, filled below.
+        let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+        event.sigev_notify = libc::SIGEV_SIGNAL;
+        event.sigev_signo = sig;
+        let mut timer: libc::timer_t = std::ptr::null_mut();
+        // SAFETY: valid pointers to our sigevent and timer id.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } == 0 {
+            slot.store(timer as usize, Ordering::Release);
+        }
+    }
+}
+
+/// Arms the deadline of signal number `i` (async-signal-safe).
+fn arm_deadline(i: usize) {
+    let timer = DEADLINE_TIMERS[i].load(Ordering::Acquire);
+    if timer == NO_TIMER {
         return;
     }
     let when = libc::itimerspec {
@@ -280,12 +306,13 @@ fn arm_deadline(sig: c_int) {
             tv_nsec: 0,
         },
         it_value: libc::timespec {
-            tv_sec: deadline_seconds(),
+            tv_sec: DEADLINE_S.load(Ordering::Relaxed),
             tv_nsec: 0,
         },
     };
-    // SAFETY: the timer just made, a valid itimerspec.
-    unsafe { libc::timer_settime(timer, 0, &when, std::ptr::null_mut()) };
+    // SAFETY: our timer (made in `prepare`), a valid itimerspec; timer_settime is
+    // async-signal-safe.
+    unsafe { libc::timer_settime(timer as libc::timer_t, 0, &when, std::ptr::null_mut()) };
 }
 
 /// The pending terminating signal's default action, now: for an exit handler that waited long
