@@ -138,6 +138,17 @@ impl Pair {
         dirs.into_iter().next().unwrap()
     }
 
+    /// The lines holding `needle` in all the run's CPU dump files.
+    fn dump_lines_with(&self, needle: &str) -> usize {
+        std::fs::read_dir(self.run_dir().join("device_cpu/dump"))
+            .unwrap()
+            .map(|e| {
+                let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+                text.lines().filter(|l| l.contains(needle)).count()
+            })
+            .sum()
+    }
+
     fn overview(&self) -> Overview {
         let path = self.run_dir().join("host_leak/leak_overview_1.txt");
         let text = std::fs::read_to_string(&path)
@@ -656,15 +667,7 @@ fn events_before_an_exec_reach_the_dump() {
     let exe = build_with_mstx(dir.path(), "marks_then_exec.c");
     let run = Pair::run(&["-q"], &[exe.to_str().unwrap()], &[]);
     run.assert_unchanged();
-    let dumps = run.run_dir().join("device_cpu/dump");
-    let marks: usize = std::fs::read_dir(&dumps)
-        .unwrap()
-        .map(|e| {
-            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
-            text.lines().filter(|l| l.contains("before exec ")).count()
-        })
-        .sum();
-    assert_eq!(marks, 500, "{}", run.stderr());
+    assert_eq!(run.dump_lines_with("before exec "), 500, "{}", run.stderr());
 }
 
 /// The common PyTorch deployment: jemalloc preloaded for a Python program that imports torch
@@ -804,4 +807,23 @@ fn sigterm_ends_a_hung_program() {
         status.code() == Some(0) || status.signal() == Some(libc::SIGTERM),
         "{status:?}"
     );
+}
+
+/// The same from Python: marks (through the nvtx package) and then `os.execv` at once.
+#[test]
+fn python_marks_before_os_execv_reach_the_dump() {
+    let python = common::repo().join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/setup.sh makes it",
+        python.display()
+    );
+    let script = "import os\n\
+                  import nvtx\n\
+                  for i in range(300):\n    nvtx.mark(message=f'python mark {i}')\n\
+                  print('exec now', flush=True)\n\
+                  os.execv('/bin/true', ['true'])\n";
+    let run = Pair::run(&["-q"], &[python.to_str().unwrap(), "-c", script], &[]);
+    run.assert_unchanged();
+    assert_eq!(run.dump_lines_with("python mark "), 300, "{}", run.stderr());
 }
