@@ -73,7 +73,12 @@ fn begin_from_hook() {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
+    // Inside the program's allocation: its errno stays as the allocation left it.
+    // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
+    let errno = unsafe { *libc::__errno_location() };
     let _ = catch_unwind(begin_run);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
 }
 
 /// Reads the launcher's configuration and begins the run, once. Registers nothing with libc

@@ -13,8 +13,8 @@ const SPARES: usize = 8;
 
 static SPARE: [AtomicI32; SPARES] = [const { AtomicI32::new(-1) }; SPARES];
 /// The memfd's identity (every spare is a descriptor of it).
-static NULL_DEV: AtomicU64 = AtomicU64::new(0);
-static NULL_INO: AtomicU64 = AtomicU64::new(0);
+static SPARE_DEV: AtomicU64 = AtomicU64::new(0);
+static SPARE_INO: AtomicU64 = AtomicU64::new(0);
 
 /// Takes the spares (the runtime's constructor).
 pub fn take() {
@@ -38,8 +38,8 @@ pub fn take() {
             return;
         };
         let (dev, ino) = id.parts();
-        NULL_DEV.store(dev, Ordering::Relaxed);
-        NULL_INO.store(ino, Ordering::Relaxed);
+        SPARE_DEV.store(dev, Ordering::Relaxed);
+        SPARE_INO.store(ino, Ordering::Relaxed);
         slot.store(fd.into_raw_fd(), Ordering::Release);
     }
 }
@@ -47,8 +47,8 @@ pub fn take() {
 /// Gives the spares' slots back (once; each only if its number still holds our memfd).
 pub fn release() {
     let id = Identity::from_parts(
-        NULL_DEV.load(Ordering::Relaxed),
-        NULL_INO.load(Ordering::Relaxed),
+        SPARE_DEV.load(Ordering::Relaxed),
+        SPARE_INO.load(Ordering::Relaxed),
     );
     for slot in &SPARE {
         let fd = slot.swap(-1, Ordering::AcqRel);

@@ -60,66 +60,30 @@ fn no_such_function() -> c_int {
     -1
 }
 
-type ExecveFn =
-    unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
-type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
-
-/// # Safety
-/// As C's `execve`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    before_exec();
-    match next(&NEXT, c"execve") {
-        0 => no_such_function(),
-        // SAFETY: the next `execve`, with the caller's arguments.
-        f => unsafe { std::mem::transmute::<usize, ExecveFn>(f)(path, argv, envp) },
-    }
+/// Defines the exported `$name`: flush (see `before_exec`), then the next definition of the
+/// same name with the caller's arguments unchanged.
+macro_rules! exec_hook {
+    ($name:ident, $symbol:literal, ($($arg:ident: $ty:ty),*)) => {
+        #[doc = concat!("# Safety\nAs C's `", stringify!($name), "`.")]
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            before_exec();
+            match next(&NEXT, $symbol) {
+                0 => no_such_function(),
+                // SAFETY: the next definition of this very function, with the caller's
+                // arguments.
+                f => unsafe {
+                    std::mem::transmute::<usize, unsafe extern "C" fn($($ty),*) -> c_int>(f)(
+                        $($arg),*
+                    )
+                },
+            }
+        }
+    };
 }
 
-/// # Safety
-/// As C's `execvpe`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    before_exec();
-    match next(&NEXT, c"execvpe") {
-        0 => no_such_function(),
-        // SAFETY: the next `execvpe`, with the caller's arguments.
-        f => unsafe { std::mem::transmute::<usize, ExecveFn>(f)(file, argv, envp) },
-    }
-}
-
-/// # Safety
-/// As C's `execv`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    before_exec();
-    match next(&NEXT, c"execv") {
-        0 => no_such_function(),
-        // SAFETY: the next `execv`, with the caller's arguments.
-        f => unsafe { std::mem::transmute::<usize, ExecvFn>(f)(path, argv) },
-    }
-}
-
-/// # Safety
-/// As C's `execvp`.
-#[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    before_exec();
-    match next(&NEXT, c"execvp") {
-        0 => no_such_function(),
-        // SAFETY: the next `execvp`, with the caller's arguments.
-        f => unsafe { std::mem::transmute::<usize, ExecvFn>(f)(file, argv) },
-    }
-}
+exec_hook!(execve, c"execve", (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execvpe, c"execvpe", (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_hook!(execv, c"execv", (path: *const c_char, argv: *const *const c_char));
+exec_hook!(execvp, c"execvp", (file: *const c_char, argv: *const *const c_char));

@@ -17,19 +17,14 @@ use crate::host_leak::window;
 
 /// Runs recording work, stopping a panic there: the program's allocation or free has been or
 /// will be done exactly once by the caller either way, and a panic must not unwind into C.
-/// Costs nothing unless something panics.
+/// errno is put back as it was: the program reads errno after a failed allocation (and glibc's
+/// `free` promises to keep it), never ours. Only work that records goes through here, so a hook
+/// with nothing to record costs nothing more.
 #[inline(always)]
 fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
-    catch_unwind(AssertUnwindSafe(work)).ok()
-}
-
-/// Runs recording work and puts errno back as it was: the program reads errno after a failed
-/// allocation (and glibc's `free` promises to keep it), never ours.
-#[inline(always)]
-fn keeping_errno<R>(work: impl FnOnce() -> R) -> R {
     // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
     let errno = unsafe { *libc::__errno_location() };
-    let result = work();
+    let result = catch_unwind(AssertUnwindSafe(work)).ok();
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
     result
@@ -45,11 +40,6 @@ fn begin_run_now() -> Option<&'static crate::host_leak::ledger::Ledger> {
 
 #[inline(always)]
 fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
-    keeping_errno(|| record_alloc_inner(ptr, size, function))
-}
-
-#[inline(always)]
-fn record_alloc_inner(ptr: *mut c_void, size: usize, function: &'static str) {
     if ptr.is_null() {
         if size != 0 && crate::pipeline::oom::watching() {
             if let Some(_entered) = Entered::try_enter() {
@@ -82,15 +72,6 @@ fn record_alloc_inner(ptr: *mut c_void, size: usize, function: &'static str) {
 #[inline(always)]
 fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
     if !ptr.is_null() {
-        keeping_errno(|| forget_block(ptr));
-    }
-    real(ptr)
-}
-
-/// Takes a block the program frees out of the ledger (before the real free).
-#[inline(always)]
-fn forget_block(ptr: *mut c_void) {
-    {
         if let Some(ledger) = window::active() {
             match Entered::try_enter() {
                 Some(entered) => {
@@ -110,6 +91,7 @@ fn forget_block(ptr: *mut c_void) {
             }
         }
     }
+    real(ptr)
 }
 
 /// # Safety
