@@ -40,6 +40,11 @@ extern "C" fn on_load() {
     let _ = catch_unwind(|| {
         crate::hooks::forward::init();
         crate::hooks::exec::init();
+        if crate::hooks::got::allow_rewrites() {
+            // The run began inside an earlier library's constructor: the slots its module scan
+            // found are written now, outside any hook.
+            modules::refresh(true);
+        }
         begin_run();
         if session::origin() == session::Origin::Launched {
             // What the end of the run needs, taken while the program cannot have used it up:

@@ -23,6 +23,15 @@
 //!   other allocator (a dependency's, another link-map namespace's glibc) is left alone, since
 //!   handing its blocks to glibc would corrupt both heaps.
 //!
+//! When slots are written: never before this library's ELF constructor (a run that begins at an
+//! earlier library's first allocation only scans; the constructor writes). After it, also from
+//! inside an allocation hook, at the rebuild a stack meeting a new library's code asks for: a
+//! DEEPBIND library's next call must already be seen, or its frees of the blocks it got through
+//! a hooked path are lost (false leaks). What that costs the hook: the scan reads the loader's
+//! list under its own recursive lock, a write is an atomic store (with `mprotect` around it for
+//! RELRO pages); nothing waits for a lock of the runtime's (the refresh is skipped while another
+//! thread holds it) and nothing allocates through the hooks.
+//!
 //! Not covered:
 //! - a library that never allocates through a hooked path is not rescanned when it is loaded
 //!   (only at the next rebuild: another stack meeting an unknown address, a `dlclose`, the
@@ -39,7 +48,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::unwind::maps;
@@ -115,6 +124,19 @@ struct Registry {
     /// By the address of the module's dynamic section.
     modules: BTreeMap<u64, ModuleGot>,
     generation: u64,
+}
+
+/// Whether slots may be written: not before this library's ELF constructor. A run that begins
+/// at the first hooked allocation scans the modules then (inside some library's constructor,
+/// maybe under the loader's lock); their slots are written from our constructor, which follows
+/// before the program's own code runs.
+static REWRITES_ALLOWED: AtomicBool = AtomicBool::new(false);
+
+/// Lets the next module rebuild write slots (from the ELF constructor). True when a scan was
+/// made before: then the caller rebuilds at once, so slots found then are written now.
+pub fn allow_rewrites() -> bool {
+    REWRITES_ALLOWED.store(true, Ordering::Release);
+    REGISTRY.lock().map(|r| r.generation > 0).unwrap_or(false)
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -199,7 +221,7 @@ impl Survey {
     pub fn finish(mut self) {
         let generation = self.generation;
         self.registry.modules.retain(|_, m| m.seen == generation);
-        if !self.runtime_seen || cfg!(test) {
+        if !self.runtime_seen || !REWRITES_ALLOWED.load(Ordering::Acquire) || cfg!(test) {
             // In the runtime's own unit tests the hooks are not exported.
             return;
         }

@@ -82,9 +82,14 @@ pub fn seen_modules() -> Vec<ModuleInfo> {
 /// Re-scans loaded modules when the loader's add/remove counters changed (or `force`).
 /// Returns whether a new snapshot was published.
 pub fn refresh(force: bool) -> bool {
-    let Ok(_serial) = REFRESH.lock() else {
+    let Ok(serial) = REFRESH.lock() else {
         return false;
     };
+    refresh_holding(&serial, force)
+}
+
+/// [`refresh`] by the thread that holds the refresh lock.
+fn refresh_holding(_serial: &std::sync::MutexGuard<'_, ()>, force: bool) -> bool {
     if !force {
         if let Some(old) = current() {
             if loader_counters() == (old.adds, old.subs) {
@@ -163,7 +168,7 @@ pub enum Rescan {
     Changed,
     /// The loader's counters are as the current snapshot saw them: the address is no library's.
     Unchanged,
-    /// Not checked: another check ran less than 10 ms ago.
+    /// Not checked: another check ran less than 10 ms ago, or another thread is scanning.
     Skipped,
 }
 
@@ -183,7 +188,16 @@ pub fn refresh_for_unknown_address() -> Rescan {
     {
         return Rescan::Skipped;
     }
-    if refresh(false) {
+    // Inside an allocation hook: never wait for a lock of ours here. The thread refreshing may
+    // itself wait inside `dl_iterate_phdr` for the loader's lock, which this thread may hold
+    // (a library constructor or `dlclose` that allocates); the other thread's scan publishes a
+    // snapshot anyway.
+    let serial = match REFRESH.try_lock() {
+        Ok(serial) => serial,
+        Err(std::sync::TryLockError::WouldBlock) => return Rescan::Skipped,
+        Err(std::sync::TryLockError::Poisoned(_)) => return Rescan::Unchanged,
+    };
+    if refresh_holding(&serial, false) {
         Rescan::Changed
     } else {
         Rescan::Unchanged
