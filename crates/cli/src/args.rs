@@ -278,6 +278,14 @@ const OPTIONS: &[OptSpec] = &[
         "alias of --format",
     ),
     opt(
+        Some("follow"),
+        None,
+        Kind::Config(OptionName::Follow),
+        "WHICH",
+        "trace the processes the program starts too, each in its own run directory \
+         (default exec): ",
+    ),
+    opt(
         Some("report"),
         None,
         Kind::Report,

@@ -7,7 +7,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use msmemscope_core::config::{DataFormat, LogLevel, RunConfig};
+use msmemscope_core::config::{DataFormat, Follow, LogLevel, RunConfig};
 use msmemscope_core::launch_env;
 
 use msmemscope_core::run_dir::RunDir;
@@ -165,14 +165,25 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     };
     log(&dir, &format!("target exited: {status}"));
 
+    let followed = match (config.follow, dir.path().parent()) {
+        (Follow::Exec, Some(output)) => crate::job::followed_runs(output, dir.path()),
+        _ => Vec::new(),
+    };
+    let shown_program = program[0].to_string_lossy();
     if config.host_leaks() {
         report_host_leaks(&dir, config, &status, &program[0]);
     } else {
         if config.format == DataFormat::Parquet {
             convert_journals(&dir);
+            for process in &followed {
+                if let Ok(run) = RunDir::open(&process.dir) {
+                    convert_journals(&run);
+                }
+            }
         }
-        report_event_dump(&dir, config, &status, &program[0]);
+        report_event_dump(&dir, config, &status, &program[0], !followed.is_empty());
     }
+    crate::job::print_summary(config, dir.path(), (&shown_program, child.id()), &followed);
     if report {
         // The page is extra output: failing to write it is said, never the target's status.
         match crate::report::generate(dir.path()) {
@@ -288,11 +299,15 @@ fn convert_journals(run: &RunDir) {
     }
 }
 
+/// The program's own dumps and its analyses' report. `others_traced`: processes it started
+/// recorded events (listed after this), so a program that recorded none itself (a launcher,
+/// a wrapper script) is said to be one, not a run that lost its events.
 fn report_event_dump(
     run: &RunDir,
     config: &RunConfig,
     status: &std::process::ExitStatus,
     program: &std::ffi::OsStr,
+    others_traced: bool,
 ) {
     // Read through the held descriptor (whatever was renamed since), named by the run's path.
     let (dir, shown) = (run.resolved(), run.path());
@@ -315,7 +330,13 @@ fn report_event_dump(
         .map(|p| shown.join(p.strip_prefix(&dir).unwrap_or(&p)))
         .collect();
     dumps.sort();
-    if dumps.is_empty() {
+    if dumps.is_empty() && others_traced {
+        eprintln!(
+            "msmemscope: {} recorded no events itself; the processes it started that did \
+             are listed below",
+            program.to_string_lossy()
+        );
+    } else if dumps.is_empty() {
         eprintln!(
             "msmemscope: no events were recorded: {}; run directory {}",
             crate::why_empty::reason(run, program, status),

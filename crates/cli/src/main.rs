@@ -6,6 +6,7 @@ mod args;
 mod attach;
 mod compare;
 mod forward;
+mod job;
 mod knobs;
 mod launcher;
 mod progress;

@@ -71,6 +71,7 @@ fn example(option: OptionName) -> &'static str {
         OptionName::SampleRate => "1",
         OptionName::InputPath => "a.csv,b.csv",
         OptionName::Pid => "1234",
+        OptionName::Follow => "exec",
     }
 }
 

@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use msmemscope_core::config::RunConfig;
+use msmemscope_core::config::{Follow, JobLink, RunConfig};
 use msmemscope_core::launch_env;
 use msmemscope_core::run_dir::RunDir;
 
@@ -113,29 +113,62 @@ fn quiet_panics() {
     });
 }
 
-/// Reads the launcher's variables. `None` unless this process is the launcher's direct child:
-/// a program the target starts inherits `LD_PRELOAD` but is not tracked. The variables stay in
-/// the environment, so that a target which execs the real program (a shell script, a version
-/// shim, `env`) is followed into it: the new image is still the launcher's child.
-fn take_launch_environment() -> Option<(RunDir, RunConfig, CapOverrides)> {
+/// Reads the launcher's variables: the run directory (`Some`) when this process is the
+/// launcher's direct child (or an image it exec'd in its place); `None` for it when this is a
+/// process the program started and the job follows them (`--follow exec`): its run directory
+/// is made later, on first need. Nothing otherwise (`--follow none`). The variables stay in the
+/// environment, so that the processes the program starts find them.
+fn take_launch_environment() -> Option<(Option<RunDir>, RunConfig, CapOverrides)> {
     let dir = std::env::var_os(launch_env::RUN_DIR)?;
     let launcher: i32 = std::env::var(launch_env::LAUNCHER_PID).ok()?.parse().ok()?;
-    // SAFETY: getppid has no preconditions.
-    if unsafe { libc::getppid() } != launcher {
-        return None;
-    }
     let caps = CapOverrides::from_env();
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    if parent != launcher {
+        // The job's directory by its path (its descriptor is the launcher's child's alone).
+        let job = RunDir::open(Path::new(&dir)).ok()?;
+        let mut config = read_config(&job)?;
+        if config.follow != Follow::Exec {
+            return None;
+        }
+        config.job = Some(JobLink {
+            job_run: job.path().to_path_buf(),
+            launcher_pid: launcher as u32,
+            parent_pid: parent as u32,
+            command: own_command_line(),
+        });
+        // Recorded again from this process's environment when its directory is made.
+        config.distributed = None;
+        return Some((None, config, caps));
+    }
     // The launcher's descriptor of the run directory, when it is still that directory: the
     // path is not resolved again for any file (it may have been swapped for a symlink since).
     let fd = std::env::var(launch_env::RUN_DIR_FD)
         .ok()
         .and_then(|n| n.parse().ok());
     let dir = RunDir::inherited(fd, Path::new(&dir)).ok()?;
+    let config = read_config(&dir)?;
+    Some((Some(dir), config, caps))
+}
+
+fn read_config(dir: &RunDir) -> Option<RunConfig> {
     let text = dir
         .read_to_string(Path::new(launch_env::CONFIG_FILE))
         .ok()?;
-    let config = RunConfig::from_json(&text).ok()?;
-    Some((dir, config, caps))
+    RunConfig::from_json(&text).ok()
+}
+
+/// This process's arguments, from `/proc/self/cmdline` (what `exec` was given).
+fn own_command_line() -> Vec<String> {
+    std::fs::read("/proc/self/cmdline")
+        .map(|bytes| {
+            bytes
+                .split(|&b| b == 0)
+                .filter(|arg| !arg.is_empty())
+                .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Records this library's code range, so stack capture can skip the hook's own frames.

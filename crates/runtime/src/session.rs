@@ -75,12 +75,17 @@ impl State {
 
 /// A run started by the launcher: its directory and configuration. Host-leak runs open their
 /// first window; event runs trace from now on (`immediate`) or from the program's `start()`.
-pub fn begin_launched(dir: RunDir, config: RunConfig, caps: CapOverrides) {
+/// A process the program started (`--follow exec`) has no directory yet: it is made under the
+/// job's output path when the run first writes a file, so a process that records nothing (a
+/// shell, a compiler) leaves none.
+pub fn begin_launched(dir: Option<RunDir>, config: RunConfig, caps: CapOverrides) {
     let _ops = lock(&OPS);
-    log::init(&dir, config.log_level);
+    if let Some(dir) = &dir {
+        log::init(dir, config.log_level);
+    }
     with_state(|s| {
         s.config = config.clone();
-        s.dir = Some(Arc::new(dir));
+        s.dir = dir.map(Arc::new);
         s.origin = Origin::Launched;
         s.caps = caps.clone();
         s.launcher_converts = config.format == DataFormat::Parquet;

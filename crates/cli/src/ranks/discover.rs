@@ -67,6 +67,11 @@ pub fn dumps_under(dirs: &[PathBuf]) -> Result<Vec<Dump>, Failure> {
             )));
         }
     }
+    dumps_of(runs)
+}
+
+/// Every dump of the given run directories, ordered as [`dumps_under`] orders them.
+pub fn dumps_of(mut runs: Vec<PathBuf>) -> Result<Vec<Dump>, Failure> {
     runs.sort();
     runs.dedup();
     let mut dumps = Vec::new();

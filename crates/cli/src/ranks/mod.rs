@@ -12,6 +12,8 @@ mod engine;
 mod native;
 mod table;
 
+pub use table::{bytes, Row};
+
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -157,6 +159,13 @@ pub fn run(options: &Options) -> ExitCode {
             ExitCode::from(if failure.usage { 2 } else { 1 })
         }
     }
+}
+
+/// The native engine's rows for the dumps of the given run directories (a job's processes),
+/// outliers marked against the default threshold.
+pub fn rows_of_runs(runs: Vec<PathBuf>) -> Result<Vec<Row>, Failure> {
+    let dumps = discover::dumps_of(runs)?;
+    native::summarize(&dumps, DEFAULT_THRESHOLD_PCT)
 }
 
 fn table_for(options: &Options) -> Result<table::Table, Failure> {

@@ -209,7 +209,7 @@ fn csv_field(text: &str) -> String {
 }
 
 /// Bytes for people: B, KiB, MiB, GiB with two decimals.
-fn bytes(n: u64) -> String {
+pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if n < 1024 {
         return format!("{n} B");

@@ -127,6 +127,36 @@ pub struct RunConfig {
     /// in: how `msmemscope ranks` tells the ranks' runs apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distributed: Option<Distributed>,
+    /// Which processes of the job a launched run traces (`--follow`).
+    #[serde(default)]
+    pub follow: Follow,
+    /// For a process traced because an earlier process of the job started it: which job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobLink>,
+}
+
+/// `--follow`: which processes of the job a launched run traces.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Follow {
+    /// The program and every process started from it with `exec` (each its own run directory).
+    #[default]
+    Exec,
+    /// The program alone (the image the launcher started, and what it execs in its place).
+    None,
+}
+
+/// How a followed process's run belongs to its job, recorded in its `config.json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct JobLink {
+    /// The run directory the launcher made for the job (the program's own).
+    pub job_run: PathBuf,
+    /// The launcher's process id.
+    pub launcher_pid: u32,
+    /// The process that started this one.
+    pub parent_pid: u32,
+    /// This process's command line.
+    pub command: Vec<String>,
 }
 
 /// A distributed job's coordinates of one process, as torchrun (and most launchers) pass them.
@@ -170,6 +200,8 @@ impl Default for RunConfig {
             sample_rate_requested: 1,
             sample_rate: 1,
             distributed: None,
+            follow: Follow::Exec,
+            job: None,
         }
     }
 }

@@ -460,6 +460,15 @@ pub fn parse_format(value: &str) -> Result<DataFormat, ConfigError> {
     )
 }
 
+/// `--follow exec|none`.
+pub fn parse_follow(value: &str) -> Result<Follow, ConfigError> {
+    one_of(
+        OptionName::Follow,
+        value,
+        &[("exec", Follow::Exec), ("none", Follow::None)],
+    )
+}
+
 /// `--host-leak-mode summary|event`.
 pub fn parse_host_leak_mode(value: &str) -> Result<HostLeakMode, ConfigError> {
     one_of(
@@ -565,6 +574,7 @@ pub fn set_option(
             config.sample_rate_requested = rate.requested;
             config.sample_rate = rate.effective;
         }
+        OptionName::Follow => config.follow = parse_follow(value)?,
         OptionName::InputPath | OptionName::Pid => {
             return Err(ConfigError::NotConfigurable { option })
         }

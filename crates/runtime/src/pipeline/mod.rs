@@ -301,9 +301,15 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         buffers::push(extra, extra_frames);
     }
     if !system {
+        RECORDED.store(true, Ordering::Relaxed);
         ensure_writer();
     }
 }
+
+/// Whether a row other than the run's own SYSTEM rows was ever queued: until then nothing
+/// starts the writer, so a process that records nothing leaves no file (and, when its run
+/// directory is made on first need, no directory).
+static RECORDED: AtomicBool = AtomicBool::new(false);
 
 /// A `malloc`-family call of the program returned NULL for `size` bytes (called from the hooks,
 /// only while the OOM analysis watches).
@@ -345,6 +351,9 @@ fn thread_id() -> u64 {
 /// Starts the writer on first use. False when it cannot run (then rows are dropped and the
 /// failure is logged once).
 fn ensure_writer() -> bool {
+    if !RECORDED.load(Ordering::Relaxed) {
+        return false;
+    }
     let p = pipeline();
     if p.writer_failed.load(Ordering::Relaxed) {
         return false;

@@ -40,6 +40,9 @@ pub enum OptionName {
     InputPath,
     /// `--pid PID` of the attach client; not part of a [`RunConfig`](crate::config::RunConfig).
     Pid,
+    /// `--follow exec|none`: which processes of the job the launcher's run traces. Launcher
+    /// only (not a `msmemscope.config` key: a program's own API run traces itself).
+    Follow,
 }
 
 impl OptionName {
@@ -82,6 +85,7 @@ impl OptionName {
             OptionName::SampleRate => "--sample-rate",
             OptionName::InputPath => "--input-path",
             OptionName::Pid => "--pid",
+            OptionName::Follow => "--follow",
         }
     }
 
@@ -105,6 +109,7 @@ impl OptionName {
             OptionName::SampleRate => "sample_rate",
             OptionName::InputPath => "input_path",
             OptionName::Pid => "pid",
+            OptionName::Follow => "follow",
         }
     }
 
@@ -143,6 +148,7 @@ impl OptionName {
             OptionName::SampleRate => "a positive integer, rounded up to a power of two and clipped to 1073741824 (2^30)",
             OptionName::InputPath => "exactly two paths separated by a comma, e.g. base.csv,compare.csv",
             OptionName::Pid => "a positive process id",
+            OptionName::Follow => "exec (every process the program starts with exec is traced too), none (only the program)",
         }
     }
 }
