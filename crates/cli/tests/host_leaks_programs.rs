@@ -414,3 +414,86 @@ fn libc_frames_are_named_from_installed_debug_symbols() {
         "100.0% (5/5 reported frames resolved to a function)"
     );
 }
+
+/// `--follow exec` (the default) in host-leak mode: the program a wrapper shell starts gets a
+/// window and report of its own, in a run directory linked to the job, and the launcher prints
+/// it; `--follow=none` leaves it untraced.
+#[test]
+fn a_wrapper_shells_child_has_its_own_report() {
+    let scratch = Scratch::new("follow");
+    let exe = build_c(scratch.path(), "child_leaker.c", "child_leaker", &[]);
+    let line = format!("{} 4; echo after", exe.display());
+
+    // bash, not dash: dash ends with `_exit`, so it writes no report of its own.
+    let run = run_tool_cmd(&[], &[], "bash", &["-c", &line]);
+    assert_exited(&run.out, 0, "bash under the tool");
+    assert_eq!(run.stdout(), "child leaked 4\nafter\n");
+    let out = run.scratch.path().join("out");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+    let configs: Vec<serde_json::Value> = dirs
+        .iter()
+        .map(|d| {
+            serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+        })
+        .collect();
+    let child = configs
+        .iter()
+        .position(|c| c.get("job").is_some())
+        .expect("a followed run");
+    let job = &configs[child]["job"];
+    assert_eq!(job["job_run"], dirs[1 - child].to_string_lossy().as_ref());
+    assert_eq!(
+        job["command"],
+        serde_json::json!([exe.to_string_lossy(), "4"])
+    );
+    let text = std::fs::read_to_string(dirs[child].join("host_leak/leak_overview_1.txt")).unwrap();
+    let ov = Overview::parse(&text);
+    assert_eq!(ov.expect_function("leak_in_child").0, (4, 1332), "{text}");
+    let pid = dirs[child]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .split('_')
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains(&format!(
+            "msmemscope: traced process {pid}: {} 4\n",
+            exe.display()
+        )),
+        "{stderr}"
+    );
+    // The shell's own report is the job's, without the child's blocks.
+    let shell =
+        std::fs::read_to_string(dirs[1 - child].join("host_leak/leak_overview_1.txt")).unwrap();
+    assert!(
+        Overview::parse(&shell)
+            .by_function("leak_in_child")
+            .is_none(),
+        "{shell}"
+    );
+
+    let alone = run_tool_cmd(&["--follow=none"], &[], "bash", &["-c", &line]);
+    assert_exited(&alone.out, 0, "bash under the tool, --follow=none");
+    assert_eq!(alone.stdout(), "child leaked 4\nafter\n");
+    let dir = alone.run_dir();
+    assert!(
+        !alone.stderr().contains("traced process"),
+        "{}",
+        alone.stderr()
+    );
+    let shell = std::fs::read_to_string(dir.join("host_leak/leak_overview_1.txt")).unwrap();
+    assert!(
+        Overview::parse(&shell)
+            .by_function("leak_in_child")
+            .is_none(),
+        "{shell}"
+    );
+}

@@ -88,7 +88,8 @@ impl Run {
         String::from_utf8_lossy(&self.out.stderr).into_owned()
     }
 
-    /// The single run directory `OUT/msmemscope_{pid}_{stamp}`.
+    /// The program's run directory `OUT/msmemscope_{pid}_{stamp}`: the one not made by a process
+    /// the program started (those record the job in their `config.json`).
     pub fn run_dir(&self) -> PathBuf {
         let out = self.scratch.path().join("out");
         let dirs: Vec<PathBuf> = std::fs::read_dir(&out)
@@ -106,11 +107,15 @@ impl Run {
                     .to_string_lossy()
                     .starts_with("msmemscope_")
             })
+            .filter(|p| {
+                !std::fs::read_to_string(p.join("config.json"))
+                    .is_ok_and(|c| c.contains("\"job\": {"))
+            })
             .collect();
         assert_eq!(
             dirs.len(),
             1,
-            "expected exactly one run directory, got {dirs:?}"
+            "expected exactly one run directory of the program, got {dirs:?}"
         );
         dirs.into_iter().next().unwrap()
     }

@@ -125,6 +125,7 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
         *watch = k.map(oom::OomWatch::new);
     }
     OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
+    FOLLOWED.store(config.job.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
         *f = Filter::from_config(config);
     }
@@ -306,10 +307,12 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     }
 }
 
-/// Whether a row other than the run's own SYSTEM rows was ever queued: until then nothing
-/// starts the writer, so a process that records nothing leaves no file (and, when its run
-/// directory is made on first need, no directory).
+/// Whether a row other than the run's own SYSTEM rows was ever queued. In a process the job
+/// follows (its run directory is made on first need) nothing starts the writer until then,
+/// so a process that records nothing (a shell, a compiler) leaves no directory.
 static RECORDED: AtomicBool = AtomicBool::new(false);
+/// This process's run is one the job follows (`config.job` is set).
+static FOLLOWED: AtomicBool = AtomicBool::new(false);
 
 /// A `malloc`-family call of the program returned NULL for `size` bytes (called from the hooks,
 /// only while the OOM analysis watches).
@@ -351,7 +354,7 @@ fn thread_id() -> u64 {
 /// Starts the writer on first use. False when it cannot run (then rows are dropped and the
 /// failure is logged once).
 fn ensure_writer() -> bool {
-    if !RECORDED.load(Ordering::Relaxed) {
+    if FOLLOWED.load(Ordering::Relaxed) && !RECORDED.load(Ordering::Relaxed) {
         return false;
     }
     let p = pipeline();
