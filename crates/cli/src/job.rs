@@ -200,7 +200,7 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
     dumps
 }
 
-/// One line per traced process and device: pid, rank, peak, what it left allocated, whether it
+/// One line per traced process and device: pid, rank, peak, what the leaks analysis found, whether it
 /// stands out from the others, its command and run directory.
 fn job_table(
     rows: &[ranks::Row],
@@ -233,7 +233,7 @@ fn job_table(
         "rank",
         "device",
         "peak allocated",
-        "left allocated",
+        "leaked",
         "blocks",
         "stands out",
         "command",

@@ -605,6 +605,30 @@ fn attach_to_exited_and_stopped_processes() {
     let _ = sleeper.wait();
 }
 
+/// A program built without PIE that takes `free`'s address makes its own PLT entry the address
+/// of `free` for the whole process. The runtime still points the program's lazy GOT slot at its
+/// own hook (not at that PLT entry, which would jump to itself forever): the program ends as
+/// without the tool, in both modes, and its leak is counted. (gcc's cc1plus is such a program.)
+#[test]
+fn a_program_without_pie_that_takes_free_s_address() {
+    let dir = Scratch::new("nopie-bin");
+    let exe = build(
+        dir.path(),
+        "nopie_free_pointer.c",
+        &["-no-pie", "-fno-pie", "-Wl,-z,lazy"],
+    );
+    let exe = exe.to_str().unwrap();
+    let events = Pair::run(&["-q"], &[exe], &[]);
+    events.assert_unchanged();
+    let host = Pair::run(&["--analysis=host-leaks"], &[exe], &[]);
+    host.assert_unchanged();
+    assert_eq!(String::from_utf8_lossy(&host.traced.stdout), "done\n");
+    assert_eq!(
+        host.overview().expect_function("leak_without_pie").0,
+        (1, 77)
+    );
+}
+
 // ------------------------------------------------------------------------------------------
 // Memory pressure
 

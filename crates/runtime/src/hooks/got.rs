@@ -68,21 +68,14 @@ const NAMES: [&[u8]; 10] = [
 ];
 const ALL: u16 = (1 << NAMES.len()) - 1;
 
-/// The runtime's function for each of [`NAMES`].
-fn ours() -> [u64; NAMES.len()] {
-    use super::malloc as m;
-    [
-        m::malloc as *const () as u64,
-        m::calloc as *const () as u64,
-        m::realloc as *const () as u64,
-        m::free as *const () as u64,
-        m::reallocarray as *const () as u64,
-        m::posix_memalign as *const () as u64,
-        m::aligned_alloc as *const () as u64,
-        m::memalign as *const () as u64,
-        m::valloc as *const () as u64,
-        m::pvalloc as *const () as u64,
-    ]
+/// An address inside this library: a function nothing exports. Not the address of a hook
+/// (`malloc as *const ()`): an exported name's address is what the loader binds that name to
+/// for everyone, and in a program built without PIE that takes `free`'s address, that is the
+/// program's own PLT entry. The hooks' own addresses are read from this library's symbol table
+/// instead (a GOT slot pointed at a PLT entry that jumps through it would loop forever).
+#[inline(never)]
+fn inside_runtime() {
+    std::hint::black_box(());
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -150,7 +143,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 pub struct Survey {
     registry: MutexGuard<'static, Registry>,
     generation: u64,
-    ours: [u64; NAMES.len()],
+    runtime_function: u64,
     libc_function: u64,
     runtime_seen: bool,
     /// Names defined by modules that precede the runtime in the global scope.
@@ -167,7 +160,7 @@ impl Survey {
         Some(Survey {
             registry,
             generation,
-            ours: ours(),
+            runtime_function: inside_runtime as *const () as u64,
             libc_function: crate::libc_heap::__libc_malloc as *const () as u64,
             runtime_seen: false,
             before_runtime: 0,
@@ -194,7 +187,7 @@ impl Survey {
                 (m.kind, m.defines)
             }
             None => {
-                let kind = if layout.contains(self.ours[0]) {
+                let kind = if layout.contains(self.runtime_function) {
                     Kind::Runtime
                 } else if layout.contains(self.libc_function) {
                     Kind::Libc
@@ -233,7 +226,7 @@ impl Survey {
         }
         let mut plan = Plan {
             generation,
-            ours: self.ours,
+            ours: [0; NAMES.len()],
             interposed: ALL & !self.before_runtime,
             other_definers: 0,
             libc: [0; NAMES.len()],
@@ -243,7 +236,8 @@ impl Survey {
             match m.kind {
                 Kind::Other => plan.other_definers |= m.defines,
                 Kind::Libc => plan.libc = m.definitions,
-                _ => {}
+                Kind::Runtime => plan.ours = m.definitions,
+                Kind::Loader => {}
             }
         }
         if plan.interposed == 0 {
@@ -306,7 +300,7 @@ unsafe extern "C" fn rewrite(
         let cell = unsafe { AtomicU64::from_ptr(slot.addr as *mut u64) };
         let value = cell.load(Ordering::Acquire);
         let target = plan.ours[name];
-        if value == target {
+        if target == 0 || value == target {
             continue;
         }
         let glibc_bound = plan.libc[name] != 0 && value == plan.libc[name];
@@ -510,7 +504,7 @@ impl Layout {
             relro: self.relro,
             seen: generation,
         };
-        if kind == Kind::Runtime || kind == Kind::Loader {
+        if kind == Kind::Loader {
             return m;
         }
         let mut d = DynamicInfo::default();
@@ -556,7 +550,7 @@ impl Layout {
                 m.definitions[i] = self.bias.wrapping_add(sym.value);
             }
         }
-        if kind == Kind::Libc {
+        if kind == Kind::Libc || kind == Kind::Runtime {
             return m;
         }
         let relaent = if d.relaent == 0 { RELA_SIZE } else { d.relaent };
