@@ -93,15 +93,13 @@ fn same_dir(a: &Path, b: &Path) -> bool {
         )
 }
 
+/// The program's own run in the job's table: its run directory, its name and its pid.
+pub type ProgramRun<'a> = (&'a Path, &'a str, u32);
+
 /// What each traced process of the job left (its dumps and its analyses' report, or its
-/// host-leak reports), then one table of all of them with the ones that stand out. `job_run`
-/// (the program's own run) is in the table when it has a dump.
-pub fn print_summary(
-    config: &RunConfig,
-    job_run: &Path,
-    program: (&str, u32),
-    followed: &[Followed],
-) {
+/// host-leak reports), then one table of all of them with the ones that stand out; the
+/// program's own run is in the table when given (it recorded events itself).
+pub fn print_summary(config: &RunConfig, program: Option<ProgramRun<'_>>, followed: &[Followed]) {
     if followed.is_empty() {
         return;
     }
@@ -120,19 +118,18 @@ pub fn print_summary(
     }
     if config.host_leaks() {
         eprintln!(
-            "msmemscope: {} traced process(es) besides {}: run directories under {}",
+            "msmemscope: {} traced process(es) besides the program: run directories under {}",
             followed.len(),
-            program.0,
             config.output_path.display()
         );
         return;
     }
     let mut runs: Vec<PathBuf> = followed.iter().map(|f| f.dir.clone()).collect();
-    runs.push(job_run.to_path_buf());
+    if let Some((dir, _, _)) = program {
+        runs.push(dir.to_path_buf());
+    }
     match ranks::rows_of_runs(runs) {
-        Ok(rows) if !rows.is_empty() => {
-            eprint!("{}", job_table(&rows, job_run, program, followed))
-        }
+        Ok(rows) if !rows.is_empty() => eprint!("{}", job_table(&rows, program, followed)),
         Ok(_) => {}
         Err(failure) => eprintln!("msmemscope: job summary: {}", failure.message),
     }
@@ -204,17 +201,14 @@ fn dumps_in(dir: &Path) -> Vec<PathBuf> {
 /// stands out from the others, its command and run directory.
 fn job_table(
     rows: &[ranks::Row],
-    job_run: &Path,
-    program: (&str, u32),
+    program: Option<ProgramRun<'_>>,
     followed: &[Followed],
 ) -> String {
-    let job_name = job_run
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let process_of = |run: &str| -> (String, String) {
-        if run == job_name {
-            return (program.1.to_string(), program.0.to_string());
+        if let Some((dir, name, pid)) = program {
+            if dir.file_name().is_some_and(|n| n.to_string_lossy() == run) {
+                return (pid.to_string(), name.to_string());
+            }
         }
         followed
             .iter()

@@ -170,6 +170,8 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         _ => Vec::new(),
     };
     let shown_program = program[0].to_string_lossy();
+    // Whether the program's own run goes into the job's table (it recorded events itself).
+    let mut own_events = false;
     if config.host_leaks() {
         report_host_leaks(&dir, config, &status, &program[0]);
     } else {
@@ -181,9 +183,10 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
                 }
             }
         }
-        report_event_dump(&dir, config, &status, &program[0], !followed.is_empty());
+        own_events = report_event_dump(&dir, config, &status, &program[0], !followed.is_empty());
     }
-    crate::job::print_summary(config, dir.path(), (&shown_program, child.id()), &followed);
+    let program_run = own_events.then(|| (dir.path(), shown_program.as_ref(), child.id()));
+    crate::job::print_summary(config, program_run, &followed);
     if report {
         // The page is extra output: failing to write it is said, never the target's status.
         match crate::report::generate(dir.path()) {
@@ -308,7 +311,7 @@ fn report_event_dump(
     status: &std::process::ExitStatus,
     program: &std::ffi::OsStr,
     others_traced: bool,
-) {
+) -> bool {
     // Read through the held descriptor (whatever was renamed since), named by the run's path.
     let (dir, shown) = (run.resolved(), run.path());
     let mut dumps: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -330,12 +333,14 @@ fn report_event_dump(
         .map(|p| shown.join(p.strip_prefix(&dir).unwrap_or(&p)))
         .collect();
     dumps.sort();
-    if dumps.is_empty() && others_traced {
+    let recorded = dumps.iter().any(|d| !only_trace_rows(d));
+    if !recorded && others_traced {
         eprintln!(
             "msmemscope: {} recorded no events itself; the processes it started that did \
              are listed below",
             program.to_string_lossy()
         );
+        return false;
     } else if dumps.is_empty() {
         eprintln!(
             "msmemscope: no events were recorded: {}; run directory {}",
@@ -357,6 +362,30 @@ fn report_event_dump(
         Ok(report) if config.log_level < LogLevel::Error => eprint!("{report}"),
         _ => {}
     }
+    recorded
+}
+
+/// Whether a CSV dump holds nothing but the trace's own SYSTEM rows (its start and stop): what
+/// a program that never touched PyTorch leaves. Other formats are taken as holding events.
+fn only_trace_rows(dump: &Path) -> bool {
+    use std::io::BufRead;
+    const LOOKED_AT: usize = 8;
+    if dump.extension().is_none_or(|e| e != "csv") {
+        return false;
+    }
+    let Ok(file) = std::fs::File::open(dump) else {
+        return false;
+    };
+    let lines: Vec<String> = std::io::BufReader::new(file)
+        .lines()
+        .take(LOOKED_AT)
+        .map_while(Result::ok)
+        .collect();
+    lines.len() < LOOKED_AT
+        && lines
+            .iter()
+            .skip(1)
+            .all(|line| line.split(',').nth(1) == Some("SYSTEM"))
 }
 
 /// Prints every window's overview in stage order (a program may close and reopen windows), or
