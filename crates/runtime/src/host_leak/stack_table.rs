@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use msmemscope_core::host_leak::CountBytes;
@@ -55,7 +55,7 @@ impl Hash for StackKey {
 /// the frames' code objects were certainly alive).
 struct Entry {
     slot: u32,
-    python: Box<[String]>,
+    python: Box<[Arc<str>]>,
     /// The stack went on beyond the key's depth: callers further out share this entry.
     cut: bool,
 }
@@ -300,7 +300,7 @@ impl StackTable {
         let python = py
             .as_slice()
             .iter()
-            .map(|f| python::render(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
+            .map(|f| python::render_shared(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
             .collect();
         index.insert(key, Entry { slot, python, cut });
         self.interned.fetch_add(1, Ordering::Relaxed);
@@ -495,7 +495,7 @@ impl StackTable {
                 records.push(StackRecord {
                     id: entry.slot,
                     frames: key.c.as_slice().to_vec(),
-                    python: entry.python.to_vec(),
+                    python: entry.python.iter().map(|f| f.to_string()).collect(),
                     cut: entry.cut,
                     counts: self.counters.sum(entry.slot as usize),
                 });

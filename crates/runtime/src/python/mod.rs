@@ -16,8 +16,10 @@
 
 pub mod layout;
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use msmemscope_core::pyframes::linetable::line_at;
 
@@ -325,6 +327,30 @@ unsafe fn read_frame(api: &Api, frame: usize) -> Option<PyFrame> {
 /// Call only while the frame's code object is alive: from the thread that captured it, before
 /// its Python code moves on (the stack table does it when the stack is first interned).
 pub fn render(frame: &PyFrame) -> Option<String> {
+    render_shared(frame).map(|text| text.to_string())
+}
+
+/// What makes a frame's text: the code object and offset, and the objects its text is read
+/// from. A code object freed and another made at its address gets other names and tables, so
+/// a cached text is never given for the wrong code.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct RenderKey {
+    code: u64,
+    offset: i32,
+    first_line: i32,
+    file: usize,
+    name: usize,
+    table: usize,
+}
+
+/// Frames already turned into text. Stacks of a Python program share most of their frames (the
+/// import machinery's, a training loop's callers), so each is decoded once, not once per stack.
+static RENDERED: Mutex<Option<HashMap<RenderKey, Arc<str>>>> = Mutex::new(None);
+/// Past this many texts the cache starts again (code objects come and go: module bodies run once).
+const RENDERED_CAP: usize = 1 << 18;
+
+/// [`render`], the text shared with every stack holding the same frame.
+pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
     let api = API.load(Ordering::Acquire);
     if api.is_null() {
         return None;
@@ -335,19 +361,40 @@ pub fn render(frame: &PyFrame) -> Option<String> {
     let code = frame.code as usize;
     // SAFETY: the code object is alive (this function's contract) and was type-checked when
     // captured; the offsets are its version's.
-    unsafe {
-        let file = text_of(l, read(code + l.code_filename));
-        let name = text_of(l, read(code + l.code_name));
-        let first_line: i32 = read(code + l.code_firstlineno);
-        let table = bytes_of(read(code + l.code_linetable))?;
-        let line = line_at(l.format, table, first_line, frame.offset)
+    let key = unsafe {
+        RenderKey {
+            code: frame.code,
+            offset: frame.offset,
+            first_line: read(code + l.code_firstlineno),
+            file: read(code + l.code_filename),
+            name: read(code + l.code_name),
+            table: read(code + l.code_linetable),
+        }
+    };
+    let mut cache = RENDERED.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(text) = cache.get(&key) {
+        return Some(text.clone());
+    }
+    // SAFETY: as above: the key's objects are the live code object's own.
+    let text: Arc<str> = unsafe {
+        let file = text_of(l, key.file);
+        let name = text_of(l, key.name);
+        let table = bytes_of(key.table)?;
+        let line = line_at(l.format, table, key.first_line, key.offset)
             .map_or_else(|| "?".to_string(), |n| n.to_string());
-        Some(format!(
+        format!(
             "{}({line}): {}",
             file.as_deref().unwrap_or("<non-ascii file name>"),
             name.as_deref().unwrap_or("<non-ascii name>")
-        ))
+        )
+        .into()
+    };
+    if cache.len() >= RENDERED_CAP {
+        cache.clear();
     }
+    cache.insert(key, text.clone());
+    Some(text)
 }
 
 /// The text of a `str`: compact ASCII strings hold it inline; others only when their UTF-8
