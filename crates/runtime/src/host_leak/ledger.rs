@@ -55,7 +55,7 @@ use super::striped::StripedCountBytes;
 use crate::clock::realtime_ns;
 use crate::guard::Entered;
 use crate::python::{self, PyStack};
-use crate::unwind::{with_stack, CapturedStack};
+use crate::unwind::{with_stack, with_stack_above, CapturedStack};
 
 /// After a recycling pass that freed nothing, wait this long before scanning again.
 const RECYCLE_RETRY_MS: u64 = 50;
@@ -288,7 +288,14 @@ impl Ledger {
         let ts = if python::active() {
             let mut py = PyStack::empty();
             python::capture(&mut py);
-            with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag, stripe))
+            // With Python frames the key keeps only the C frames above the interpreter's, so
+            // the walk ends there.
+            match python::interpreter_code().filter(|_| py.len > 0) {
+                Some(code) => with_stack_above(code, |stack, tag| {
+                    self.insert(ptr, size, stack, &py, tag, stripe)
+                }),
+                None => with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag, stripe)),
+            }
         } else {
             with_stack(|stack, tag| self.insert(ptr, size, stack, &python::NO_FRAMES, tag, stripe))
         };

@@ -194,6 +194,13 @@ pub fn frames_above_interpreter(frames: &[u64]) -> usize {
         .unwrap_or(frames.len())
 }
 
+/// The code of the module holding the interpreter, once one was found.
+pub fn interpreter_code() -> Option<std::ops::Range<u64>> {
+    let api = API.load(Ordering::Acquire);
+    // SAFETY: API only ever holds null or a leaked, never freed Api.
+    (!api.is_null()).then(|| unsafe { &*api }.interpreter.clone())
+}
+
 /// `3.11.7 (main, …)` → (3, 11).
 fn parse_version(text: &[u8]) -> Option<(u8, u8)> {
     let head = text.split(|&b| b == b' ').next()?;

@@ -119,8 +119,25 @@ pub fn prime_this_thread() {
 /// it and its memo tag (0 when the stack was walked afresh, else what `f` stored last time for
 /// the same stack). Must be called with the reentrancy guard held: the first call on a thread
 /// allocates (rule cache, memo, stack bounds).
-#[inline(never)]
 pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
+    walk_stack(None, f)
+}
+
+/// [`with_stack`], the walk ending at the first frame inside `stop` (the interpreter's code,
+/// when the allocation's Python frames say the rest): the frames above it are all a stack key
+/// keeps then, and walking the interpreter's frames below them is most of the work.
+pub fn with_stack_above<R>(
+    stop: std::ops::Range<u64>,
+    f: impl FnOnce(&CapturedStack, &mut u64) -> R,
+) -> R {
+    walk_stack(Some(stop), f)
+}
+
+#[inline(never)]
+fn walk_stack<R>(
+    stop: Option<std::ops::Range<u64>>,
+    f: impl FnOnce(&CapturedStack, &mut u64) -> R,
+) -> R {
     let mut f = Some(f);
     let mut call =
         |stack: &CapturedStack, tag: &mut u64| (f.take().expect("called once"))(stack, tag);
@@ -136,6 +153,7 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
             snapshot: snapshot as *const _ as usize,
             sp,
             bp: range.class_of(bp),
+            stop: stop.as_ref().map_or(0, |r| r.start),
         };
         if let Some(slot) = thread.memo.lookup(&key, range) {
             let entry = thread.memo.entry(slot)?;
@@ -144,7 +162,15 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
         let start = WalkStart { pc, sp, bp, range };
         let (mut stack, mut log) = (CapturedStack::empty(), ReadLog::new());
         let mut snapshot = snapshot;
-        let unknown = walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
+        let stop = stop.as_ref();
+        let unknown = walk(
+            snapshot,
+            &mut thread.rules,
+            &start,
+            &mut log,
+            &mut stack,
+            stop,
+        );
         if unknown.direct_caller || (unknown.deeper() && !unknown.confirmed(snapshot)) {
             // The stack met code of a library loaded since the last scan, or code outside every
             // module (JIT code, a frame-pointer guess through code without unwind tables).
@@ -152,7 +178,14 @@ pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
                 modules::Rescan::Changed => {
                     snapshot = modules::current()?;
                     (stack, log) = (CapturedStack::empty(), ReadLog::new());
-                    walk(snapshot, &mut thread.rules, &start, &mut log, &mut stack);
+                    walk(
+                        snapshot,
+                        &mut thread.rules,
+                        &start,
+                        &mut log,
+                        &mut stack,
+                        stop,
+                    );
                 }
                 // Not memoized: the next allocation from here asks for a rescan again.
                 _ if unknown.direct_caller => {
@@ -274,13 +307,15 @@ impl Unknown {
     }
 }
 
-/// One walk into `out`, recording the stack words read.
+/// One walk into `out`, recording the stack words read; it ends before the first frame in
+/// `stop`.
 fn walk(
     snapshot: &modules::Snapshot,
     rules: &mut RuleCache,
     start: &WalkStart,
     log: &mut ReadLog,
     out: &mut CapturedStack,
+    stop: Option<&std::ops::Range<u64>>,
 ) -> Unknown {
     let range = start.range;
     let mut read_stack = |addr: u64| {
@@ -291,6 +326,9 @@ fn walk(
     out.len = 0;
     out.cut = false;
     unwind(snapshot, rules, start, &mut read_stack, |address| {
+        if stop.is_some_and(|r| r.contains(&address)) {
+            return false;
+        }
         // One frame past the key's depth is only looked at, to know the stack was cut.
         if out.len == MAX_FRAMES {
             out.cut = true;

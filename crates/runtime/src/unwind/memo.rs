@@ -54,6 +54,8 @@ pub struct MemoKey {
     pub sp: u64,
     /// The starting frame pointer's class.
     pub bp: u64,
+    /// Where the walk was told to end (the start of the code range it ends at; 0: nowhere).
+    pub stop: u64,
 }
 
 /// The stack words one walk read, in order.
@@ -235,6 +237,7 @@ mod tests {
             snapshot: 1,
             sp: base,
             bp: u64::MAX,
+            stop: 0,
         };
         let mut stack = CapturedStack::empty();
         stack.frames[0] = 0x4000_1234;

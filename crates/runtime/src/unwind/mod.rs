@@ -6,4 +6,4 @@ pub mod maps;
 mod memo;
 pub mod modules;
 
-pub use capture::{capture_deep, with_stack, CapturedStack, MAX_FRAMES};
+pub use capture::{capture_deep, with_stack, with_stack_above, CapturedStack, MAX_FRAMES};
