@@ -136,7 +136,7 @@ pub fn print_summary(config: &RunConfig, program: Option<ProgramRun<'_>>, follow
 }
 
 fn print_event_results(dir: &Path, verbose: bool) {
-    for dump in dumps_in(dir) {
+    for (_, dump) in ranks::dump_files(dir) {
         eprintln!("msmemscope:   event dump: {}", dump.display());
     }
     if verbose {
@@ -150,19 +150,8 @@ fn print_event_results(dir: &Path, verbose: bool) {
 
 fn print_host_leak_reports(dir: &Path, verbose: bool) {
     let host = dir.join("host_leak");
-    let mut overviews: Vec<PathBuf> = std::fs::read_dir(&host)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("leak_overview_") && n.ends_with(".txt"))
-        })
-        .collect();
-    overviews.sort();
-    for overview in overviews {
+    for name in crate::launcher::overviews_in(&host) {
+        let overview = host.join(name);
         if verbose {
             if let Ok(text) = std::fs::read_to_string(&overview) {
                 for line in text.lines() {
@@ -172,29 +161,6 @@ fn print_host_leak_reports(dir: &Path, verbose: bool) {
         }
         eprintln!("msmemscope:   host leak report: {}", overview.display());
     }
-}
-
-/// The dump files of a run directory (`device_*/dump/memscope_dump_*`).
-fn dumps_in(dir: &Path) -> Vec<PathBuf> {
-    let mut dumps: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("device_"))
-        .flat_map(|e| {
-            std::fs::read_dir(e.path().join("dump"))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
-        })
-        .collect();
-    dumps.sort();
-    dumps
 }
 
 /// One line per traced process and device: pid, rank, peak, what the leaks analysis found, whether it

@@ -428,7 +428,7 @@ fn report_host_leaks(
 }
 
 /// The names of the `leak_overview_{stage}.txt` files in `dir`, by stage number (so `_10` comes after `_9`).
-fn overviews_in(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn overviews_in(dir: &Path) -> Vec<PathBuf> {
     let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -126,7 +126,7 @@ fn collect_runs(dir: &Path, depth: usize, runs: &mut Vec<PathBuf>) {
 
 /// A run's dumps, `(device directory, file)`: one file per dump, its `.csv` or `.db` when it
 /// has one (an exported `.parquet` beside it is the same rows), else its `.parquet`.
-fn dump_files(run: &Path) -> Vec<(String, PathBuf)> {
+pub fn dump_files(run: &Path) -> Vec<(String, PathBuf)> {
     let mut files: Vec<(String, PathBuf)> = Vec::new();
     let Ok(entries) = std::fs::read_dir(run) else {
         return files;

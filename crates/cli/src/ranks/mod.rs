@@ -12,6 +12,7 @@ mod engine;
 mod native;
 mod table;
 
+pub use discover::dump_files;
 pub use table::{bytes, Row};
 
 use std::ffi::OsString;
