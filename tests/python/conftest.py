@@ -99,9 +99,16 @@ def run_under_cli(
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """Runs ``script`` with this interpreter under the CLI (output in ``tmp/out``, one OpenMP
     thread); asserts it succeeded and the tracker reported no error. Returns (process, output)."""
+    return run_command_under_cli(tmp, sys.executable, str(script), *args, options=options)
+
+
+def run_command_under_cli(
+    tmp: Path, *command: str, options: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Runs ``command`` (any program) under the CLI as :func:`run_under_cli` runs a script."""
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / "out"
-    cmd = [str(CLI), *options, "-o", str(out), sys.executable, str(script), *args]
+    cmd = [str(CLI), *options, "-o", str(out), *command]
     proc = subprocess.run(
         cmd,
         capture_output=True,

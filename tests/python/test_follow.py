@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from conftest import CLI, NEEDS_CLI_AND_TORCH, REPO, clean_env
+from conftest import CLI, NEEDS_CLI_AND_TORCH, REPO, clean_env, run_command_under_cli
 
 pytestmark = NEEDS_CLI_AND_TORCH
 
@@ -29,18 +29,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 def launch(tmp: Path, *command: str, options: tuple[str, ...] = ()) -> tuple[str, str, Path]:
     """Runs ``command`` under the CLI with its output in ``tmp/out``; returns stdout, stderr
     and the output directory. The command must succeed."""
-    out = tmp / "out"
-    cmd = [str(CLI), *options, "-o", str(out), *command]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=clean_env(OMP_NUM_THREADS="1"),
-        cwd=tmp,
-    )
-    assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert "tracker error" not in proc.stderr, proc.stderr
+    proc, out = run_command_under_cli(tmp, *command, options=options)
     return proc.stdout, proc.stderr, out
 
 
