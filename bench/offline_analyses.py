@@ -248,11 +248,15 @@ def duckdb_scan(path):
     over them: a lower bound of any analysis done on DuckDB over the CSV."""
     import duckdb
 
-    (rows, ops, size) = duckdb.connect().execute(
-        f"""SELECT count(*), count(*) FILTER (WHERE "Event" = 'OP_LAUNCH'),
+    (rows, ops, size) = (
+        duckdb.connect()
+        .execute(
+            f"""SELECT count(*), count(*) FILTER (WHERE "Event" = 'OP_LAUNCH'),
                    sum(CAST(json_extract("Attr", '$.size') AS BIGINT))
             FROM read_csv_auto('{path}', header = true)"""
-    ).fetchone()
+        )
+        .fetchone()
+    )
     return {"rows": int(rows), "ops": int(ops), "size": int(size or 0)}
 
 

@@ -88,6 +88,9 @@ def start() -> None:
     if "host-leaks" in analyses and not nat.host_hooks_active():
         raise ValueError(nat.HOST_HOOKS_MISSING)
     nat.start()
+    if "host-leaks" in analyses:
+        # Python objects come from CPython's own allocators, which malloc's hooks never see.
+        nat.track_python_objects()
     if "host-leaks" not in analyses and "torch" in sys.modules:
         # Tracing from Python: PyTorch ops and tensors are recorded from here on.
         from .frameworks import torch_tracker

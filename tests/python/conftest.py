@@ -123,7 +123,9 @@ def run_command_under_cli(
 
 
 # One site line of a host-leak overview (leak_overview_N.txt).
-_SITE = re.compile(r"^#R?\d+ \[(?:stack \d+|unknown bucket)\] unfreed (\d+) blocks / (\d+) bytes;")
+_SITE = re.compile(
+    r"^#R?\d+ \[(?:stack \d+(?:, pymalloc)?|unknown bucket)\] unfreed (\d+) blocks / (\d+) bytes;"
+)
 
 
 def unfreed_blocks_of_size(report: str, size: int) -> int:
@@ -147,6 +149,34 @@ def interpreter(version: str) -> Path | None:
         if path.is_file() and os.access(path, os.X_OK):
             return path
     return None
+
+
+LEAKER_SOURCE = REPO / "tests" / "python" / "native" / "leaker.c"
+
+
+def build_leaker(python: Path, out: Path) -> None:
+    """Compiles the ``leaker`` C extension (tests/python/native/leaker.c) for `python` into
+    `out`, against that interpreter's headers."""
+    query = (
+        "import sysconfig as s; "
+        "print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"
+    )
+    include, suffix = subprocess.run(
+        [str(python), "-c", query], capture_output=True, text=True, check=True
+    ).stdout.split()
+    subprocess.run(
+        [
+            "gcc",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            f"-I{include}",
+            str(LEAKER_SOURCE),
+            "-o",
+            str(out / f"leaker{suffix}"),
+        ],
+        check=True,
+    )
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI, clean_env, interpreter
+from conftest import CLI, build_leaker, clean_env, interpreter
 
 HERE = Path(__file__).resolve().parent
 SERVICE = HERE / "scripts" / "leaky_service.py"
-LEAKER = HERE / "native" / "leaker.c"
 
 pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built")
 
@@ -47,35 +46,11 @@ def interpreters() -> list[Path]:
     return found
 
 
-def build_leaker(python: Path, out: Path) -> None:
-    """Compiles leaker.c for `python` into `out` (where the service script is copied)."""
-    query = (
-        "import sysconfig as s; "
-        "print(s.get_paths()['include']); print(s.get_config_var('EXT_SUFFIX'))"
-    )
-    include, suffix = subprocess.run(
-        [str(python), "-c", query], capture_output=True, text=True, check=True
-    ).stdout.split()
-    subprocess.run(
-        [
-            "gcc",
-            "-O1",
-            "-shared",
-            "-fPIC",
-            f"-I{include}",
-            str(LEAKER),
-            "-o",
-            str(out / f"leaker{suffix}"),
-        ],
-        check=True,
-    )
-
-
-SITE = re.compile(r"^#\d+ \[stack \d+\] unfreed (\d+) blocks / (\d+) bytes;")
+SITE = re.compile(r"^#R?\d+ \[stack \d+\] unfreed (\d+) blocks / (\d+) bytes;")
 
 
 def sites(overview: str) -> list[tuple[int, int, str, list[str]]]:
-    """(unfreed blocks, bytes, class line, frame lines) of each TOP N site."""
+    """(unfreed blocks, bytes, class line, frame lines) of each site, TOP N and resident."""
     found = []
     lines = overview.splitlines()
     for i, line in enumerate(lines):

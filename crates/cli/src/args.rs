@@ -286,6 +286,13 @@ const OPTIONS: &[OptSpec] = &[
          (default exec): ",
     ),
     opt(
+        Some("python-objects"),
+        None,
+        Kind::Config(OptionName::PythonObjects),
+        "ON|OFF",
+        "host leaks: account Python objects too, CPython's own allocators (default on): ",
+    ),
+    opt(
         Some("report"),
         None,
         Kind::Report,

@@ -111,17 +111,26 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
             Ok(())
         });
     }
+    if config.tracks_python_objects() {
+        command.env(launch_env::PYTHON_OBJECTS, "1");
+    } else {
+        command.env_remove(launch_env::PYTHON_OBJECTS);
+    }
     if !config.host_leaks() {
         // Marks from NVTX-annotated code (the nvtx package, torch.cuda.nvtx) reach the runtime.
         command.env(launch_env::NVTX_INJECTION, &library);
-        // A Python target turns the PyTorch tracker on by itself once it imports torch.
+    }
+    if !config.host_leaks() || config.tracks_python_objects() {
+        // A Python target turns the PyTorch tracker on by itself once it imports torch; in a
+        // host-leak run it wraps the interpreter's allocators instead.
         match python_autostart_path() {
             Some(path) => {
                 command.env("PYTHONPATH", path);
             }
             None => log(
                 &dir,
-                "Python package not found: PyTorch tracking cannot start by itself",
+                "Python package not found: PyTorch tracking (event runs) or Python-object \
+                 tracking (host-leak runs) cannot start by itself",
             ),
         }
     }

@@ -611,12 +611,13 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
     records
 }
 
-const CSV_HEADER: [&str; 5] = [
+const CSV_HEADER: [&str; 6] = [
     "addr",
     "size",
     "alloc_ts",
     "Call Stack(C)",
     "Call Stack(Python)",
+    "Domain",
 ];
 
 /// Checks the block detail against the overview; returns the data rows.
@@ -633,7 +634,7 @@ fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
     let first_line = text.lines().next().unwrap_or("");
     assert_eq!(
         first_line,
-        "addr,size,alloc_ts,Call Stack(C),Call Stack(Python)"
+        "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain"
     );
     let records = parse_csv(&text);
     assert_eq!(records[0], CSV_HEADER);
@@ -647,7 +648,7 @@ fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
     let mut total = 0;
     let mut prev = u64::MAX;
     for r in &rows {
-        assert_eq!(r.len(), 5, "row {r:?}");
+        assert_eq!(r.len(), 6, "row {r:?}");
         let addr =
             u64::from_str_radix(r[0].strip_prefix("0x").expect("hex addr"), 16).expect("addr");
         assert!(addrs.insert(addr), "duplicate address {}", r[0]);
@@ -662,6 +663,7 @@ fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
         assert!(ts > 0);
         assert!(!r[3].is_empty(), "C stack of {r:?}");
         assert_eq!(r[4], "", "no Python stack for a C program");
+        assert_eq!(r[5], "malloc", "a C program's blocks are all malloc's");
     }
     assert_eq!(
         total, ov.total_unfreed.1,

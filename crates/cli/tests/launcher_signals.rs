@@ -570,7 +570,7 @@ fn event_mode_writes_a_header_only_csv_when_nothing_is_unfreed() {
     );
     let csv = std::fs::read_to_string(run.run_dir().join("host_leak/block_detail_1.csv")).unwrap();
     assert_eq!(
-        csv, "addr,size,alloc_ts,Call Stack(C),Call Stack(Python)\r\n",
+        csv, "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain\r\n",
         "header only"
     );
 }

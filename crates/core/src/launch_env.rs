@@ -18,6 +18,9 @@ pub const LOG_DIR: &str = "msmemscope_logs";
 pub const RUNTIME_LIBRARY: &str = "libmsmemscope_runtime.so";
 /// Where NVTX-annotated code looks for its injection library (our runtime).
 pub const NVTX_INJECTION: &str = "NVTX_INJECTION64_PATH";
+/// Set for a host-leak run that accounts Python objects: the start-up module (`sitecustomize`)
+/// then wraps CPython's allocators instead of turning the PyTorch tracker on.
+pub const PYTHON_OBJECTS: &str = "MSMEMSCOPE_PYTHON_OBJECTS";
 /// Overrides where the launcher finds the Python package (`<dir>/msmemscope`).
 pub const PYTHON_DIR: &str = "MSMEMSCOPE_PYTHON_DIR";
 /// The online analyses' console report, in the run directory; the launcher prints it.

@@ -72,6 +72,7 @@ fn example(option: OptionName) -> &'static str {
         OptionName::InputPath => "a.csv,b.csv",
         OptionName::Pid => "1234",
         OptionName::Follow => "exec",
+        OptionName::PythonObjects => "off",
     }
 }
 

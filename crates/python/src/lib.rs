@@ -223,6 +223,16 @@ fn host_hooks_active() -> PyResult<bool> {
     Ok(unsafe { (rt.host_hooks_active)() } == 1)
 }
 
+/// Wraps CPython's allocators so that the open host-leak window accounts Python objects (the
+/// runtime's `msmemscope_track_python_objects`, called holding the GIL as it requires): 1 once
+/// in, -1 not a host-leak run, -2 turned off, -3 this interpreter cannot be wrapped.
+#[pyfunction]
+fn track_python_objects() -> PyResult<i32> {
+    let rt = require_runtime()?;
+    // SAFETY: a resolved ABI function without arguments; a pyfunction runs holding the GIL.
+    Ok(unsafe { (rt.track_python_objects)() })
+}
+
 fn mstx_message(message: &str) -> PyResult<CString> {
     CString::new(message)
         .map_err(|_| PyValueError::new_err("message must not contain a NUL character"))
@@ -309,6 +319,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(leak_suspects, m)?)?;
     m.add_function(wrap_pyfunction!(optimizer_step, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
+    m.add_function(wrap_pyfunction!(track_python_objects, m)?)?;
     m.add_function(wrap_pyfunction!(abi_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(emit::emit, m)?)?;
     m.add_function(wrap_pyfunction!(mstx_mark, m)?)?;

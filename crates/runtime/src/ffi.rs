@@ -304,3 +304,32 @@ pub fn host_hooks_active() -> bool {
 pub fn str_ref(s: &str) -> StrRef {
     StrRef::new(s)
 }
+
+/// Wraps CPython's own allocators so that host-leak windows account Python objects (see
+/// `hooks::pymem`). Call from Python, holding the GIL (ctypes' `PyDLL`, or the extension
+/// module): the start-up module of a launched run calls it, and so does `msmemscope.start()`.
+/// Returns 1 once the wrappers are in; -1 when this run does not look for host leaks (nothing
+/// done); -2 when `--python-objects=off`; -3 when the interpreter cannot be wrapped (no CPython
+/// whose frames this runtime reads, or no allocator API).
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn msmemscope_track_python_objects() -> i32 {
+    catch_unwind(|| {
+        let config = crate::session::config();
+        let open = crate::host_leak::window::active();
+        if open.is_none() && !config.host_leaks() {
+            return -1;
+        }
+        let wanted = open.map_or(config.tracks_python_objects(), |l| {
+            l.settings.python_objects_on()
+        });
+        if !wanted {
+            return -2;
+        }
+        // SAFETY: our contract: the caller holds the GIL.
+        match unsafe { crate::hooks::pymem::install() } {
+            Ok(()) => 1,
+            Err(_) => -3,
+        }
+    })
+    .unwrap_or(-3)
+}

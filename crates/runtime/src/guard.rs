@@ -12,6 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// What a thread keeps while it may be inside the runtime.
 struct ThreadSlots {
     inside: Cell<bool>,
+    /// Set with `inside` while the program's own allocation work runs beneath a hook that
+    /// records it itself (the interpreter's allocator calling `malloc` for a big object): the
+    /// nested `malloc` is neither the program's to record again nor the runtime's own.
+    passing_through: Cell<bool>,
     /// This thread's counter stripe (`usize::MAX` until first asked).
     stripe: Cell<usize>,
 }
@@ -21,6 +25,7 @@ thread_local! {
     static SLOTS: ThreadSlots = const {
         ThreadSlots {
             inside: Cell::new(false),
+            passing_through: Cell::new(false),
             stripe: Cell::new(usize::MAX),
         }
     };
@@ -69,6 +74,49 @@ impl Entered {
         }
         index
     }
+}
+
+/// Held while an outer hook runs the program's own allocator beneath it (see
+/// `ThreadSlots::passing_through`): nested hooks record nothing and pass straight through.
+pub struct PassingThrough {
+    slots: *const ThreadSlots,
+}
+
+impl PassingThrough {
+    /// Begins passing through, or `None` when this thread is already inside the runtime.
+    #[inline]
+    pub fn try_begin() -> Option<PassingThrough> {
+        SLOTS
+            .try_with(|slots| {
+                if slots.inside.replace(true) {
+                    None
+                } else {
+                    slots.passing_through.set(true);
+                    Some(PassingThrough { slots })
+                }
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for PassingThrough {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: as for `Entered`: this thread's own thread-local slots.
+        let slots = unsafe { &*self.slots };
+        slots.passing_through.set(false);
+        slots.inside.set(false);
+    }
+}
+
+/// Whether this thread is passing an outer hook's allocation through (only meaningful when
+/// [`Entered::try_enter`] just returned `None`).
+#[inline]
+pub fn passing_through() -> bool {
+    SLOTS
+        .try_with(|slots| slots.passing_through.get())
+        .unwrap_or(false)
 }
 
 impl Drop for Entered {

@@ -8,6 +8,9 @@ file at start-up. It:
    ``msmemscope.frameworks.torch_tracker.install()``. Until then it costs one string comparison
    per first import of a module; a program that never imports torch never imports msmemscope
    nor torch because of it;
+   in a host-leak run (``MSMEMSCOPE_PYTHON_OBJECTS`` set) it instead asks the preloaded runtime
+   to wrap CPython's own allocators (``msmemscope_track_python_objects``, through ctypes'
+   ``PyDLL`` so that the GIL stays held), so that Python objects are accounted too;
 2. runs the next ``sitecustomize`` on ``sys.path`` (the user's or the distribution's), which
    this file shadows, and leaves that module as ``sys.modules["sitecustomize"]``.
 
@@ -195,9 +198,29 @@ def _chain():
     spec.loader.exec_module(module)
 
 
-try:
-    _install_hook()
-except Exception as _exc:
-    _report("cannot install the torch import hook", _exc)
+def _track_python_objects():
+    """Host-leak runs: the runtime wraps the interpreter's allocators (it needs the GIL, which
+    a ``PyDLL`` call keeps held)."""
+    import ctypes
+
+    try:
+        track = ctypes.PyDLL(None).msmemscope_track_python_objects
+    except AttributeError:
+        return  # the runtime is not in this process (the program replaced LD_PRELOAD)
+    track.restype = ctypes.c_int
+    track.argtypes = []
+    track()
+
+
+if os.environ.get("MSMEMSCOPE_PYTHON_OBJECTS") == "1":
+    try:
+        _track_python_objects()
+    except Exception as _exc:
+        _report("Python objects are not tracked", _exc)
+else:
+    try:
+        _install_hook()
+    except Exception as _exc:
+        _report("cannot install the torch import hook", _exc)
 
 _chain()

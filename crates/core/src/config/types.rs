@@ -130,9 +130,17 @@ pub struct RunConfig {
     /// Which processes of the job a launched run traces (`--follow`).
     #[serde(default)]
     pub follow: Follow,
+    /// Host-leak windows account CPython's own allocators (Python objects) too
+    /// (`--python-objects`).
+    #[serde(default = "python_objects_default")]
+    pub python_objects: bool,
     /// For a process traced because an earlier process of the job started it: which job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobLink>,
+}
+
+fn python_objects_default() -> bool {
+    true
 }
 
 /// `--follow`: which processes of the job a launched run traces.
@@ -201,6 +209,7 @@ impl Default for RunConfig {
             sample_rate: 1,
             distributed: None,
             follow: Follow::Exec,
+            python_objects: true,
             job: None,
         }
     }
@@ -209,6 +218,12 @@ impl Default for RunConfig {
 impl RunConfig {
     pub fn host_leaks(&self) -> bool {
         self.analysis.contains(&Analysis::HostLeaks)
+    }
+
+    /// Host-leak windows account Python objects: asked for (the default), with the Python
+    /// frames a Python object's site is made of.
+    pub fn tracks_python_objects(&self) -> bool {
+        self.host_leaks() && self.python_objects && self.call_stack.python != Some(0)
     }
 
     pub fn from_json(text: &str) -> Result<RunConfig, serde_json::Error> {

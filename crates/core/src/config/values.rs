@@ -469,6 +469,15 @@ pub fn parse_follow(value: &str) -> Result<Follow, ConfigError> {
     )
 }
 
+/// `--python-objects on|off`.
+pub fn parse_python_objects(value: &str) -> Result<bool, ConfigError> {
+    one_of(
+        OptionName::PythonObjects,
+        value,
+        &[("on", true), ("off", false)],
+    )
+}
+
 /// `--host-leak-mode summary|event`.
 pub fn parse_host_leak_mode(value: &str) -> Result<HostLeakMode, ConfigError> {
     one_of(
@@ -575,6 +584,7 @@ pub fn set_option(
             config.sample_rate = rate.effective;
         }
         OptionName::Follow => config.follow = parse_follow(value)?,
+        OptionName::PythonObjects => config.python_objects = parse_python_objects(value)?,
         OptionName::InputPath | OptionName::Pid => {
             return Err(ConfigError::NotConfigurable { option })
         }

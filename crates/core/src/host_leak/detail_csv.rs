@@ -1,8 +1,11 @@
 //! `block_detail_{stage}.csv`: one row per unfreed ledger block, largest first, RFC 4180.
 
+#[cfg(test)]
+use super::model::AllocDomain;
 use super::model::BlockDetail;
 
-pub const HEADER: &str = "addr,size,alloc_ts,Call Stack(C),Call Stack(Python)";
+/// The seed's columns, then the allocator the block came from (`malloc` or `pymalloc`).
+pub const HEADER: &str = "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain";
 
 /// Renders the rows in the order given (the caller sorts, largest first). Stacks are one
 /// field each, frames separated by newlines inside the quoted field.
@@ -15,6 +18,8 @@ pub fn render_block_detail(blocks: &[BlockDetail]) -> String {
         out.push_str(&quote(&b.c_stack.join("\n")));
         out.push(',');
         out.push_str(&quote(&b.python_stack.join("\n")));
+        out.push(',');
+        out.push_str(b.domain.label());
         out.push_str("\r\n");
     }
     out
@@ -45,8 +50,9 @@ mod tests {
                 addr: 0x10,
                 size: 8,
                 alloc_ts_ns: 5,
-                c_stack: vec!["a".into()],
-                python_stack: vec![],
+                c_stack: vec![],
+                python_stack: vec!["a.py(3): f".into()],
+                domain: AllocDomain::Pymalloc,
             },
             BlockDetail {
                 addr: 0x20,
@@ -54,15 +60,16 @@ mod tests {
                 alloc_ts_ns: 6,
                 c_stack: vec!["f (m+0x1)".into(), "g \"q\", x".into()],
                 python_stack: vec![],
+                domain: AllocDomain::Malloc,
             },
         ];
         sort_blocks(&mut blocks);
         let text = render_block_detail(&blocks);
         assert_eq!(
             text,
-            "addr,size,alloc_ts,Call Stack(C),Call Stack(Python)\r\n\
-             0x0000000000000020,64,6,\"f (m+0x1)\ng \"\"q\"\", x\",\r\n\
-             0x0000000000000010,8,5,a,\r\n"
+            "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain\r\n\
+             0x0000000000000020,64,6,\"f (m+0x1)\ng \"\"q\"\", x\",,malloc\r\n\
+             0x0000000000000010,8,5,,a.py(3): f,pymalloc\r\n"
         );
     }
 }

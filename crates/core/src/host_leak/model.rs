@@ -93,6 +93,45 @@ pub struct DataHealth {
     pub unread_shards: u32,
     /// Which allocator the program's `malloc` reached.
     pub allocator: AllocatorPath,
+    /// Whether the interpreter's own allocators (Python objects) were accounted.
+    pub python_objects: PythonObjects,
+}
+
+/// Which allocator a block came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AllocDomain {
+    /// The C heap: `malloc` and its family, C++ `new`.
+    #[default]
+    Malloc,
+    /// CPython's own allocators (`PyMem_Malloc`, `PyObject_Malloc`): Python objects and the
+    /// interpreter's memory, served from its arenas rather than from `malloc`.
+    Pymalloc,
+}
+
+impl AllocDomain {
+    /// The name in reports and in `block_detail`'s `Domain` column.
+    pub fn label(self) -> &'static str {
+        match self {
+            AllocDomain::Malloc => "malloc",
+            AllocDomain::Pymalloc => "pymalloc",
+        }
+    }
+}
+
+/// Whether a window accounted the interpreter's allocators, and if not, why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PythonObjects {
+    /// No CPython whose allocators can be wrapped runs in the process.
+    #[default]
+    NoInterpreter,
+    /// Turned off (`--python-objects=off`, or `--call-stack=python:0`: a Python object's site is
+    /// its Python frames).
+    Off,
+    /// CPython runs, but its allocators were not wrapped: the interpreter never called in (it
+    /// started without msmemscope's start-up module, e.g. `python -S` or `-I`).
+    NotInstalled,
+    /// Wrapped: the Python-object allocations the window tracked.
+    Tracked { allocations: CountBytes },
 }
 
 /// Where the program's `malloc` calls go, as the runtime found the process's symbol lookup.
@@ -127,6 +166,8 @@ pub struct LeakSite {
     pub python_frames: Vec<String>,
     /// The stack went on beyond the key's depth: callers further out share this site.
     pub cut: bool,
+    /// The allocator the site's blocks came from.
+    pub domain: AllocDomain,
     /// The site's live bytes at each beat, `(beat, bytes)`, for displays (`leak_sites_N.json`);
     /// filled for the sites the report shows, empty when the site has no series.
     pub live_series: Vec<(f64, u64)>,
@@ -158,6 +199,7 @@ pub struct BlockDetail {
     pub alloc_ts_ns: u64,
     pub c_stack: Vec<String>,
     pub python_stack: Vec<String>,
+    pub domain: AllocDomain,
 }
 
 #[derive(Clone, Debug, PartialEq)]

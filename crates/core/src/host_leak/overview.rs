@@ -2,7 +2,9 @@
 
 use std::fmt::Write;
 
-use super::model::{truncation, AllocatorPath, CountBytes, HostLeakReport, LeakSite};
+use super::model::{
+    truncation, AllocDomain, AllocatorPath, CountBytes, HostLeakReport, LeakSite, PythonObjects,
+};
 use super::{SizeHistogram, SIZE_BUCKETS};
 use crate::config::HostLeakMode;
 use crate::time_fmt::{human_bytes, utc_timestamp};
@@ -186,6 +188,28 @@ fn data_health(out: &mut String, report: &HostLeakReport) {
         None => "none (no CPython whose frames can be read in this process)".to_string(),
     };
     let _ = writeln!(out, "Python frames: {python}");
+    let objects = match &h.python_objects {
+        PythonObjects::NoInterpreter => None,
+        PythonObjects::Off => Some(
+            "off (--python-objects=off, or no Python frames with --call-stack=python:0): only \
+             the C heap"
+                .to_string(),
+        ),
+        PythonObjects::NotInstalled => Some(
+            "NOT tracked: the interpreter did not load msmemscope's start-up module (python -S \
+             or -I, or PYTHONPATH replaced), so its own allocators were not wrapped; Python \
+             objects are invisible, only the C heap is accounted"
+                .to_string(),
+        ),
+        PythonObjects::Tracked { allocations } => Some(format!(
+            "tracked (pymalloc, the interpreter's own allocators): {}; their sites are marked \
+             [.., pymalloc] and carry Python frames only",
+            count_bytes(*allocations)
+        )),
+    };
+    if let Some(objects) = objects {
+        let _ = writeln!(out, "Python objects: {objects}");
+    }
     let _ = writeln!(
         out,
         "Deep stacks: {} of {} stacks cut at the key's depth (callers further out share their site)",
@@ -346,10 +370,13 @@ fn factor(value: Option<f64>) -> String {
 }
 
 fn site_block(out: &mut String, rank: &str, site: &LeakSite) {
-    let id = match site.stack_id {
+    let mut id = match site.stack_id {
         Some(id) => format!("stack {id}"),
         None => "unknown bucket".to_string(),
     };
+    if site.domain == AllocDomain::Pymalloc {
+        id.push_str(", pymalloc");
+    }
     let _ = writeln!(
         out,
         "{rank} [{id}] unfreed {} blocks / {} bytes; allocated {} / {} bytes; freed {} / {} bytes",
@@ -443,6 +470,7 @@ mod tests {
             stack_cap: 400_000,
             unread_shards: 0,
             allocator: AllocatorPath::Glibc,
+            python_objects: PythonObjects::NoInterpreter,
         }
     }
 
@@ -465,6 +493,7 @@ mod tests {
             frames: vec![frame.to_string()],
             python_frames: Vec::new(),
             cut: false,
+            domain: AllocDomain::Malloc,
             live_series: Vec::new(),
         }
     }
@@ -549,6 +578,30 @@ mod tests {
                 "rare a.c:3",
             ),
         ]
+    }
+
+    #[test]
+    fn python_object_sites_say_their_allocator() {
+        let mut sites = sample();
+        sites[1].domain = AllocDomain::Pymalloc;
+        sites[1].frames.clear();
+        sites[1].python_frames = vec!["train.py(12): collect".to_string()];
+        let mut r = report(sites, false);
+        let text = render_overview(&r);
+        assert!(!text.contains("Python objects:"), "{text}");
+        assert!(
+            text.contains("#1 [stack 2, pymalloc] unfreed 99 blocks / 10000 bytes;"),
+            "{text}"
+        );
+        assert!(text.contains("\n    py train.py(12): collect\n"), "{text}");
+        r.health.python_objects = PythonObjects::Tracked {
+            allocations: cb(5, 500),
+        };
+        assert!(render_overview(&r).contains(
+            "\nPython objects: tracked (pymalloc, the interpreter's own allocators): 5 (500 bytes);"
+        ));
+        r.health.python_objects = PythonObjects::NotInstalled;
+        assert!(render_overview(&r).contains("\nPython objects: NOT tracked: "));
     }
 
     #[test]

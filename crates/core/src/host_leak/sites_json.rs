@@ -32,6 +32,7 @@ fn site_json(rank: String, site: &LeakSite) -> Value {
         "freed": count_bytes(site.freed),
         "frames": site.frames,
         "python_frames": site.python_frames,
+        "domain": site.domain.label(),
         "series": site.live_series.iter().map(|&(beat, bytes)| json!([beat, bytes])).collect::<Vec<_>>(),
     })
 }

@@ -21,7 +21,7 @@ use crate::host_leak::window;
 /// `free` promises to keep it), never ours. Only work that records goes through here, so a hook
 /// with nothing to record costs nothing more.
 #[inline(always)]
-fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
+pub(super) fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
     // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
     let errno = unsafe { *libc::__errno_location() };
     let result = catch_unwind(AssertUnwindSafe(work)).ok();
@@ -60,6 +60,8 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
                     }
                 });
             }
+            // The interpreter's allocator, already recording this block as a Python object.
+            None if crate::guard::passing_through() => {}
             // glibc allocating for the runtime: see own_blocks.
             None => {
                 caught(|| own_blocks::insert(ptr as usize));
@@ -85,6 +87,7 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
                     });
                     drop(entered);
                 }
+                None if crate::guard::passing_through() => {}
                 None => {
                     caught(|| own_blocks::remove(ptr as usize));
                 }
@@ -146,6 +149,10 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     };
     let failed = |new: *mut c_void| new.is_null() && size != 0;
     let Some(entered) = Entered::try_enter() else {
+        if crate::guard::passing_through() {
+            // SAFETY: as below: the caller's live block, unchanged.
+            return unsafe { forward::realloc(ptr, size) };
+        }
         // glibc reallocating for the runtime: the new block is the runtime's too.
         let was_own = caught(|| own_blocks::remove(ptr as usize)).unwrap_or(false);
         // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged.

@@ -9,3 +9,4 @@ pub mod forward;
 pub mod got;
 pub mod malloc;
 mod own_blocks;
+pub mod pymem;

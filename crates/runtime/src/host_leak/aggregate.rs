@@ -12,8 +12,8 @@ use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::overview::render_overview;
 use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
-    AllocatorPath, BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite, SeriesMeta,
-    SizeHistogram, WindowSpan,
+    AllocDomain, AllocatorPath, BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite,
+    PythonObjects, SeriesMeta, SizeHistogram, WindowSpan,
 };
 use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::symbolize::Symbolizer;
@@ -116,6 +116,7 @@ pub fn build_report(
             frames: Vec::new(),
             python_frames: Vec::new(),
             cut: s.cut,
+            domain: s.domain,
             live_series: Vec::new(),
         });
         frames_of.insert(s.id, s.frames);
@@ -131,6 +132,7 @@ pub fn build_report(
             frames: Vec::new(),
             python_frames: Vec::new(),
             cut: false,
+            domain: AllocDomain::Malloc,
             live_series: Vec::new(),
         });
     }
@@ -161,10 +163,10 @@ pub fn build_report(
     }
 
     let details = event_mode.then(|| {
-        let by_id: HashMap<Option<u32>, (&Vec<String>, &Vec<String>)> = sites
+        let by_id: HashMap<Option<u32>, ShownSite<'_>> = sites
             .iter()
             .chain(resident.iter())
-            .map(|s| (s.stack_id, (&s.frames, &s.python_frames)))
+            .map(|s| (s.stack_id, (&s.frames, &s.python_frames, s.domain)))
             .collect();
         let mut details: Vec<BlockDetail> = raw_blocks
             .into_iter()
@@ -176,6 +178,7 @@ pub fn build_report(
                     alloc_ts_ns: ts,
                     c_stack: by_id.get(&key).map(|f| f.0.clone()).unwrap_or_default(),
                     python_stack: by_id.get(&key).map(|f| f.1.clone()).unwrap_or_default(),
+                    domain: by_id.get(&key).map(|f| f.2).unwrap_or_default(),
                 }
             })
             .collect();
@@ -227,6 +230,7 @@ pub fn build_report(
         stack_cap: s.stack_cap,
         unread_shards: unread,
         allocator: allocator_path(),
+        python_objects: python_objects(ledger),
     };
     let report = HostLeakReport {
         stage: ledger.stage,
@@ -262,11 +266,29 @@ pub fn build_report(
     (report, details)
 }
 
+/// What a block's row shows of its site: C frames, Python frames, allocator.
+type ShownSite<'a> = (&'a Vec<String>, &'a Vec<String>, AllocDomain);
+
 /// A stack's unfreed blocks and their summed ages, from the block walk.
 #[derive(Default)]
 struct Unfreed {
     blocks: CountBytes,
     age_ms_sum: u64,
+}
+
+/// Whether the window accounted Python objects, and why not.
+fn python_objects(ledger: &Ledger) -> PythonObjects {
+    if crate::python::version().is_none() {
+        PythonObjects::NoInterpreter
+    } else if !ledger.settings.python_objects_on() {
+        PythonObjects::Off
+    } else if !crate::hooks::pymem::installed() {
+        PythonObjects::NotInstalled
+    } else {
+        PythonObjects::Tracked {
+            allocations: ledger.python_allocations.sum(),
+        }
+    }
 }
 
 fn minus(a: CountBytes, b: CountBytes) -> CountBytes {

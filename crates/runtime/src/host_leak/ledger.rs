@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
-use msmemscope_core::host_leak::CountBytes;
+use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
 use super::beats::Beats;
 use super::block_table::{lock_until, Block, BlockTable};
@@ -77,6 +77,8 @@ pub struct Ledger {
     pub untracked_below_threshold: StripedCountBytes,
     pub untracked_sampled: StripedCountBytes,
     pub frees_untracked: StripedCountBytes,
+    /// Tracked allocations made through CPython's own allocators (Python objects).
+    pub python_allocations: StripedCountBytes,
     pub prewindow_frees: [StripedCountBytes; 7],
     last_failed_recycle_ms: AtomicU64,
     pub beats: Beats,
@@ -128,6 +130,7 @@ impl Ledger {
             untracked_below_threshold: StripedCountBytes::default(),
             untracked_sampled: StripedCountBytes::default(),
             frees_untracked: StripedCountBytes::default(),
+            python_allocations: StripedCountBytes::default(),
             prewindow_frees: std::array::from_fn(|_| StripedCountBytes::default()),
             missed_frees: AtomicU64::new(0),
             last_failed_recycle_ms: AtomicU64::new(0),
@@ -260,11 +263,10 @@ impl Ledger {
             .then(|| self.stopped_at_ns.load(Ordering::Relaxed))
     }
 
-    /// Records a successful allocation, made by the thread that holds `entered`.
-    #[inline]
-    pub fn on_alloc(&self, ptr: usize, size: usize, entered: &Entered) -> bool {
-        let size = size as u64;
-        let stripe = entered.stripe();
+    /// Whether a new block of `size` at `ptr` enters the ledger (threshold, sampling, and
+    /// accounting still going); counts those that do not.
+    #[inline(always)]
+    fn admits(&self, ptr: usize, size: u64, stripe: usize) -> bool {
         if size < self.settings.block_size_threshold {
             self.untracked_below_threshold.add(size, stripe);
             return false;
@@ -283,6 +285,55 @@ impl Ledger {
             self.stop(at);
             return false;
         }
+        true
+    }
+
+    /// What every tracked allocation does after its block is in: the snapshot's count of
+    /// arrivals, and the beat when one is due.
+    #[inline(always)]
+    fn after_insert(&self, size: u64, ts: u64) {
+        if self.snapshot_running.load(Ordering::Relaxed) {
+            self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
+            self.snapshot_arrival_bytes
+                .fetch_add(size, Ordering::Relaxed);
+        }
+        if let Some(beat) = self.beats.due(ts) {
+            self.take_beat(beat, false);
+        }
+    }
+
+    /// Records a block CPython's own allocator handed out (a Python object), made by the thread
+    /// that holds `entered`: keyed by its Python frames alone.
+    #[inline]
+    pub fn on_python_alloc(&self, ptr: usize, size: usize, entered: &Entered) {
+        let size = size as u64;
+        let stripe = entered.stripe();
+        if !self.admits(ptr, size, stripe) {
+            return;
+        }
+        self.python_allocations.add(size, stripe);
+        let mut py = PyStack::empty();
+        python::capture(&mut py);
+        let ts = self.insert(
+            ptr,
+            size,
+            &CapturedStack::empty(),
+            &py,
+            &mut 0,
+            stripe,
+            AllocDomain::Pymalloc,
+        );
+        self.after_insert(size, ts);
+    }
+
+    /// Records a successful allocation, made by the thread that holds `entered`.
+    #[inline]
+    pub fn on_alloc(&self, ptr: usize, size: usize, entered: &Entered) -> bool {
+        let size = size as u64;
+        let stripe = entered.stripe();
+        if !self.admits(ptr, size, stripe) {
+            return false;
+        }
         // A process without Python (or with its frames off) skips the frame buffer: filling
         // it costs more than the rest of a memoized allocation's bookkeeping.
         let ts = if python::active() {
@@ -292,21 +343,26 @@ impl Ledger {
             // the walk ends there.
             match python::interpreter_code().filter(|_| py.len > 0) {
                 Some(code) => with_stack_above(code, |stack, tag| {
-                    self.insert(ptr, size, stack, &py, tag, stripe)
+                    self.insert(ptr, size, stack, &py, tag, stripe, AllocDomain::Malloc)
                 }),
-                None => with_stack(|stack, tag| self.insert(ptr, size, stack, &py, tag, stripe)),
+                None => with_stack(|stack, tag| {
+                    self.insert(ptr, size, stack, &py, tag, stripe, AllocDomain::Malloc)
+                }),
             }
         } else {
-            with_stack(|stack, tag| self.insert(ptr, size, stack, &python::NO_FRAMES, tag, stripe))
+            with_stack(|stack, tag| {
+                self.insert(
+                    ptr,
+                    size,
+                    stack,
+                    &python::NO_FRAMES,
+                    tag,
+                    stripe,
+                    AllocDomain::Malloc,
+                )
+            })
         };
-        if self.snapshot_running.load(Ordering::Relaxed) {
-            self.snapshot_arrivals.fetch_add(1, Ordering::Relaxed);
-            self.snapshot_arrival_bytes
-                .fetch_add(size, Ordering::Relaxed);
-        }
-        if let Some(beat) = self.beats.due(ts) {
-            self.take_beat(beat, false);
-        }
+        self.after_insert(size, ts);
         true
     }
 
@@ -344,6 +400,7 @@ impl Ledger {
     /// without Python frames, since one C stack serves many Python callers. Returns the
     /// allocation's timestamp.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &self,
         ptr: usize,
@@ -352,6 +409,7 @@ impl Ledger {
         py: &PyStack,
         tag: &mut u64,
         stripe: usize,
+        domain: AllocDomain,
     ) -> u64 {
         let ts = realtime_ns();
         let mut may_recycle = true;
@@ -398,7 +456,7 @@ impl Ledger {
             } else if memoized && *tag != 0 && *tag >> 32 == generation & 0xffff_ffff {
                 (*tag & 0xffff_ffff) as u32 - 1
             } else {
-                match self.stacks.intern(stack, py, cut) {
+                match self.stacks.intern(stack, py, cut, domain) {
                     Interned::Id(id) => {
                         if memoized {
                             *tag = (generation & 0xffff_ffff) << 32 | (id as u64 + 1);
@@ -492,6 +550,21 @@ impl Ledger {
     // Always inlined: the hooks' free path shares the thread-local lookups with it.
     #[inline(always)]
     pub fn take(&self, ptr: usize, entered: &Entered) -> Taken {
+        self.take_with(ptr, entered, || {
+            crate::hooks::forward::usable_size(ptr) as u64
+        })
+    }
+
+    /// [`Ledger::take`] for a block of CPython's own allocator, whose size `malloc` cannot
+    /// tell: a block the ledger does not hold (made before the window or before the wrappers
+    /// went in) is `NotFound` with no size, and is not settled.
+    #[inline(always)]
+    pub fn take_python(&self, ptr: usize, entered: &Entered) -> Taken {
+        self.take_with(ptr, entered, || 0)
+    }
+
+    #[inline(always)]
+    fn take_with(&self, ptr: usize, entered: &Entered, usable: impl FnOnce() -> u64) -> Taken {
         if self.stopped.load(Ordering::Relaxed) {
             return Taken::Ignored;
         }
@@ -524,9 +597,7 @@ impl Ledger {
         if let Some(size) = self.overflow.remove(ptr) {
             return Taken::Overflow(size);
         }
-        Taken::NotFound {
-            usable: crate::hooks::forward::usable_size(ptr) as u64,
-        }
+        Taken::NotFound { usable: usable() }
     }
 
     /// Accounts a free whose block was taken with [`Ledger::take`].
@@ -605,6 +676,7 @@ mod tests {
             beat_ms: 10,
             c_depth: crate::unwind::MAX_FRAMES,
             python_depth: 0,
+            python_objects: true,
             beat_fixed: true,
         }
     }

@@ -21,6 +21,8 @@ pub struct WindowSettings {
     pub c_depth: usize,
     /// Python frames in a stack key (`--call-stack=python:N`; 0: none).
     pub python_depth: usize,
+    /// CPython's own allocators are accounted too (`--python-objects`, on by default).
+    pub python_objects: bool,
     /// `MSMEMSCOPE_HOST_BEAT_MS` was given: the beat stays `beat_ms` instead of adapting.
     pub beat_fixed: bool,
 }
@@ -49,6 +51,11 @@ impl CapOverrides {
 }
 
 impl WindowSettings {
+    /// Python objects are accounted: asked for, and keyed by Python frames, which are on.
+    pub fn python_objects_on(&self) -> bool {
+        self.python_objects && self.python_depth > 0
+    }
+
     pub fn new(config: &RunConfig, caps: &CapOverrides) -> WindowSettings {
         WindowSettings {
             mode: config.host_leak_mode,
@@ -70,6 +77,7 @@ impl WindowSettings {
                 .call_stack
                 .python
                 .map_or(DEFAULT_PY_DEPTH, |n| (n as usize).min(MAX_PY_FRAMES)),
+            python_objects: config.python_objects,
             beat_fixed: caps.beat_ms.is_some(),
         }
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use msmemscope_core::host_leak::CountBytes;
+use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
 use super::block_table::lock_until;
 use super::hashing::FastHash;
@@ -32,16 +32,21 @@ const STRIPES: usize = 4;
 pub struct StackKey {
     pub c: CapturedStack,
     pub python: PyStack,
+    /// The allocator: a Python object and a `malloc` made by the same line are two sites.
+    pub domain: AllocDomain,
 }
 
 impl PartialEq for StackKey {
     fn eq(&self, other: &Self) -> bool {
-        self.c.as_slice() == other.c.as_slice() && self.python.as_slice() == other.python.as_slice()
+        self.domain == other.domain
+            && self.c.as_slice() == other.c.as_slice()
+            && self.python.as_slice() == other.python.as_slice()
     }
 }
 impl Eq for StackKey {}
 impl Hash for StackKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u8(self.domain as u8);
         for &f in self.c.as_slice() {
             state.write_u64(f);
         }
@@ -58,6 +63,42 @@ struct Entry {
     python: Box<[Arc<str>]>,
     /// The stack went on beyond the key's depth: callers further out share this entry.
     cut: bool,
+}
+
+/// What a stack shows in the report: its allocator, C frames and Python frames as text. Two
+/// stack keys that differ only in where inside one line the interpreter was (the instruction
+/// that built the dict, the one that built the list it holds) show the same site, so they
+/// share one slot. Texts are compared by pointer: equal texts are one `Arc`
+/// (`python::render_shared`).
+struct SiteText {
+    domain: AllocDomain,
+    c: Box<[u64]>,
+    python: Box<[Arc<str>]>,
+}
+
+impl PartialEq for SiteText {
+    fn eq(&self, other: &Self) -> bool {
+        self.domain == other.domain
+            && self.c == other.c
+            && self.python.len() == other.python.len()
+            && self
+                .python
+                .iter()
+                .zip(other.python.iter())
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+impl Eq for SiteText {}
+impl Hash for SiteText {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u8(self.domain as u8);
+        for &f in self.c.iter() {
+            state.write_u64(f);
+        }
+        for f in self.python.iter() {
+            state.write_usize(Arc::as_ptr(f) as *const u8 as usize);
+        }
+    }
 }
 
 /// One stack's counters in one stripe.
@@ -227,11 +268,15 @@ pub struct StackRecord {
     /// `file(line): function`, innermost first.
     pub python: Vec<String>,
     pub cut: bool,
+    pub domain: AllocDomain,
     pub counts: StackCounts,
 }
 
 pub struct StackTable {
     index: Box<[Mutex<HashMap<StackKey, Entry, FastHash>>]>,
+    /// The slot of each site with Python frames (keys without them are their own sites), taken
+    /// after an index shard's lock.
+    sites: Mutex<HashMap<SiteText, u32, FastHash>>,
     /// Slots `0..cap` for interned stacks, slot `cap` for the unknown bucket.
     counters: StripedCounters,
     /// Slot allocation: fresh slots from `next_slot`, recycled ones from `free_slots`.
@@ -258,6 +303,7 @@ impl StackTable {
             index: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
                 .collect(),
+            sites: Mutex::new(HashMap::with_hasher(FastHash)),
             counters: StripedCounters::new(cap as usize + 1),
             free_slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
@@ -284,30 +330,63 @@ impl StackTable {
     /// Finds or creates the id of the stack of C frames `stack` and Python frames `py`; `cut`
     /// says the stack went on beyond them. Call only while the generation is even, from the
     /// thread that captured `py`.
-    pub fn intern(&self, stack: &CapturedStack, py: &PyStack, cut: bool) -> Interned {
+    pub fn intern(
+        &self,
+        stack: &CapturedStack,
+        py: &PyStack,
+        cut: bool,
+        domain: AllocDomain,
+    ) -> Interned {
         let key = StackKey {
             c: *stack,
             python: *py,
+            domain,
         };
         let shard = (FastHash.hash_one(key) as usize) % SHARDS;
         let mut index = self.lock_index(shard);
         if let Some(entry) = index.get(&key) {
             return Interned::Id(entry.slot);
         }
-        let Some(slot) = self.take_slot() else {
-            return Interned::Full;
-        };
-        let python = py
+        let python: Box<[Arc<str>]> = py
             .as_slice()
             .iter()
             .map(|f| python::render_shared(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
             .collect();
+        if python.is_empty() {
+            let Some(slot) = self.take_slot() else {
+                return Interned::Full;
+            };
+            self.count_new_site(cut);
+            index.insert(key, Entry { slot, python, cut });
+            return Interned::Id(slot);
+        }
+        let text = SiteText {
+            domain,
+            c: stack.as_slice().into(),
+            python: python.clone(),
+        };
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match sites.get(&text) {
+            Some(&slot) => slot,
+            None => {
+                let Some(slot) = self.take_slot() else {
+                    return Interned::Full;
+                };
+                self.count_new_site(cut);
+                sites.insert(text, slot);
+                slot
+            }
+        };
+        drop(sites);
         index.insert(key, Entry { slot, python, cut });
+        Interned::Id(slot)
+    }
+
+    fn count_new_site(&self, cut: bool) {
         self.interned.fetch_add(1, Ordering::Relaxed);
         if cut {
             self.cut_stacks.fetch_add(1, Ordering::Relaxed);
         }
-        Interned::Id(slot)
     }
 
     fn take_slot(&self) -> Option<u32> {
@@ -396,12 +475,19 @@ impl StackTable {
                 if live.get(slot as usize).copied().unwrap_or(true) {
                     return true;
                 }
+                // A slot several keys share is folded and freed once.
                 folded.merge(self.counters.sum(slot as usize));
                 self.counters.reset(slot as usize);
                 freed_slots.push(slot);
                 false
             });
         }
+        freed_slots.sort_unstable();
+        freed_slots.dedup();
+        self.sites
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, slot| live.get(*slot as usize).copied().unwrap_or(true));
         if let Ok(mut f) = self.folded.lock() {
             f.merge(folded);
         }
@@ -428,6 +514,14 @@ impl StackTable {
                 }
                 None => all = false,
             }
+        }
+        match lock_until(&self.sites, deadline) {
+            Some(mut sites) => {
+                let taken = std::mem::replace(&mut *sites, HashMap::with_hasher(FastHash));
+                drop(sites);
+                drop(taken);
+            }
+            None => all = false,
         }
         match lock_until(&self.free_slots, deadline) {
             Some(mut free) => {
@@ -486,17 +580,23 @@ impl StackTable {
     pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, StackCounts, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
+        // Keys that share a site's slot give one record.
+        let mut seen = std::collections::HashSet::new();
         for shard in self.index.iter() {
             let Some(index) = lock_until(shard, deadline) else {
                 unread += 1;
                 continue;
             };
             for (key, entry) in index.iter() {
+                if !seen.insert(entry.slot) {
+                    continue;
+                }
                 records.push(StackRecord {
                     id: entry.slot,
                     frames: key.c.as_slice().to_vec(),
                     python: entry.python.iter().map(|f| f.to_string()).collect(),
                     cut: entry.cut,
+                    domain: key.domain,
                     counts: self.counters.sum(entry.slot as usize),
                 });
             }

@@ -352,7 +352,14 @@ struct RenderKey {
 
 /// Frames already turned into text. Stacks of a Python program share most of their frames (the
 /// import machinery's, a training loop's callers), so each is decoded once, not once per stack.
-static RENDERED: Mutex<Option<HashMap<RenderKey, Arc<str>>>> = Mutex::new(None);
+/// Equal texts are one `Arc` (`texts`): two instructions of one line are one frame as text, so
+/// stacks that differ only there can be recognised as one site by pointer.
+struct Rendered {
+    by_key: HashMap<RenderKey, Arc<str>>,
+    texts: std::collections::HashSet<Arc<str>>,
+}
+
+static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
 /// Past this many texts the cache starts again (code objects come and go: module bodies run once).
 const RENDERED_CAP: usize = 1 << 18;
 
@@ -379,8 +386,11 @@ pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
         }
     };
     let mut cache = RENDERED.lock().unwrap_or_else(|e| e.into_inner());
-    let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(text) = cache.get(&key) {
+    let cache = cache.get_or_insert_with(|| Rendered {
+        by_key: HashMap::new(),
+        texts: std::collections::HashSet::new(),
+    });
+    if let Some(text) = cache.by_key.get(&key) {
         return Some(text.clone());
     }
     // SAFETY: as above: the key's objects are the live code object's own.
@@ -397,10 +407,18 @@ pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
         )
         .into()
     };
-    if cache.len() >= RENDERED_CAP {
-        cache.clear();
+    if cache.by_key.len() >= RENDERED_CAP {
+        cache.by_key.clear();
+        cache.texts.clear();
     }
-    cache.insert(key, text.clone());
+    let text = match cache.texts.get(&text) {
+        Some(same) => same.clone(),
+        None => {
+            cache.texts.insert(text.clone());
+            text
+        }
+    };
+    cache.by_key.insert(key, text.clone());
     Some(text)
 }
 

@@ -43,11 +43,13 @@ pub enum OptionName {
     /// `--follow exec|none`: which processes of the job the launcher's run traces. Launcher
     /// only (not a `msmemscope.config` key: a program's own API run traces itself).
     Follow,
+    /// `--python-objects on|off`: whether a host-leak window accounts CPython's own allocators.
+    PythonObjects,
 }
 
 impl OptionName {
     /// Every option that sets a field of [`RunConfig`](crate::config::RunConfig).
-    pub const CONFIG: [OptionName; 15] = [
+    pub const CONFIG: [OptionName; 16] = [
         OptionName::LogLevel,
         OptionName::Events,
         OptionName::Level,
@@ -63,6 +65,7 @@ impl OptionName {
         OptionName::HostLeakMode,
         OptionName::BlockSizeThreshold,
         OptionName::SampleRate,
+        OptionName::PythonObjects,
     ];
 
     /// The long command-line spelling, with its leading `--`.
@@ -86,6 +89,7 @@ impl OptionName {
             OptionName::InputPath => "--input-path",
             OptionName::Pid => "--pid",
             OptionName::Follow => "--follow",
+            OptionName::PythonObjects => "--python-objects",
         }
     }
 
@@ -110,6 +114,7 @@ impl OptionName {
             OptionName::InputPath => "input_path",
             OptionName::Pid => "pid",
             OptionName::Follow => "follow",
+            OptionName::PythonObjects => "python_objects",
         }
     }
 
@@ -149,6 +154,7 @@ impl OptionName {
             OptionName::InputPath => "exactly two paths separated by a comma, e.g. base.csv,compare.csv",
             OptionName::Pid => "a positive process id",
             OptionName::Follow => "exec (every process the program starts with exec is traced too), none (only the program)",
+            OptionName::PythonObjects => "on (host leaks include Python objects, CPython's own allocators), off (only the C heap)",
         }
     }
 }
