@@ -31,6 +31,15 @@ thread_local! {
     };
 }
 
+/// Stripes handed out so far (round-robin, one per thread that recorded).
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// How many threads have taken a stripe: striped counters need read no stripe at or past this
+/// (a beat sums every stack's counters, so a single-threaded program reads one stripe, not all).
+pub fn stripes_taken() -> usize {
+    NEXT.load(Ordering::Relaxed)
+}
+
 /// Proof that this thread has entered the runtime; leaving happens on drop. Not `Send`: it
 /// points into this thread's thread-local storage.
 pub struct Entered {
@@ -65,7 +74,6 @@ impl Entered {
     /// use, so that the first threads of a program never share one.
     #[inline]
     pub fn stripe(&self) -> usize {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let slot = &self.slots().stripe;
         let mut index = slot.get();
         if index == usize::MAX {

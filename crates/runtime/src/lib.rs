@@ -10,6 +10,7 @@ mod clock;
 pub mod control;
 pub mod ffi;
 mod guard;
+pub mod hashing;
 pub mod hooks;
 pub mod host_leak;
 mod libc_heap;

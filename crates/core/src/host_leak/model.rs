@@ -15,6 +15,11 @@ pub const STACK_KEY_FRAMES: usize = 20;
 pub const DEFAULT_BLOCK_CAP: u64 = 20_000_000;
 pub const DEFAULT_OVERFLOW_CAP: u64 = 5_000_000;
 pub const DEFAULT_STACK_CAP: u64 = 400_000;
+/// The stack table's cap in a Python process: `import torch` alone allocates from about 700,000
+/// distinct sites with `malloc` and as many again with the interpreter's own allocators (each
+/// line of thousands of module bodies runs once), most of them kept, so the default cap would
+/// send most of them to the unknown bucket.
+pub const PYTHON_STACK_CAP: u64 = 2_000_000;
 
 /// Why the ledger's data is incomplete, one bit each (the seed's numbering).
 pub mod truncation {

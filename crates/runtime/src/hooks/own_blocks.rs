@@ -23,7 +23,7 @@ static LEN: AtomicUsize = AtomicUsize::new(0);
 
 #[inline]
 fn home(addr: usize) -> usize {
-    (crate::host_leak::hashing::mix(addr as u64 >> 4) as usize) & (SLOTS - 1)
+    (crate::hashing::mix(addr as u64 >> 4) as usize) & (SLOTS - 1)
 }
 
 #[inline]

@@ -102,7 +102,7 @@ pub fn build_report(
     };
     let mut all_sites: Vec<LeakSite> = Vec::new();
     let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
-    let mut python_of: HashMap<u32, Vec<String>> = HashMap::new();
+    let mut python_of: HashMap<u32, u32> = HashMap::new();
     for s in stacks {
         let Some(unfreed) = unfreed_by_stack.get(&s.id) else {
             continue;
@@ -120,7 +120,9 @@ pub fn build_report(
             live_series: Vec::new(),
         });
         frames_of.insert(s.id, s.frames);
-        python_of.insert(s.id, s.python);
+        if let Some(node) = s.python {
+            python_of.insert(s.id, node);
+        }
     }
     if let Some(unfreed) = unfreed_by_stack.get(&UNKNOWN_STACK) {
         all_sites.push(LeakSite {
@@ -151,8 +153,8 @@ pub fn build_report(
         if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
             site.frames = symbols.render(frames);
         }
-        if let Some(python) = site.stack_id.and_then(|id| python_of.remove(&id)) {
-            site.python_frames = python;
+        if let Some(node) = site.stack_id.and_then(|id| python_of.remove(&id)) {
+            site.python_frames = ledger.stacks.python_frames(node, deadline);
         }
         if let lsi::Series::Points(points) = ledger.beats.series_of(site.stack_id, &window) {
             site.live_series = points

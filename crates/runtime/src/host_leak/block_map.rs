@@ -8,7 +8,7 @@
 //! map that cannot get memory reports itself full, and the block goes to the overflow ledger.
 
 use super::block_table::Block;
-use super::hashing::mix;
+use crate::hashing::mix;
 
 /// An empty slot's key: no block lives at address 0.
 const EMPTY: usize = 0;

@@ -11,7 +11,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use super::block_map::BlockMap;
-use super::hashing::mix;
+use crate::hashing::mix;
 
 pub const SHARDS: usize = 64;
 

@@ -47,13 +47,13 @@ use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
 use super::beats::Beats;
 use super::block_table::{lock_until, Block, BlockTable};
-use super::hashing::mix;
 use super::overflow::OverflowLedger;
 use super::settings::WindowSettings;
 use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
 use crate::clock::realtime_ns;
 use crate::guard::Entered;
+use crate::hashing::mix;
 use crate::python::{self, PyStack};
 use crate::unwind::{with_stack, with_stack_above, CapturedStack};
 

@@ -4,7 +4,7 @@ pub mod aggregate;
 pub mod beats;
 pub mod block_map;
 pub mod block_table;
-pub mod hashing;
+pub mod frame_trie;
 pub mod ledger;
 pub mod overflow;
 pub mod settings;

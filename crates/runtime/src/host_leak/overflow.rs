@@ -9,7 +9,7 @@ use std::time::Instant;
 use msmemscope_core::host_leak::CountBytes;
 
 use super::block_table::lock_until;
-use super::hashing::FastHash;
+use crate::hashing::FastHash;
 
 #[derive(Default)]
 struct Inner {

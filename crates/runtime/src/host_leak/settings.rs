@@ -1,7 +1,7 @@
 //! What a window runs with, snapshotted when it opens (changes apply from the next window).
 
 use msmemscope_core::config::{HostLeakMode, RunConfig};
-use msmemscope_core::host_leak::knobs;
+use msmemscope_core::host_leak::{knobs, PYTHON_STACK_CAP};
 
 use crate::python::{DEFAULT_PY_DEPTH, MAX_PY_FRAMES};
 use crate::unwind::MAX_FRAMES;
@@ -64,7 +64,10 @@ impl WindowSettings {
             sample_rate_requested: config.sample_rate_requested.max(1),
             block_cap: knobs::BLOCK_CAP.resolve(caps.block_cap),
             overflow_cap: knobs::OVERFLOW_CAP.resolve(caps.overflow_cap),
-            stack_cap: knobs::STACK_CAP.resolve(caps.stack_cap),
+            stack_cap: match caps.stack_cap {
+                None if crate::python::in_process() => PYTHON_STACK_CAP,
+                given => knobs::STACK_CAP.resolve(given),
+            },
             top_n: knobs::TOP_N.resolve(caps.top_n) as usize,
             beat_ms: knobs::BEAT_MS.resolve(caps.beat_ms),
             // A kind `--call-stack` does not name keeps its default: host-leak stacks always

@@ -8,7 +8,7 @@
 //! the unknown bucket; when none is dead, new stacks go to the unknown bucket.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -16,8 +16,9 @@ use std::time::Instant;
 use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
 use super::block_table::lock_until;
-use super::hashing::FastHash;
+use super::frame_trie::FrameTrie;
 use super::zeroed_array::{Zeroable, ZeroedArray};
+use crate::hashing::FastHash;
 use crate::python::{self, PyStack};
 use crate::unwind::{CapturedStack, MAX_FRAMES};
 
@@ -26,32 +27,64 @@ pub const UNKNOWN_STACK: u32 = u32::MAX;
 const SHARDS: usize = 64;
 const STRIPES: usize = 4;
 
-/// A stack's identity: its C frames and, while Python code ran, its Python frames (so two
-/// Python callers of one C function are two stacks).
-#[derive(Clone, Copy)]
+/// A stack's identity: its allocator, its C frames and, while Python code ran, its Python
+/// frames (so two Python callers of one C function are two stacks), packed into as many words
+/// as it needs: a Python process has hundreds of thousands of distinct stacks (`import torch`
+/// runs each line of thousands of module bodies once), so a fixed-size key of the deepest stack
+/// would make the index gigabytes.
+///
+/// Word 0: domain | C frames << 8 | Python frames << 16. Then the C return addresses. Then each
+/// Python frame: its code object's address with the instruction offset in bits 48-62 when the
+/// offset is below 2^15 (addresses of user space fit in 47 bits), else two words (the address
+/// with bit 63 set, then the offset). The packing is only ever compared, never read back, so it
+/// need only tell different stacks apart.
 pub struct StackKey {
-    pub c: CapturedStack,
-    pub python: PyStack,
-    /// The allocator: a Python object and a `malloc` made by the same line are two sites.
-    pub domain: AllocDomain,
+    words: [u64; KEY_WORDS],
+    len: usize,
 }
 
-impl PartialEq for StackKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.domain == other.domain
-            && self.c.as_slice() == other.c.as_slice()
-            && self.python.as_slice() == other.python.as_slice()
-    }
-}
-impl Eq for StackKey {}
-impl Hash for StackKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u8(self.domain as u8);
-        for &f in self.c.as_slice() {
-            state.write_u64(f);
+const KEY_WORDS: usize = 1 + MAX_FRAMES + 2 * python::MAX_PY_FRAMES;
+
+impl StackKey {
+    pub fn new(stack: &CapturedStack, py: &PyStack, domain: AllocDomain) -> StackKey {
+        let mut key = StackKey {
+            words: [0; KEY_WORDS],
+            len: 1,
+        };
+        let c = stack.as_slice();
+        let p = py.as_slice();
+        key.words[0] = domain as u64 | (c.len() as u64) << 8 | (p.len() as u64) << 16;
+        key.words[1..1 + c.len()].copy_from_slice(c);
+        key.len += c.len();
+        for f in p {
+            let offset = f.offset as u32 as u64;
+            if offset < 1 << 15 {
+                key.words[key.len] = f.code | offset << 48;
+                key.len += 1;
+            } else {
+                key.words[key.len] = f.code | 1 << 63;
+                key.words[key.len + 1] = offset;
+                key.len += 2;
+            }
         }
-        for f in self.python.as_slice() {
-            state.write_u64(f.code ^ (f.offset as u64).rotate_left(40));
+        key
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
+
+    /// The C frames of a packed key.
+    fn c_frames(words: &[u64]) -> &[u64] {
+        let n = (words[0] >> 8 & 0xff) as usize;
+        &words[1..1 + n]
+    }
+
+    fn domain(words: &[u64]) -> AllocDomain {
+        if words[0] & 0xff == AllocDomain::Pymalloc as u64 {
+            AllocDomain::Pymalloc
+        } else {
+            AllocDomain::Malloc
         }
     }
 }
@@ -60,45 +93,26 @@ impl Hash for StackKey {
 /// the frames' code objects were certainly alive).
 struct Entry {
     slot: u32,
-    python: Box<[Arc<str>]>,
     /// The stack went on beyond the key's depth: callers further out share this entry.
     cut: bool,
 }
 
-/// What a stack shows in the report: its allocator, C frames and Python frames as text. Two
-/// stack keys that differ only in where inside one line the interpreter was (the instruction
-/// that built the dict, the one that built the list it holds) show the same site, so they
-/// share one slot. Texts are compared by pointer: equal texts are one `Arc`
-/// (`python::render_shared`).
+/// What a stack with Python frames shows in the report: its allocator, C frames, and Python
+/// frames as text (a `FrameTrie` node). Two stack keys that differ only in where inside one line
+/// the interpreter was (the instruction that built the dict, the one that built the list it
+/// holds) show the same site, so they share one slot.
+#[derive(PartialEq, Eq, Hash)]
 struct SiteText {
     domain: AllocDomain,
     c: Box<[u64]>,
-    python: Box<[Arc<str>]>,
+    python: u32,
 }
 
-impl PartialEq for SiteText {
-    fn eq(&self, other: &Self) -> bool {
-        self.domain == other.domain
-            && self.c == other.c
-            && self.python.len() == other.python.len()
-            && self
-                .python
-                .iter()
-                .zip(other.python.iter())
-                .all(|(a, b)| Arc::ptr_eq(a, b))
-    }
-}
-impl Eq for SiteText {}
-impl Hash for SiteText {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u8(self.domain as u8);
-        for &f in self.c.iter() {
-            state.write_u64(f);
-        }
-        for f in self.python.iter() {
-            state.write_usize(Arc::as_ptr(f) as *const u8 as usize);
-        }
-    }
+/// The sites with Python frames, and their frames' texts.
+#[derive(Default)]
+struct Sites {
+    slots: HashMap<SiteText, u32, FastHash>,
+    frames: FrameTrie,
 }
 
 /// One stack's counters in one stripe.
@@ -193,7 +207,9 @@ impl StripedCounters {
 
     fn sum(&self, slot: usize) -> StackCounts {
         let mut total = StackCounts::default();
-        for stripe in &self.stripes {
+        // Stripes no thread has taken hold zeros.
+        let taken = crate::guard::stripes_taken().max(1);
+        for stripe in self.stripes.iter().take(taken) {
             if let Some(c) = stripe.get(slot) {
                 // Stripes may be updated by other threads meanwhile: wrapping sums keep an
                 // undo racing its free from showing as a huge number for long.
@@ -254,6 +270,9 @@ impl StripedCounters {
     }
 }
 
+/// One shard of the index: packed stack keys (`StackKey`) and their entries.
+type IndexShard = HashMap<Box<[u64]>, Entry, FastHash>;
+
 /// What interning found.
 pub enum Interned {
     Id(u32),
@@ -265,18 +284,18 @@ pub enum Interned {
 pub struct StackRecord {
     pub id: u32,
     pub frames: Vec<u64>,
-    /// `file(line): function`, innermost first.
-    pub python: Vec<String>,
+    /// The node of its Python frames, for [`StackTable::python_frames`]; `None` without them.
+    pub python: Option<u32>,
     pub cut: bool,
     pub domain: AllocDomain,
     pub counts: StackCounts,
 }
 
 pub struct StackTable {
-    index: Box<[Mutex<HashMap<StackKey, Entry, FastHash>>]>,
+    index: Box<[Mutex<IndexShard>]>,
     /// The slot of each site with Python frames (keys without them are their own sites), taken
     /// after an index shard's lock.
-    sites: Mutex<HashMap<SiteText, u32, FastHash>>,
+    sites: Mutex<Sites>,
     /// Slots `0..cap` for interned stacks, slot `cap` for the unknown bucket.
     counters: StripedCounters,
     /// Slot allocation: fresh slots from `next_slot`, recycled ones from `free_slots`.
@@ -303,7 +322,7 @@ impl StackTable {
             index: (0..SHARDS)
                 .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
                 .collect(),
-            sites: Mutex::new(HashMap::with_hasher(FastHash)),
+            sites: Mutex::new(Sites::default()),
             counters: StripedCounters::new(cap as usize + 1),
             free_slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
@@ -318,7 +337,7 @@ impl StackTable {
         }
     }
 
-    fn lock_index(&self, shard: usize) -> MutexGuard<'_, HashMap<StackKey, Entry, FastHash>> {
+    fn lock_index(&self, shard: usize) -> MutexGuard<'_, IndexShard> {
         self.index[shard].lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -337,48 +356,48 @@ impl StackTable {
         cut: bool,
         domain: AllocDomain,
     ) -> Interned {
-        let key = StackKey {
-            c: *stack,
-            python: *py,
-            domain,
-        };
+        let key = StackKey::new(stack, py, domain);
+        let key = key.as_slice();
         let shard = (FastHash.hash_one(key) as usize) % SHARDS;
         let mut index = self.lock_index(shard);
-        if let Some(entry) = index.get(&key) {
+        if let Some(entry) = index.get(key) {
             return Interned::Id(entry.slot);
         }
-        let python: Box<[Arc<str>]> = py
-            .as_slice()
-            .iter()
-            .map(|f| python::render_shared(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
-            .collect();
-        if python.is_empty() {
+        if py.len == 0 {
             let Some(slot) = self.take_slot() else {
                 return Interned::Full;
             };
             self.count_new_site(cut);
-            index.insert(key, Entry { slot, python, cut });
+            index.insert(key.into(), Entry { slot, cut });
             return Interned::Id(slot);
         }
+        let texts: Vec<Arc<str>> = py
+            .as_slice()
+            .iter()
+            .map(|f| python::render_shared(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
+            .collect();
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(python) = sites.frames.intern(&texts) else {
+            return Interned::Full;
+        };
         let text = SiteText {
             domain,
             c: stack.as_slice().into(),
-            python: python.clone(),
+            python,
         };
-        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = match sites.get(&text) {
+        let slot = match sites.slots.get(&text) {
             Some(&slot) => slot,
             None => {
                 let Some(slot) = self.take_slot() else {
                     return Interned::Full;
                 };
                 self.count_new_site(cut);
-                sites.insert(text, slot);
+                sites.slots.insert(text, slot);
                 slot
             }
         };
         drop(sites);
-        index.insert(key, Entry { slot, python, cut });
+        index.insert(key.into(), Entry { slot, cut });
         Interned::Id(slot)
     }
 
@@ -487,6 +506,7 @@ impl StackTable {
         self.sites
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .slots
             .retain(|_, slot| live.get(*slot as usize).copied().unwrap_or(true));
         if let Ok(mut f) = self.folded.lock() {
             f.merge(folded);
@@ -517,7 +537,7 @@ impl StackTable {
         }
         match lock_until(&self.sites, deadline) {
             Some(mut sites) => {
-                let taken = std::mem::replace(&mut *sites, HashMap::with_hasher(FastHash));
+                let taken = std::mem::take(&mut *sites);
                 drop(sites);
                 drop(taken);
             }
@@ -580,6 +600,18 @@ impl StackTable {
     pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, StackCounts, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
+        // Before the index (whose shard locks `intern` takes first).
+        let python_of: HashMap<u32, u32> = match lock_until(&self.sites, deadline) {
+            Some(sites) => sites
+                .slots
+                .iter()
+                .map(|(text, &slot)| (slot, text.python))
+                .collect(),
+            None => {
+                unread += 1;
+                HashMap::new()
+            }
+        };
         // Keys that share a site's slot give one record.
         let mut seen = std::collections::HashSet::new();
         for shard in self.index.iter() {
@@ -593,10 +625,10 @@ impl StackTable {
                 }
                 records.push(StackRecord {
                     id: entry.slot,
-                    frames: key.c.as_slice().to_vec(),
-                    python: entry.python.iter().map(|f| f.to_string()).collect(),
+                    frames: StackKey::c_frames(key).to_vec(),
+                    python: python_of.get(&entry.slot).copied(),
                     cut: entry.cut,
-                    domain: key.domain,
+                    domain: StackKey::domain(key),
                     counts: self.counters.sum(entry.slot as usize),
                 });
             }
@@ -607,6 +639,12 @@ impl StackTable {
             None => unread += 1,
         }
         (records, unknown, unread)
+    }
+
+    /// The Python frames of a record's `python` node, innermost first (empty when the table's
+    /// tables were given back, or not had before `deadline`).
+    pub fn python_frames(&self, node: u32, deadline: Instant) -> Vec<String> {
+        lock_until(&self.sites, deadline).map_or_else(Vec::new, |sites| sites.frames.path(node))
     }
 }
 

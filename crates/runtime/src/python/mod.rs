@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use msmemscope_core::pyframes::linetable::line_at;
 
+use crate::hashing::FastHash;
 use layout::{Chain, Layout};
 
 /// The most Python frames a stack key holds.
@@ -102,6 +103,11 @@ pub fn version() -> Option<(u8, u8)> {
 fn symbol(name: &CStr) -> *mut c_void {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the name up.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+/// Whether a CPython interpreter is loaded (whatever its build): its API is in the global scope.
+pub fn in_process() -> bool {
+    !symbol(c"Py_GetVersion").is_null()
 }
 
 /// Looks for a CPython interpreter among the loaded objects (the executable, or a libpython
@@ -355,8 +361,8 @@ struct RenderKey {
 /// Equal texts are one `Arc` (`texts`): two instructions of one line are one frame as text, so
 /// stacks that differ only there can be recognised as one site by pointer.
 struct Rendered {
-    by_key: HashMap<RenderKey, Arc<str>>,
-    texts: std::collections::HashSet<Arc<str>>,
+    by_key: HashMap<RenderKey, Arc<str>, FastHash>,
+    texts: std::collections::HashSet<Arc<str>, FastHash>,
 }
 
 static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
@@ -387,8 +393,8 @@ pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
     };
     let mut cache = RENDERED.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache.get_or_insert_with(|| Rendered {
-        by_key: HashMap::new(),
-        texts: std::collections::HashSet::new(),
+        by_key: HashMap::with_hasher(FastHash),
+        texts: std::collections::HashSet::with_hasher(FastHash),
     });
     if let Some(text) = cache.by_key.get(&key) {
         return Some(text.clone());
