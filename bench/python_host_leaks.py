@@ -144,6 +144,13 @@ def parse_args() -> argparse.Namespace:
         help="where the JSON and markdown go (default bench/out)",
     )
     p.add_argument("--keep-temp", action="store_true", help="keep the temp dir (printed)")
+    p.add_argument(
+        "--jobs",
+        action="store_true",
+        help="instead of the churn workload, time real Python jobs (import torch, a training "
+        "loop with a 2-worker DataLoader, a pure-Python leak) under every mode, including "
+        "memray --native --trace-python-allocators (see JOB_WORKLOADS)",
+    )
     a = p.parse_args()
     if a.rounds < 1 or a.calls < 1 or a.leaks < 1 or a.churn_size < 1 or a.leak_size < 1:
         p.error("rounds, calls, leaks, churn-size and leak-size must be >= 1")
@@ -323,7 +330,7 @@ def main() -> int:
     a = parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="msmemscope_pybench_"))
     try:
-        return bench(a, tmp)
+        return bench_jobs(a, tmp) if a.jobs else bench(a, tmp)
     finally:
         if a.keep_temp:
             print(f"temp dir kept: {tmp}")
@@ -648,6 +655,144 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     out_md.write_text("\n".join(md))
     print(f"results saved to {out_json} and {out_md.name}")
     return 0 if guard_ok else 1
+
+
+# ---------------------------------------------------------------- --jobs: real Python jobs
+
+# name -> interpreter arguments. Each runs as-is under every mode.
+JOB_WORKLOADS = {
+    "import-torch": ["-c", "import torch"],
+    "dataloader": [str(BENCH_DIR / "workloads" / "dataloader_train.py")],
+    "records": [str(REPO / "tests" / "python" / "scripts" / "record_growth.py")],
+}
+JOB_MODES = {
+    "plain": "no tool",
+    "msmemscope": "msmemscope --analysis=host-leaks (C heap + Python objects, the default)",
+    "msmemscope-noobj": "msmemscope --analysis=host-leaks --python-objects=off",
+    "memray-native": "memray run --native",
+    "memray-native-py": "memray run --native --trace-python-allocators",
+}
+HEALTH_LINES = ("Distinct stacks", "Unattributed allocations", "Truncation", "Python objects")
+
+
+def overview_health(run_dir: Path) -> dict[str, str]:
+    """The Data Health lines that say whether the window's data is whole."""
+    found: dict[str, str] = {}
+    for ov in run_dir.glob("msmemscope_*/host_leak/leak_overview_*.txt"):
+        for line in ov.read_text(errors="replace").splitlines():
+            for key in HEALTH_LINES:
+                if line.startswith(key + ":") or line.startswith(key + " ("):
+                    found[key] = line.split(":", 1)[1].strip()
+    return found
+
+
+def records_top_site(run_dir: Path) -> str:
+    """The records workload's guard: the first Python frame of the top leak site."""
+    for js in run_dir.glob("msmemscope_*/host_leak/leak_sites_*.json"):
+        sites = json.loads(js.read_text()).get("sites", [])
+        if sites and sites[0].get("python_frames"):
+            return f"{sites[0]['domain']}: {sites[0]['python_frames'][0]}"
+    return ""
+
+
+def bench_jobs(a: argparse.Namespace, tmp: Path) -> int:
+    notes: list[str] = []
+    env = clean_env()
+    py = interpreter_info(a.python)
+    purelib = subprocess.run(
+        [str(a.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    cli = a.cli.resolve()
+    if not cli.is_file():
+        sys.exit(f"{cli} is missing: build with `cargo build --release` first")
+    memray = None
+    if not a.no_memray:
+        if a.setup and a.memray is None:
+            setup_memray(a.python)
+        memray = find_memray(a)
+        if memray is None:
+            notes.append("memray not found: its modes are SKIPPED (--setup installs it)")
+    modes = [m for m in JOB_MODES if memray or not m.startswith("memray")]
+    # memray runs the job in its own interpreter: torch comes from the benchmarked one's
+    # site-packages (same CPython version), msmemscope's package never does.
+    memray_env = env | {"PYTHONPATH": purelib}
+    counter = [0]
+
+    def cmd_for(mode: str, job: str) -> tuple[list[str], Path | None]:
+        args = JOB_WORKLOADS[job]
+        counter[0] += 1
+        out = tmp / f"{mode}_{counter[0]}"
+        if mode == "plain":
+            return [str(a.python), *args], None
+        if mode.startswith("msmemscope"):
+            opts = ["--python-objects=off"] if mode == "msmemscope-noobj" else []
+            base = [str(cli), "--analysis=host-leaks", *opts, "-q", "-o", str(out)]
+            return [*base, str(a.python), *args], out
+        opts = ["--native"] + (["--trace-python-allocators"] if mode.endswith("-py") else [])
+        return [str(memray), "run", *opts, "-q", "-o", str(out.with_suffix(".bin")), *args], out
+
+    cases = [(m, j) for j in JOB_WORKLOADS for m in modes]
+    runs: dict[str, list[float]] = {f"{m}/{j}": [] for m, j in cases}
+    health: dict[str, dict[str, str]] = {}
+    guard: dict[str, str] = {}
+    for r in range(a.rounds + 1):  # round 0 warms the page cache and is not kept
+        order = cases[r % len(cases) :] + cases[: r % len(cases)]
+        for mode, job in order:
+            cmd, out = cmd_for(mode, job)
+            wall = run_once(cmd, tmp, memray_env if mode.startswith("memray") else env)
+            if r > 0:
+                runs[f"{mode}/{job}"].append(wall)
+            if out is not None and mode.startswith("msmemscope"):
+                health[f"{mode}/{job}"] = overview_health(out)
+                if job == "records" and mode == "msmemscope":
+                    guard[job] = records_top_site(out)
+            if out is not None:
+                shutil.rmtree(out, ignore_errors=True)
+                out.with_suffix(".bin").unlink(missing_ok=True)
+        print(f"round {r}/{a.rounds} done", file=sys.stderr, flush=True)
+
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    table = [
+        "| job | " + " | ".join(JOB_MODES[m] for m in modes) + " |",
+        "|---|" + "---:|" * len(modes),
+    ]
+    for job in JOB_WORKLOADS:
+        plain = med[f"plain/{job}"]
+        cells = [
+            f"{med[f'{m}/{job}']:.2f} s"
+            + ("" if m == "plain" else f" ({med[f'{m}/{job}'] / plain:.2f}x)")
+            for m in modes
+        ]
+        table.append(f"| {job} | " + " | ".join(cells) + " |")
+    gi = git_info()
+    header = [
+        f"machine: nproc={os.cpu_count()}, {platform.system()} {platform.release()}",
+        f"python: {py['executable']} {py['version']}",
+        f"msmemscope: {cli} (git {gi['head']}, {gi['dirty_files']} dirty files)",
+        f"memray: {memray or 'not run'} {memray_version(memray) if memray else ''}".rstrip(),
+        f"rounds={a.rounds} interleaved (rotated order), medians; ratio = mode / no tool",
+    ]
+    lines = [*header, "", *table, "", "msmemscope Data Health per run:"]
+    for key, h in sorted(health.items()):
+        lines.append(f"  {key}: " + "; ".join(f"{k}: {v}" for k, v in h.items()))
+    lines.append(f"records: top leak site = {guard.get('records', '(none)')}")
+    lines += [f"NOTE: {n}" for n in notes]
+    print("\n".join(lines))
+    stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = a.out_dir / f"python_host_jobs_{stamp}.json"
+    out_json.write_text(
+        json.dumps(
+            {"header": header, "runs": runs, "medians": med, "health": health, "guard": guard},
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"results saved to {out_json}")
+    return 0
 
 
 if __name__ == "__main__":

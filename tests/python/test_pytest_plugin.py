@@ -538,15 +538,20 @@ def test_host_leaks_with_the_runtime_preloaded(tmp_path: Path) -> None:
         session.output
     )
     text = session.text("test_host_keeps")
-    # bytearray(1_000_000) is one block of 1,000,001 bytes (its trailing NUL).
-    assert text.startswith(
-        "msmemscope_limit_host_leaks: 1000001 bytes (1.0 MB) of host heap in 1 block allocated "
-        "by the test and not freed by its end, over the limit of 64000 bytes (64 KB)"
-    ), text
-    line = line_of(HOST_SUITE, "HOST_KEEP")
-    assert f"- test_host_suite.py:{line} (test_host_keeps): 1000001 bytes (1.0 MB) in 1 block" in (
-        text
+    first = re.match(
+        r"msmemscope_limit_host_leaks: (\d+) bytes \(1\.0 MB\) of host heap in \d+ blocks "
+        r"allocated by the test and not freed by its end, over the limit of 64000 bytes \(64 KB\)",
+        text,
     )
+    assert first, text
+    # bytearray(1_000_000): its buffer of 1,000,001 bytes (its trailing NUL) and the object
+    # itself (Python objects are accounted too), kept in a list; the rest is what pytest's own
+    # hook machinery still held when the test's window closed (a few hundred bytes at most).
+    line = line_of(HOST_SUITE, "HOST_KEEP")
+    own = re.search(rf"- test_host_suite\.py:{line} \(test_host_keeps\): (\d+) bytes", text)
+    assert own, text
+    assert 1_000_001 < int(own[1]) <= 1_000_001 + 256, text
+    assert int(own[1]) <= int(first[1]) <= int(own[1]) + 1024, text
     (run,) = (root / "dumps").iterdir()
     assert run.name == "test_host_suite.py_test_host_keeps"
     assert list(run.glob("host_leak/leak_overview_*.txt")), list(run.rglob("*"))

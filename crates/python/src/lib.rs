@@ -225,12 +225,12 @@ fn host_hooks_active() -> PyResult<bool> {
 
 /// Wraps CPython's allocators so that the open host-leak window accounts Python objects (the
 /// runtime's `msmemscope_track_python_objects`, called holding the GIL as it requires): 1 once
-/// in, -1 not a host-leak run, -2 turned off, -3 this interpreter cannot be wrapped.
+/// in, -1 not a host-leak run, -2 turned off, -3 this interpreter (or runtime) cannot.
 #[pyfunction]
 fn track_python_objects() -> PyResult<i32> {
     let rt = require_runtime()?;
     // SAFETY: a resolved ABI function without arguments; a pyfunction runs holding the GIL.
-    Ok(unsafe { (rt.track_python_objects)() })
+    Ok(rt.track_python_objects.map_or(-3, |f| unsafe { f() }))
 }
 
 fn mstx_message(message: &str) -> PyResult<CString> {

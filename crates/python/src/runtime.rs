@@ -36,7 +36,8 @@ pub struct Runtime {
     pub stop: StatusFn,
     pub step: StatusFn,
     pub host_hooks_active: StatusFn,
-    pub track_python_objects: StatusFn,
+    /// `msmemscope_track_python_objects`; optional so an older runtime still serves the rest.
+    pub track_python_objects: Option<StatusFn>,
     /// The MSTX C API; optional so an older runtime still serves everything else.
     pub mstx_mark: Option<MstxMarkFn>,
     pub mstx_range_start: Option<MstxRangeStartFn>,
@@ -137,7 +138,6 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
     let stop = need(c"msmemscope_stop");
     let step = need(c"msmemscope_step");
     let host_hooks_active = need(c"msmemscope_host_hooks_active");
-    let track_python_objects = need(c"msmemscope_track_python_objects");
     if !missing.is_empty() {
         return Err(format!(
             "{where_} does not export {}: it was built from other sources than this package \
@@ -168,9 +168,8 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
             stop: std::mem::transmute::<*mut c_void, StatusFn>(stop),
             step: std::mem::transmute::<*mut c_void, StatusFn>(step),
             host_hooks_active: std::mem::transmute::<*mut c_void, StatusFn>(host_hooks_active),
-            track_python_objects: std::mem::transmute::<*mut c_void, StatusFn>(
-                track_python_objects,
-            ),
+            track_python_objects: opt(sym(c"msmemscope_track_python_objects"))
+                .map(|p| std::mem::transmute::<*mut c_void, StatusFn>(p)),
             mstx_mark: opt(sym(c"mstxMarkA"))
                 .map(|p| std::mem::transmute::<*mut c_void, MstxMarkFn>(p)),
             mstx_range_start: opt(sym(c"mstxRangeStartA"))
