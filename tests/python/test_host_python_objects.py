@@ -109,10 +109,15 @@ def test_a_growing_list_of_records_is_the_top_site_as_tracemalloc_measures_it(
     assert abs(cache[0]["unfreed"]["bytes"] - cache_bytes) <= cache_bytes * 0.10, cache[0]
     assert abs(cache[0]["unfreed"]["count"] - cache_blocks) <= cache_blocks * 0.10
 
-    # The temporaries were freed each step: nothing of theirs is reported.
+    # The temporaries were freed each step: they are not reported as a leak. (CPython 3.13 keeps
+    # a few of the objects it frees on its own free lists, which a site may show as a dozen
+    # unfreed blocks of its hundreds of thousands.)
     temp = f"{script}({temp_line}): churn"
     assert str(temp_line) not in oracle
-    assert not [s for s in sites["sites"] + sites["resident"] if innermost(s) == temp], overview
+    for s in sites["sites"] + sites["resident"]:
+        if innermost(s) == temp:
+            assert s["class"] != "suspected_leak", overview
+            assert s["unfreed"]["bytes"] * 100 < s["allocated"]["bytes"], overview
     assert "\nPython objects: tracked (pymalloc, the interpreter's own allocators): " in overview
 
 

@@ -23,10 +23,17 @@
 //! beat.
 //!
 //! Without a usable series, G and P are unknown: shown as `-`, the row says why, and the LSI
-//! counts them as the neutral 0.5. Nothing is guessed.
+//! counts them as the neutral 0.5. Nothing is guessed. One thing is known without a series: a
+//! stack's live bytes rise only through its own allocations, so a stack that allocated nothing
+//! in the last quarter of the window (or in its last tenth, when all its allocations came in one
+//! burst of at most a quarter of the window) was not growing as the window ended. Such a stack
+//! is resident/early (made and kept), in a window long enough for a series to have shown growth
+//! (its row still says the series was missing). A Python program's import leaves hundreds of
+//! thousands of such small stacks, too many to sample; they are not leaks.
 //!
 //! Classification: **resident/early** when G < 0.05 and the stack's newest allocation lies in
-//! the first 20% of the window; **resident/turnover** when R ≤ 0.3 and the tail is flat;
+//! the first 20% of the window or the stack stopped allocating as above (or, without a series,
+//! when it stopped); **resident/turnover** when R ≤ 0.3 and the tail is flat;
 //! otherwise **suspected_leak** when LSI ≥ 60, else **growth_watch**, with `/turnover` appended
 //! when R ≤ 0.3 but the tail still rises. The tail is flat when, over the recent span, live
 //! bytes grew by at most 5% of the live bytes at its end (recent slope × recent beats / live):
@@ -51,6 +58,13 @@ pub const MIN_POINTS: usize = 3;
 pub const RECENT_MIN_BEATS: f64 = 10.0;
 pub const MIN_FREES_FOR_LIFETIME: u64 = 8;
 pub const SUSPECTED_LEAK_LSI: f64 = 60.0;
+/// A stack without a series that allocated nothing in this last share of the window is
+/// resident (see the module comment).
+pub const QUIET_TAIL_SHARE: f64 = 0.25;
+/// ...or nothing in this last share, when all its allocations came in one burst no longer than
+/// `BURST_SHARE` of the window (a module imported lazily by the first training step).
+pub const BURST_QUIET_TAIL_SHARE: f64 = 0.10;
+pub const BURST_SHARE: f64 = 0.25;
 pub const NEUTRAL: f64 = 0.5;
 
 /// One sample of a stack's live memory: at `beat` (beats since the window opened), weighted by
@@ -106,6 +120,8 @@ pub struct SiteFacts {
     pub mean_freed_lifetime_ms: f64,
     /// Time of the newest allocation, nanoseconds since the epoch.
     pub last_alloc_ns: u64,
+    /// Time of the oldest allocation in the window (0: not known).
+    pub first_alloc_ns: u64,
 }
 
 /// The window, in wall-clock time and in beats.
@@ -371,6 +387,17 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
     if degraded.is_none() && pattern.is_none() {
         degraded = Some(Degradation::InsufficientSeries);
     }
+    // Only where a series could have shown growth: a window too short for MIN_POINTS sampled
+    // beats after its warm-up says nothing either way.
+    let newest_ms = site.last_alloc_ns.saturating_sub(window.start_ns) as f64 / 1e6;
+    let warmup_ms = window.warmup_beats() * window.beat_ms.max(1) as f64;
+    let long_enough = window.window_ms() - warmup_ms >= MIN_POINTS as f64 * window.sampled_ms;
+    let window_ms = window.window_ms();
+    let oldest_ms = site.first_alloc_ns.saturating_sub(window.start_ns) as f64 / 1e6;
+    let burst = site.first_alloc_ns != 0 && newest_ms - oldest_ms <= BURST_SHARE * window_ms;
+    let stopped = long_enough
+        && (newest_ms <= (1.0 - QUIET_TAIL_SHARE) * window_ms
+            || (burst && newest_ms <= (1.0 - BURST_QUIET_TAIL_SHARE) * window_ms));
     let factors = Factors {
         growth,
         release,
@@ -384,7 +411,7 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
     let newest_early = site.last_alloc_ns.saturating_sub(window.start_ns) as f64 <= 0.2 * window_ns;
     let turnover_share = release <= 0.3;
     let tail_flat = tail_rise.map(|r| r <= FLAT_TAIL);
-    let class = if growth.is_some_and(|g| g < 0.05) && newest_early {
+    let class = if growth.map_or(stopped, |g| g < 0.05 && (newest_early || stopped)) {
         Class::ResidentEarly
     } else if turnover_share && tail_flat == Some(true) {
         Class::ResidentTurnover
@@ -456,6 +483,7 @@ mod tests {
             mean_live_age_ms: 0.0,
             mean_freed_lifetime_ms: 0.0,
             last_alloc_ns: 19_900_000_000,
+            first_alloc_ns: 0,
         }
     }
 
@@ -761,6 +789,38 @@ mod tests {
         assert_eq!(a.degraded, None);
         assert_eq!(a.factors.growth, Some(0.0));
         assert_eq!(a.class_label(), "resident/early");
+    }
+
+    #[test]
+    fn a_stack_without_a_series_that_stopped_allocating_is_resident() {
+        let w = window();
+        let mut f = site(cb(300, 30_000), cb(300, 30_000), 0);
+        f.last_alloc_ns = w.start_ns + 11_000_000_000; // 11 s into a 20 s window
+        let a = assess(&Series::Missing(Degradation::NoSeries), &f, &w);
+        assert_eq!(a.factors.growth, None, "nothing is guessed");
+        assert_eq!(a.degraded, Some(Degradation::NoSeries));
+        assert_eq!(a.class_label(), "resident/early");
+        // Allocating in the window's last quarter: not called resident...
+        f.last_alloc_ns = w.start_ns + 15_500_000_000;
+        f.first_alloc_ns = w.start_ns + 1_000_000_000;
+        let a = assess(&Series::Missing(Degradation::NoSeries), &f, &w);
+        assert!(!a.is_resident());
+        // ...unless all of it came in one burst (2 s of 20) that ended before the last tenth.
+        f.first_alloc_ns = w.start_ns + 13_500_000_000;
+        let a = assess(&Series::Missing(Degradation::NoSeries), &f, &w);
+        assert_eq!(a.class_label(), "resident/early");
+        f.last_alloc_ns = w.start_ns + 18_500_000_000;
+        f.first_alloc_ns = w.start_ns + 16_500_000_000;
+        assert!(!assess(&Series::Missing(Degradation::NoSeries), &f, &w).is_resident());
+        // A window too short for a series: nothing is said either way.
+        let short = WindowFacts {
+            start_ns: 0,
+            end_ns: 100_000_000,
+            beat_ms: 1000,
+            sampled_ms: 62.5,
+        };
+        f.last_alloc_ns = 1_000_000;
+        assert!(!assess(&Series::Missing(Degradation::NoSeries), &f, &short).is_resident());
     }
 
     #[test]

@@ -554,6 +554,7 @@ mod tests {
             mean_live_age_ms: 0.0,
             mean_freed_lifetime_ms: 0.0,
             last_alloc_ns,
+            first_alloc_ns: 0,
         }
     }
 

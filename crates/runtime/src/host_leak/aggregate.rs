@@ -97,6 +97,7 @@ pub fn build_report(
             mean_freed_lifetime_ms: counts.freed_lifetime_ms as f64
                 / counts.freed.count.max(1) as f64,
             last_alloc_ns: counts.last_alloc_ns,
+            first_alloc_ns: counts.first_alloc_ns,
         };
         lsi::assess(&ledger.beats.series_of(id, &window), &facts, &window)
     };

@@ -567,6 +567,7 @@ mod tests {
                 mean_live_age_ms: ms as f64 / 2.0,
                 mean_freed_lifetime_ms: 0.0,
                 last_alloc_ns: ms * 1_000_000,
+                first_alloc_ns: 0,
             };
             let a = assess(&beats, &w, 1, leak);
             assert_eq!((a.beats, a.degraded), (after, None), "{ms} ms");

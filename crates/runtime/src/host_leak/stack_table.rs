@@ -121,6 +121,8 @@ struct Counter {
     allocated: AtomicU64,
     allocated_bytes: AtomicU64,
     last_alloc_ns: AtomicU64,
+    /// Set by the stripe's first allocation (0 until then).
+    first_alloc_ns: AtomicU64,
     freed: AtomicU64,
     freed_bytes: AtomicU64,
     /// Sum of the freed blocks' lifetimes, milliseconds.
@@ -137,6 +139,8 @@ pub struct StackCounts {
     pub freed: CountBytes,
     pub freed_lifetime_ms: u64,
     pub last_alloc_ns: u64,
+    /// The oldest allocation's time (0: none).
+    pub first_alloc_ns: u64,
 }
 
 impl StackCounts {
@@ -152,6 +156,15 @@ impl StackCounts {
         self.freed.merge(other.freed);
         self.freed_lifetime_ms += other.freed_lifetime_ms;
         self.last_alloc_ns = self.last_alloc_ns.max(other.last_alloc_ns);
+        self.first_alloc_ns = earliest(self.first_alloc_ns, other.first_alloc_ns);
+    }
+}
+
+/// The earlier of two times, 0 standing for "none".
+fn earliest(a: u64, b: u64) -> u64 {
+    match (a, b) {
+        (0, t) | (t, 0) => t,
+        (a, b) => a.min(b),
     }
 }
 
@@ -184,6 +197,9 @@ impl StripedCounters {
             c.allocated.fetch_add(1, Ordering::Relaxed);
             c.allocated_bytes.fetch_add(size, Ordering::Relaxed);
             c.last_alloc_ns.store(ts, Ordering::Relaxed);
+            if c.first_alloc_ns.load(Ordering::Relaxed) == 0 {
+                c.first_alloc_ns.store(ts, Ordering::Relaxed);
+            }
         }
     }
 
@@ -235,6 +251,10 @@ impl StripedCounters {
                 total.last_alloc_ns = total
                     .last_alloc_ns
                     .max(c.last_alloc_ns.load(Ordering::Relaxed));
+                total.first_alloc_ns = earliest(
+                    total.first_alloc_ns,
+                    c.first_alloc_ns.load(Ordering::Relaxed),
+                );
             }
         }
         total
@@ -259,6 +279,7 @@ impl StripedCounters {
                     &c.allocated,
                     &c.allocated_bytes,
                     &c.last_alloc_ns,
+                    &c.first_alloc_ns,
                     &c.freed,
                     &c.freed_bytes,
                     &c.freed_lifetime_ms,
