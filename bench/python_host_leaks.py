@@ -250,6 +250,21 @@ def find_memray(a: argparse.Namespace) -> str | None:
     return shutil.which("memray")
 
 
+def setup_and_find_memray(a: argparse.Namespace, notes: list[str]) -> str | None:
+    """memray (installed first with --setup); None, with a note, when there is none."""
+    if a.setup and a.memray is None:
+        setup_memray(a.python)
+    memray = find_memray(a)
+    if memray is None:
+        notes.append(
+            "memray not found: SKIPPED (`python3.11 bench/python_host_leaks.py --setup` "
+            f"installs memray=={MEMRAY_VERSION} into {MEMRAY_VENV.relative_to(REPO)}; "
+            "or pass --memray PATH)"
+        )
+        print("NOTE: " + notes[-1], file=sys.stderr)
+    return memray
+
+
 def dir_bytes(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -373,17 +388,8 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     memray = mr_version = None
     mr_python = None
     if not a.no_memray:
-        if a.setup and a.memray is None:
-            setup_memray(a.python)
-        memray = find_memray(a)
-        if memray is None:
-            notes.append(
-                "memray not found: SKIPPED (`python3.11 bench/python_host_leaks.py --setup` "
-                f"installs memray=={MEMRAY_VERSION} into {MEMRAY_VENV.relative_to(REPO)}; "
-                "or pass --memray PATH)"
-            )
-            print("NOTE: " + notes[-1], file=sys.stderr)
-        else:
+        memray = setup_and_find_memray(a, notes)
+        if memray is not None:
             mr_version = memray_version(memray)
             if not mr_version.startswith(MEMRAY_VERSION):
                 notes.append(
@@ -708,13 +714,7 @@ def bench_jobs(a: argparse.Namespace, tmp: Path) -> int:
     cli = a.cli.resolve()
     if not cli.is_file():
         sys.exit(f"{cli} is missing: build with `cargo build --release` first")
-    memray = None
-    if not a.no_memray:
-        if a.setup and a.memray is None:
-            setup_memray(a.python)
-        memray = find_memray(a)
-        if memray is None:
-            notes.append("memray not found: its modes are SKIPPED (--setup installs it)")
+    memray = None if a.no_memray else setup_and_find_memray(a, notes)
     modes = [m for m in JOB_MODES if memray or not m.startswith("memray")]
     # memray runs the job in its own interpreter: torch comes from the benchmarked one's
     # site-packages (same CPython version), msmemscope's package never does.
