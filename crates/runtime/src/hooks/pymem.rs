@@ -57,21 +57,18 @@ struct Original(UnsafeCell<PyMemAllocatorEx>);
 // SAFETY: written once before any reader can reach it (see above), read-only afterwards.
 unsafe impl Sync for Original {}
 
+/// No allocator yet: what `ORIGINALS` holds until `install` fills it.
+const UNSET: PyMemAllocatorEx = PyMemAllocatorEx {
+    ctx: std::ptr::null_mut(),
+    malloc: None,
+    calloc: None,
+    realloc: None,
+    free: None,
+};
+
 static ORIGINALS: [Original; 2] = [
-    Original(UnsafeCell::new(PyMemAllocatorEx {
-        ctx: std::ptr::null_mut(),
-        malloc: None,
-        calloc: None,
-        realloc: None,
-        free: None,
-    })),
-    Original(UnsafeCell::new(PyMemAllocatorEx {
-        ctx: std::ptr::null_mut(),
-        malloc: None,
-        calloc: None,
-        realloc: None,
-        free: None,
-    })),
+    Original(UnsafeCell::new(UNSET)),
+    Original(UnsafeCell::new(UNSET)),
 ];
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
