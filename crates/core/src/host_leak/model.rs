@@ -207,6 +207,29 @@ pub struct BlockDetail {
     pub domain: AllocDomain,
 }
 
+/// A resident site beyond the TOP N largest is listed when it holds at least 1/this of the
+/// window's unfreed bytes (0.5 %): at most 200 such sites.
+pub const RESIDENT_LISTED_SHARE: u64 = 200;
+
+/// The length of the prefix of `resident` (sorted by unfreed bytes, largest first) a report
+/// lists; see [`HostLeakReport::resident_shown`].
+pub fn resident_listed(
+    resident: &[LeakSite],
+    unfreed_bytes: u64,
+    top_n: usize,
+    interim: bool,
+) -> usize {
+    if interim {
+        return resident.len().min(top_n);
+    }
+    let beyond = resident
+        .iter()
+        .skip(top_n)
+        .take_while(|s| s.unfreed.bytes.saturating_mul(RESIDENT_LISTED_SHARE) >= unfreed_bytes)
+        .count();
+    resident.len().min(top_n) + beyond
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostLeakReport {
     pub stage: u32,
@@ -269,6 +292,16 @@ impl HostLeakReport {
             ));
         }
         reasons
+    }
+
+    /// How many of the resident sites (largest first) the overview and the sites file list.
+    /// A closed window lists the TOP N largest and every further one holding at least
+    /// 1/[`RESIDENT_LISTED_SHARE`] of the window's unfreed bytes: a Python process leaves
+    /// hundreds of thousands of small one-off sites (every imported module's objects), and
+    /// listing them all made a report of hundreds of megabytes. An interim snapshot lists at
+    /// most TOP N.
+    pub fn resident_shown(&self) -> usize {
+        resident_listed(&self.resident, self.unfreed.bytes, self.top_n, self.interim)
     }
 
     /// Splits assessed sites into (leak sites by LSI, resident sites by unfreed bytes).

@@ -348,12 +348,7 @@ fn ms(value: f64) -> String {
 }
 
 fn resident(out: &mut String, report: &HostLeakReport) {
-    // A closed window lists every resident site; an interim snapshot at most TOP N.
-    let shown = if report.interim {
-        report.resident.len().min(report.top_n)
-    } else {
-        report.resident.len()
-    };
+    let shown = report.resident_shown();
     let _ = writeln!(
         out,
         "--- Resident Baselines ({} of {} sites shown; caches, pools and rings: not in the TOP N) ---",
@@ -363,6 +358,29 @@ fn resident(out: &mut String, report: &HostLeakReport) {
     for (rank, site) in report.resident.iter().take(shown).enumerate() {
         site_block(out, &format!("#R{}", rank + 1), site);
     }
+    let rest = &report.resident[shown..];
+    if rest.is_empty() {
+        return;
+    }
+    let mut held = CountBytes::default();
+    for site in rest {
+        held.merge(site.unfreed);
+    }
+    let why = if report.interim {
+        "an interim snapshot lists the TOP N".to_string()
+    } else {
+        format!(
+            "each holds less than 1/{} of the unfreed bytes",
+            super::RESIDENT_LISTED_SHARE
+        )
+    };
+    let _ = writeln!(
+        out,
+        "(and {} smaller resident sites, not listed: {} blocks / {} bytes in all; {why})",
+        rest.len(),
+        held.count,
+        held.bytes
+    );
 }
 
 fn factor(value: Option<f64>) -> String {
@@ -647,6 +665,48 @@ mod tests {
         assert!(text.contains("Growth=- Release=1.00 Lifetime=0.50 Pattern=- Scale=0.15 slope=- B/beat beats=0 degraded=series_evicted\n"), "{text}");
         assert!(text.contains("\n  resident/early LSI="), "{text}");
         assert!(!text.contains("NOTE:"));
+    }
+
+    #[test]
+    fn closed_window_lists_the_largest_and_the_considerable_residents() {
+        let mut r = report(sample(), false);
+        r.top_n = 1;
+        let template = r.resident[0].clone();
+        let sized = |id: u32, bytes: u64| {
+            let mut s = template.clone();
+            s.stack_id = Some(id);
+            s.unfreed = cb(2, bytes);
+            s
+        };
+        // Unfreed 40,000 bytes: 200 bytes is 1/200 of it, 199 is less.
+        r.resident = vec![
+            sized(10, 5_000),
+            sized(11, 300),
+            sized(12, 200),
+            sized(13, 199),
+            sized(14, 50),
+        ];
+        assert_eq!(r.resident_shown(), 3);
+        let text = render_overview(&r);
+        assert!(
+            text.contains("--- Resident Baselines (3 of 5 sites shown;"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n#R3 [stack 12] unfreed 2 blocks / 200 bytes;"),
+            "{text}"
+        );
+        assert!(!text.contains("#R4"), "{text}");
+        assert!(text.ends_with(
+            "(and 2 smaller resident sites, not listed: 4 blocks / 249 bytes in all; each holds less than 1/200 of the unfreed bytes)\n"
+        ), "{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&super::super::sites_json::render_sites_json(&r)).unwrap();
+        assert_eq!(json["resident"].as_array().unwrap().len(), 3);
+        assert_eq!(json["resident_total"], 5);
+        // The TOP N largest are listed whatever their share.
+        r.top_n = 4;
+        assert_eq!(r.resident_shown(), 4);
     }
 
     #[test]

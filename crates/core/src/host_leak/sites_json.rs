@@ -39,11 +39,7 @@ fn site_json(rank: String, site: &LeakSite) -> Value {
 
 /// The TOP N sites (`#1`…) and the resident sites (`#R1`…) the overview lists, in its order.
 pub fn render_sites_json(report: &HostLeakReport) -> String {
-    let resident_shown = if report.interim {
-        report.resident.len().min(report.top_n)
-    } else {
-        report.resident.len()
-    };
+    let resident_shown = report.resident_shown();
     let value = json!({
         "stage": report.stage,
         "pid": report.pid,
@@ -59,6 +55,7 @@ pub fn render_sites_json(report: &HostLeakReport) -> String {
         "sites_total": report.sites.len(),
         "sites": report.sites.iter().take(report.top_n).enumerate()
             .map(|(i, s)| site_json(format!("#{}", i + 1), s)).collect::<Vec<_>>(),
+        "resident_total": report.resident.len(),
         "resident": report.resident.iter().take(resident_shown).enumerate()
             .map(|(i, s)| site_json(format!("#R{}", i + 1), s)).collect::<Vec<_>>(),
         "unusable": report.unusable_reasons(),

@@ -12,8 +12,8 @@ use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::overview::render_overview;
 use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
-    AllocDomain, AllocatorPath, BlockDetail, CountBytes, DataHealth, HostLeakReport, LeakSite,
-    PythonObjects, SeriesMeta, SizeHistogram, WindowSpan,
+    resident_listed, AllocDomain, AllocatorPath, BlockDetail, CountBytes, DataHealth,
+    HostLeakReport, LeakSite, PythonObjects, SeriesMeta, SizeHistogram, WindowSpan,
 };
 use msmemscope_core::run_dir::RunDir;
 use msmemscope_core::symbolize::Symbolizer;
@@ -141,15 +141,27 @@ pub fn build_report(
     }
     let (mut sites, mut resident) = HostLeakReport::rank_sites(all_sites);
 
-    // Symbolize what the report shows: the TOP N, the resident rows, and in event mode every
-    // site (the block details carry stacks).
+    let mut unfreed = overflow_unfreed;
+    for u in unfreed_by_stack.values() {
+        unfreed.merge(u.blocks);
+    }
+
+    // Symbolize what the report shows: the TOP N, the resident rows it lists, and in event
+    // mode every site (the block details carry stacks).
     let top_n = ledger.settings.top_n;
     let mut symbols = SymbolCache::new();
-    let shown_leaks = if event_mode { sites.len() } else { top_n };
+    let (shown_leaks, shown_resident) = if event_mode {
+        (sites.len(), resident.len())
+    } else {
+        (
+            top_n,
+            resident_listed(&resident, unfreed.bytes, top_n, interim),
+        )
+    };
     for site in sites
         .iter_mut()
         .take(shown_leaks)
-        .chain(resident.iter_mut())
+        .chain(resident.iter_mut().take(shown_resident))
     {
         if let Some(frames) = site.stack_id.and_then(|id| frames_of.get(&id)) {
             site.frames = symbols.render(frames);
@@ -189,10 +201,6 @@ pub fn build_report(
         details
     });
 
-    let mut unfreed = overflow_unfreed;
-    for u in unfreed_by_stack.values() {
-        unfreed.merge(u.blocks);
-    }
     // Every tracked block is either still in the ledger or was freed.
     let frees = minus(allocations, unfreed);
     let mut prewindow_free_sizes = SizeHistogram::default();
