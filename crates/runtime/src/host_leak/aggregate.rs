@@ -71,14 +71,14 @@ pub fn build_report(
         }
     };
 
-    let (stacks, unknown, unread_stacks) = ledger.stacks.collect(deadline);
+    let (stacks, unknown, unread_stacks) = ledger
+        .stacks
+        .collect(deadline, |id| unfreed_by_stack.contains_key(&id));
     unread += unread_stacks;
 
     let mut allocations = overflow_allocations;
     allocations.merge(unknown.allocated);
-    for s in &stacks {
-        allocations.merge(s.counts.allocated);
-    }
+    allocations.merge(ledger.stacks.allocated_total());
 
     // After the closing sample, which may have coarsened the series.
     let summary = ledger.beats.summary();

@@ -37,11 +37,23 @@ pub const SERIES_CAPACITY: usize = 128;
 /// An adaptive beat starts at the configured beat divided by 2^this: 62.5 ms of 1 s, so that a
 /// window of 1 s has 16 beats, and four doublings (at 64 s) reach the configured beat exactly.
 pub const ADAPTIVE_START_SHIFT: u32 = 4;
+/// After a beat's pass over the stacks, the next one waits this many times as long as the pass
+/// took: beats cost the program at most 1/(1 + this) of its time (5 %).
+pub const BEAT_COST_RATIO: u64 = 19;
 /// Doublings at most: 62.5 ms · 2^32 is 8.5 years, so this bounds only the arithmetic.
 const MAX_LEVEL: u32 = 32;
 /// The beat state packs the level (doublings so far) above the next beat's index.
 const LEVEL_SHIFT: u32 = 56;
 const INDEX_MASK: u64 = (1 << LEVEL_SHIFT) - 1;
+
+/// Keeps the top-k of `live` by live bytes (in no order). A beat calls it as the pass goes,
+/// whenever `live` holds twice as many, so its memory stays bounded however many stacks live.
+pub fn keep_top_k(live: &mut Vec<(u32, CountBytes)>) {
+    if live.len() > TOP_K {
+        live.select_nth_unstable_by(TOP_K - 1, |a, b| b.1.bytes.cmp(&a.1.bytes));
+        live.truncate(TOP_K);
+    }
+}
 
 fn pack(level: u32, next: u64) -> u64 {
     ((level as u64) << LEVEL_SHIFT) | next.min(INDEX_MASK)
@@ -253,11 +265,7 @@ impl Beats {
             }
             store.level = level;
         }
-        // The top-k stacks by live bytes.
-        if live.len() > TOP_K {
-            live.select_nth_unstable_by(TOP_K - 1, |a, b| b.1.bytes.cmp(&a.1.bytes));
-            live.truncate(TOP_K);
-        }
+        keep_top_k(live);
         let current: HashMap<u32, u64> = live.iter().map(|&(id, cb)| (id, cb.bytes)).collect();
         for &(id, cb) in live.iter() {
             if !store.series.contains_key(&id) && store.series.len() >= MAX_SERIES {
@@ -283,6 +291,13 @@ impl Beats {
         if !closing {
             store.last_beat = Some(store.last_beat.map_or(beat, |b| b.max(beat)));
         }
+    }
+
+    /// Takes no beat before `until_ns`: a beat is a pass over every stack, which in a window
+    /// of a million stacks (a Python process) takes tens of milliseconds on the program's own
+    /// thread; after each pass the next waits [`BEAT_COST_RATIO`] times as long as it took.
+    pub fn hold_off(&self, until_ns: u64) {
+        self.due_at_ns.fetch_max(until_ns, Ordering::Relaxed);
     }
 
     /// Starting beats since the window opened at `now_ns`, fractional.
@@ -474,6 +489,38 @@ mod tests {
                 weight: 2
             }
         );
+    }
+
+    #[test]
+    fn a_held_off_beat_is_skipped_until_the_pause_ends() {
+        let beats = Beats::new(0, 1000, true);
+        assert_eq!(beats.due(1_200_000_000), Some(1.0));
+        beats.hold_off(5_500_000_000);
+        assert_eq!(beats.due(2_100_000_000), None);
+        assert_eq!(beats.due(5_000_000_000), None);
+        assert_eq!(beats.due(5_600_000_000), Some(5.0));
+    }
+
+    #[test]
+    fn top_k_kept_as_the_pass_goes_is_the_top_k() {
+        let bytes = |i: u32| u64::from(i.wrapping_mul(2_654_435_761) % 100_003);
+        let mut all: Vec<(u32, CountBytes)> = (0..5000).map(|i| (i, cb(bytes(i)))).collect();
+        let mut kept = Vec::new();
+        for &entry in &all {
+            if kept.len() == 2 * TOP_K {
+                keep_top_k(&mut kept);
+            }
+            kept.push(entry);
+        }
+        keep_top_k(&mut kept);
+        keep_top_k(&mut all);
+        let ids = |v: &[(u32, CountBytes)]| {
+            let mut ids: Vec<u32> = v.iter().map(|e| e.0).collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(kept.len(), TOP_K);
+        assert_eq!(ids(&kept), ids(&all));
     }
 
     #[test]

@@ -45,7 +45,7 @@ use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::truncation;
 use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
-use super::beats::Beats;
+use super::beats::{self, Beats};
 use super::block_table::{lock_until, Block, BlockTable};
 use super::overflow::OverflowLedger;
 use super::settings::WindowSettings;
@@ -389,9 +389,21 @@ impl Ledger {
         if !closing && self.closed.load(Ordering::Relaxed) {
             return;
         }
-        let mut live = Vec::new();
-        self.stacks.for_each_live(|id, cb| live.push((id, cb)));
+        let started = realtime_ns();
+        let mut live = Vec::with_capacity(2 * beats::TOP_K);
+        self.stacks.for_each_live(|id, cb| {
+            if live.len() == 2 * beats::TOP_K {
+                beats::keep_top_k(&mut live);
+            }
+            live.push((id, cb));
+        });
         self.beats.record(beat, &mut live, closing);
+        if !closing {
+            let now = realtime_ns();
+            let took = now.saturating_sub(started);
+            self.beats
+                .hold_off(now.saturating_add(took.saturating_mul(beats::BEAT_COST_RATIO)));
+        }
     }
 
     /// Inserts a block allocated from `stack` while Python code ran `py` (empty without it).
@@ -729,12 +741,16 @@ mod tests {
         // A realloc whose real call failed after the window closed puts nothing back.
         ledger.restore(ptrs[0], taken, ledger.stacks.generation(), &entered());
         assert_eq!(live_blocks(&ledger), 3);
-        let (stacks, unknown, _) = ledger.stacks.collect(far());
+        let (stacks, unknown, _) = ledger.stacks.collect(far(), |_| true);
         let allocated: u64 =
             stacks.iter().map(|s| s.counts.allocated.count).sum::<u64>() + unknown.allocated.count;
         let freed: u64 =
             stacks.iter().map(|s| s.counts.freed.count).sum::<u64>() + unknown.freed.count;
         assert_eq!((allocated, freed), (4, 1));
+        assert_eq!(
+            ledger.stacks.allocated_total().count + unknown.allocated.count,
+            4
+        );
         // The closing sample is still taken between freeze and release.
         ledger.take_beat(1.0, true);
         assert_eq!(ledger.beats.summary().beats_taken, 1);
@@ -745,7 +761,7 @@ mod tests {
         ledger.take_beat(2.0, false);
         assert!(matches!(ledger.take(ptrs[2], &entered()), Taken::Ignored));
         assert_eq!(live_blocks(&ledger), 0);
-        let (stacks, unknown, unread) = ledger.stacks.collect(far());
+        let (stacks, unknown, unread) = ledger.stacks.collect(far(), |_| true);
         assert!(stacks.is_empty());
         assert_eq!(unknown.allocated.count, 0);
         assert_eq!(unread, 0);

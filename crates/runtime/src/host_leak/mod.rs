@@ -5,6 +5,7 @@ pub mod beats;
 pub mod block_map;
 pub mod block_table;
 pub mod frame_trie;
+mod key_index;
 pub mod ledger;
 pub mod overflow;
 pub mod settings;

@@ -10,13 +10,14 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 
 use super::block_table::lock_until;
 use super::frame_trie::FrameTrie;
+use super::key_index::KeyIndex;
 use super::zeroed_array::{Zeroable, ZeroedArray};
 use crate::hashing::FastHash;
 use crate::python::{self, PyStack};
@@ -97,21 +98,40 @@ struct Entry {
     cut: bool,
 }
 
-/// What a stack with Python frames shows in the report: its allocator, C frames, and Python
-/// frames as text (a `FrameTrie` node). Two stack keys that differ only in where inside one line
-/// the interpreter was (the instruction that built the dict, the one that built the list it
-/// holds) show the same site, so they share one slot.
-#[derive(PartialEq, Eq, Hash)]
+/// What a stack with Python frames shows in the report, as words: its allocator and Python
+/// frames as text (a `FrameTrie` node) in word 0, then its C frames. Two stack keys that differ
+/// only in where inside one line the interpreter was (the instruction that built the dict, the
+/// one that built the list it holds) show the same site, so they share one slot.
 struct SiteText {
-    domain: AllocDomain,
-    c: Box<[u64]>,
-    python: u32,
+    words: [u64; 1 + MAX_FRAMES],
+    len: usize,
 }
 
-/// The sites with Python frames, and their frames' texts.
+impl SiteText {
+    fn new(domain: AllocDomain, python: u32, c: &[u64]) -> SiteText {
+        let mut text = SiteText {
+            words: [0; 1 + MAX_FRAMES],
+            len: 1 + c.len(),
+        };
+        text.words[0] = domain as u64 | u64::from(python) << 8;
+        text.words[1..text.len].copy_from_slice(c);
+        text
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
+
+    /// The Python node of a site's words.
+    fn python(words: &[u64]) -> u32 {
+        (words[0] >> 8) as u32
+    }
+}
+
+/// The sites with Python frames (`SiteText` words -> slot), and their frames' texts.
 #[derive(Default)]
 struct Sites {
-    slots: HashMap<SiteText, u32, FastHash>,
+    slots: KeyIndex<u32>,
     frames: FrameTrie,
 }
 
@@ -292,7 +312,7 @@ impl StripedCounters {
 }
 
 /// One shard of the index: packed stack keys (`StackKey`) and their entries.
-type IndexShard = HashMap<Box<[u64]>, Entry, FastHash>;
+type IndexShard = KeyIndex<Entry>;
 
 /// What interning found.
 pub enum Interned {
@@ -341,7 +361,7 @@ impl StackTable {
     pub fn new(cap: u64, first_generation: u64) -> StackTable {
         StackTable {
             index: (0..SHARDS)
-                .map(|_| Mutex::new(HashMap::with_hasher(FastHash)))
+                .map(|_| Mutex::new(KeyIndex::default()))
                 .collect(),
             sites: Mutex::new(Sites::default()),
             counters: StripedCounters::new(cap as usize + 1),
@@ -379,9 +399,12 @@ impl StackTable {
     ) -> Interned {
         let key = StackKey::new(stack, py, domain);
         let key = key.as_slice();
-        let shard = (FastHash.hash_one(key) as usize) % SHARDS;
+        let hash = FastHash.hash_one(key);
+        // From bits the shard's own table does not use (it takes buckets from the low bits and
+        // its tags from the top ones), so a shard's keys spread over all of its buckets.
+        let shard = (hash >> 32) as usize % SHARDS;
         let mut index = self.lock_index(shard);
-        if let Some(entry) = index.get(key) {
+        if let Some(entry) = index.get(hash, key) {
             return Interned::Id(entry.slot);
         }
         if py.len == 0 {
@@ -389,36 +412,40 @@ impl StackTable {
                 return Interned::Full;
             };
             self.count_new_site(cut);
-            index.insert(key.into(), Entry { slot, cut });
+            index.insert_new(hash, key, Entry { slot, cut });
             return Interned::Id(slot);
         }
-        let texts: Vec<Arc<str>> = py
-            .as_slice()
-            .iter()
-            .map(|f| python::render_shared(f).unwrap_or_else(|| "<unreadable Python frame>".into()))
-            .collect();
+        let mut raw = [python::RenderKey::default(); python::MAX_PY_FRAMES];
+        for (key, frame) in raw.iter_mut().zip(py.as_slice()) {
+            // Without an interpreter's layout (never, once frames were captured) the frame
+            // keeps its code address and shows as unreadable.
+            *key = python::render_key(frame).unwrap_or(python::RenderKey {
+                code: frame.code,
+                offset: frame.offset,
+                ..Default::default()
+            });
+        }
         let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(python) = sites.frames.intern(&texts) else {
+        let Some(python) = sites.frames.intern_raw(&raw[..py.len], |key| {
+            python::render_text(key).unwrap_or_else(|| "<unreadable Python frame>".into())
+        }) else {
             return Interned::Full;
         };
-        let text = SiteText {
-            domain,
-            c: stack.as_slice().into(),
-            python,
-        };
-        let slot = match sites.slots.get(&text) {
+        let text = SiteText::new(domain, python, stack.as_slice());
+        let text_hash = FastHash.hash_one(text.as_slice());
+        let slot = match sites.slots.get(text_hash, text.as_slice()) {
             Some(&slot) => slot,
             None => {
                 let Some(slot) = self.take_slot() else {
                     return Interned::Full;
                 };
                 self.count_new_site(cut);
-                sites.slots.insert(text, slot);
+                sites.slots.insert_new(text_hash, text.as_slice(), slot);
                 slot
             }
         };
         drop(sites);
-        index.insert(key.into(), Entry { slot, cut });
+        index.insert_new(hash, key, Entry { slot, cut });
         Interned::Id(slot)
     }
 
@@ -476,6 +503,16 @@ impl StackTable {
     }
 
     /// Calls `visit(id, live)` for every slot handed out so far (freed slots show nothing live).
+    /// The allocations of every interned stack, summed (a slot not in use holds zeros; the
+    /// history of recycled stacks is the unknown bucket's).
+    pub fn allocated_total(&self) -> CountBytes {
+        let mut total = CountBytes::default();
+        for slot in 0..self.slots_in_use_bound() {
+            total.merge(self.counters.sum(slot).allocated);
+        }
+        total
+    }
+
     pub fn for_each_live(&self, mut visit: impl FnMut(u32, CountBytes)) {
         for slot in 0..self.slots_in_use_bound() {
             let live = self.counters.sum(slot).live();
@@ -510,7 +547,7 @@ impl StackTable {
         let mut freed_slots = Vec::new();
         let mut folded = StackCounts::default();
         for shard in 0..SHARDS {
-            self.lock_index(shard).retain(|_, entry| {
+            self.lock_index(shard).retain(|entry| {
                 let slot = entry.slot;
                 if live.get(slot as usize).copied().unwrap_or(true) {
                     return true;
@@ -528,7 +565,7 @@ impl StackTable {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .slots
-            .retain(|_, slot| live.get(*slot as usize).copied().unwrap_or(true));
+            .retain(|slot| live.get(*slot as usize).copied().unwrap_or(true));
         if let Ok(mut f) = self.folded.lock() {
             f.merge(folded);
         }
@@ -549,7 +586,7 @@ impl StackTable {
         for shard in self.index.iter() {
             match lock_until(shard, deadline) {
                 Some(mut index) => {
-                    let taken = std::mem::replace(&mut *index, HashMap::with_hasher(FastHash));
+                    let taken = std::mem::take(&mut *index);
                     drop(index);
                     drop(taken);
                 }
@@ -616,9 +653,15 @@ impl StackTable {
         self.cap
     }
 
-    /// Copies out every stack with its counters, and the unknown bucket's counters (direct and
-    /// folded from recycled stacks). Returns the number of unread index shards.
-    pub fn collect(&self, deadline: Instant) -> (Vec<StackRecord>, StackCounts, u32) {
+    /// Copies out the stacks whose ids `wanted` accepts (a report wants those with unfreed
+    /// blocks: a Python process has a million stacks, most long freed) with their counters, and
+    /// the unknown bucket's counters (direct and folded from recycled stacks). Returns the
+    /// number of unread index shards.
+    pub fn collect(
+        &self,
+        deadline: Instant,
+        wanted: impl Fn(u32) -> bool,
+    ) -> (Vec<StackRecord>, StackCounts, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
         // Before the index (whose shard locks `intern` takes first).
@@ -626,7 +669,8 @@ impl StackTable {
             Some(sites) => sites
                 .slots
                 .iter()
-                .map(|(text, &slot)| (slot, text.python))
+                .filter(|&(_, &slot)| wanted(slot))
+                .map(|(text, &slot)| (slot, SiteText::python(text)))
                 .collect(),
             None => {
                 unread += 1;
@@ -641,7 +685,7 @@ impl StackTable {
                 continue;
             };
             for (key, entry) in index.iter() {
-                if !seen.insert(entry.slot) {
+                if !wanted(entry.slot) || !seen.insert(entry.slot) {
                     continue;
                 }
                 records.push(StackRecord {

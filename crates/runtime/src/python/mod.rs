@@ -345,15 +345,15 @@ pub fn render(frame: &PyFrame) -> Option<String> {
 
 /// What makes a frame's text: the code object and offset, and the objects its text is read
 /// from. A code object freed and another made at its address gets other names and tables, so
-/// a cached text is never given for the wrong code.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct RenderKey {
-    code: u64,
-    offset: i32,
-    first_line: i32,
-    file: usize,
-    name: usize,
-    table: usize,
+/// a text cached under this key is never given for the wrong code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RenderKey {
+    pub code: u64,
+    pub offset: i32,
+    pub first_line: i32,
+    pub file: usize,
+    pub name: usize,
+    pub table: usize,
 }
 
 /// Frames already turned into text. Stacks of a Python program share most of their frames (the
@@ -371,17 +371,22 @@ const RENDERED_CAP: usize = 1 << 18;
 
 /// [`render`], the text shared with every stack holding the same frame.
 pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
+    render_text(&render_key(frame)?)
+}
+
+/// The key of a frame's text (see [`RenderKey`]). Same contract as [`render`].
+#[inline]
+pub fn render_key(frame: &PyFrame) -> Option<RenderKey> {
     let api = API.load(Ordering::Acquire);
     if api.is_null() {
         return None;
     }
     // SAFETY: a published Api is never freed.
-    let api = unsafe { &*api };
-    let l = api.layout;
+    let l = unsafe { &*api }.layout;
     let code = frame.code as usize;
-    // SAFETY: the code object is alive (this function's contract) and was type-checked when
+    // SAFETY: the code object is alive (the caller's contract) and was type-checked when
     // captured; the offsets are its version's.
-    let key = unsafe {
+    Some(unsafe {
         RenderKey {
             code: frame.code,
             offset: frame.offset,
@@ -390,16 +395,26 @@ pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
             name: read(code + l.code_name),
             table: read(code + l.code_linetable),
         }
-    };
+    })
+}
+
+/// The text of the frame `key` was made from, while its code object is alive (as [`render`]).
+pub fn render_text(key: &RenderKey) -> Option<Arc<str>> {
+    let api = API.load(Ordering::Acquire);
+    if api.is_null() {
+        return None;
+    }
+    // SAFETY: a published Api is never freed.
+    let l = unsafe { &*api }.layout;
     let mut cache = RENDERED.lock().unwrap_or_else(|e| e.into_inner());
     let cache = cache.get_or_insert_with(|| Rendered {
         by_key: HashMap::with_hasher(FastHash),
         texts: std::collections::HashSet::with_hasher(FastHash),
     });
-    if let Some(text) = cache.by_key.get(&key) {
+    if let Some(text) = cache.by_key.get(key) {
         return Some(text.clone());
     }
-    // SAFETY: as above: the key's objects are the live code object's own.
+    // SAFETY: the key's objects are the live code object's own (this function's contract).
     let text: Arc<str> = unsafe {
         let file = text_of(l, key.file);
         let name = text_of(l, key.name);
@@ -424,7 +439,7 @@ pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
             text
         }
     };
-    cache.by_key.insert(key, text.clone());
+    cache.by_key.insert(*key, text.clone());
     Some(text)
 }
 
