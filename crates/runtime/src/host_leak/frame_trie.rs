@@ -144,10 +144,7 @@ mod tests {
         RenderKey {
             code,
             offset,
-            first_line: 1,
-            file: 10,
-            name: 20,
-            table: 30,
+            ident: 77,
         }
     }
 
@@ -187,7 +184,7 @@ mod tests {
         assert_ne!(first, other_line);
         // A code object at a freed one's address with other names is another frame.
         let mut moved = raw(2, 6);
-        moved.name = 21;
+        moved.ident = 78;
         trie.intern_raw(&[moved, raw(1, 40)], &mut text_of).unwrap();
         assert_eq!(trie.intern_raw(&[], &mut text_of), None);
         assert_eq!(rendered, [(1, 40), (2, 6), (2, 8), (2, 12), (2, 6)]);

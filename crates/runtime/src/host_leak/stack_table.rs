@@ -2,12 +2,16 @@
 //! blocks and bytes were allocated from it. Unfreed counts come from the block table when the
 //! window closes (and freed = allocated - unfreed), so a free never touches this table.
 //!
+//! Stacks without Python frames are found in a sharded index of their C frames. Stacks with
+//! them go through one table under one lock: their frames are made a `FrameTrie` node (text,
+//! read while the allocating thread runs that code, so its code objects are alive), which with
+//! the C frames above the interpreter is the site's key.
+//!
 //! Counters are striped per thread and updated with relaxed atomics, so threads allocating from
 //! the same stack do not share a cache line. Capped: when full, stacks with no live block
 //! ("dead") are recycled (see `Ledger::recycle_dead_stacks`) and their history is folded into
 //! the unknown bucket; when none is dead, new stacks go to the unknown bucket.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -28,46 +32,29 @@ pub const UNKNOWN_STACK: u32 = u32::MAX;
 const SHARDS: usize = 64;
 const STRIPES: usize = 4;
 
-/// A stack's identity: its allocator, its C frames and, while Python code ran, its Python
-/// frames (so two Python callers of one C function are two stacks), packed into as many words
-/// as it needs: a Python process has hundreds of thousands of distinct stacks (`import torch`
-/// runs each line of thousands of module bodies once), so a fixed-size key of the deepest stack
-/// would make the index gigabytes.
+/// A site's identity, packed into as many words as it needs. Word 0: the allocator (bits 0-7),
+/// the number of C frames (bits 8-15), and the `FrameTrie` node of its Python frames plus one
+/// (bits 16-47; 0 without Python frames). Then the C return addresses.
 ///
-/// Word 0: domain | C frames << 8 | Python frames << 16. Then the C return addresses. Then each
-/// Python frame: its code object's address with the instruction offset in bits 48-62 when the
-/// offset is below 2^15 (addresses of user space fit in 47 bits), else two words (the address
-/// with bit 63 set, then the offset). The packing is only ever compared, never read back, so it
-/// need only tell different stacks apart.
-pub struct StackKey {
-    words: [u64; KEY_WORDS],
+/// A Python process has hundreds of thousands of distinct stacks (`import torch` runs each line
+/// of thousands of module bodies once). Their Python part is the trie node of the frames as
+/// text, not the frames as the interpreter holds them: two instructions of one line (the one
+/// that built a dict, the one that built the list it holds) are one site, and a key is a word
+/// or two instead of up to forty.
+pub struct SiteKey {
+    words: [u64; 1 + MAX_FRAMES],
     len: usize,
 }
 
-const KEY_WORDS: usize = 1 + MAX_FRAMES + 2 * python::MAX_PY_FRAMES;
-
-impl StackKey {
-    pub fn new(stack: &CapturedStack, py: &PyStack, domain: AllocDomain) -> StackKey {
-        let mut key = StackKey {
-            words: [0; KEY_WORDS],
-            len: 1,
+impl SiteKey {
+    pub fn new(domain: AllocDomain, c: &[u64], python: Option<u32>) -> SiteKey {
+        let mut key = SiteKey {
+            words: [0; 1 + MAX_FRAMES],
+            len: 1 + c.len(),
         };
-        let c = stack.as_slice();
-        let p = py.as_slice();
-        key.words[0] = domain as u64 | (c.len() as u64) << 8 | (p.len() as u64) << 16;
-        key.words[1..1 + c.len()].copy_from_slice(c);
-        key.len += c.len();
-        for f in p {
-            let offset = f.offset as u32 as u64;
-            if offset < 1 << 15 {
-                key.words[key.len] = f.code | offset << 48;
-                key.len += 1;
-            } else {
-                key.words[key.len] = f.code | 1 << 63;
-                key.words[key.len + 1] = offset;
-                key.len += 2;
-            }
-        }
+        let python = python.map_or(0, |node| u64::from(node) + 1);
+        key.words[0] = domain as u64 | (c.len() as u64) << 8 | python << 16;
+        key.words[1..key.len].copy_from_slice(c);
         key
     }
 
@@ -88,50 +75,25 @@ impl StackKey {
             AllocDomain::Malloc
         }
     }
+
+    /// The trie node of a packed key's Python frames.
+    fn python(words: &[u64]) -> Option<u32> {
+        let node = words[0] >> 16 & 0xffff_ffff;
+        node.checked_sub(1).map(|n| n as u32)
+    }
 }
 
-/// An interned stack's slot, and its Python frames as text (made when it was interned, while
-/// the frames' code objects were certainly alive).
+/// An interned site's slot.
 struct Entry {
     slot: u32,
     /// The stack went on beyond the key's depth: callers further out share this entry.
     cut: bool,
 }
 
-/// What a stack with Python frames shows in the report, as words: its allocator and Python
-/// frames as text (a `FrameTrie` node) in word 0, then its C frames. Two stack keys that differ
-/// only in where inside one line the interpreter was (the instruction that built the dict, the
-/// one that built the list it holds) show the same site, so they share one slot.
-struct SiteText {
-    words: [u64; 1 + MAX_FRAMES],
-    len: usize,
-}
-
-impl SiteText {
-    fn new(domain: AllocDomain, python: u32, c: &[u64]) -> SiteText {
-        let mut text = SiteText {
-            words: [0; 1 + MAX_FRAMES],
-            len: 1 + c.len(),
-        };
-        text.words[0] = domain as u64 | u64::from(python) << 8;
-        text.words[1..text.len].copy_from_slice(c);
-        text
-    }
-
-    fn as_slice(&self) -> &[u64] {
-        &self.words[..self.len]
-    }
-
-    /// The Python node of a site's words.
-    fn python(words: &[u64]) -> u32 {
-        (words[0] >> 8) as u32
-    }
-}
-
-/// The sites with Python frames (`SiteText` words -> slot), and their frames' texts.
+/// The sites with Python frames (`SiteKey` words -> entry), and their frames' texts.
 #[derive(Default)]
 struct Sites {
-    slots: KeyIndex<u32>,
+    slots: KeyIndex<Entry>,
     frames: FrameTrie,
 }
 
@@ -311,7 +273,8 @@ impl StripedCounters {
     }
 }
 
-/// One shard of the index: packed stack keys (`StackKey`) and their entries.
+/// One shard of the index of stacks without Python frames: packed keys (`SiteKey`) and their
+/// entries.
 type IndexShard = KeyIndex<Entry>;
 
 /// What interning found.
@@ -397,7 +360,35 @@ impl StackTable {
         cut: bool,
         domain: AllocDomain,
     ) -> Interned {
-        let key = StackKey::new(stack, py, domain);
+        if py.len == 0 {
+            return self.intern_c(stack, cut, domain);
+        }
+        let mut raw = [python::RenderKey::default(); python::MAX_PY_FRAMES];
+        python::render_keys(py, &mut raw);
+        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(python) = sites.frames.intern_raw(&raw[..py.len], |key| {
+            python::render_text(key).unwrap_or_else(|| "<unreadable Python frame>".into())
+        }) else {
+            return Interned::Full;
+        };
+        let key = SiteKey::new(domain, stack.as_slice(), Some(python));
+        let hash = FastHash.hash_one(key.as_slice());
+        if let Some(entry) = sites.slots.get(hash, key.as_slice()) {
+            return Interned::Id(entry.slot);
+        }
+        let Some(slot) = self.take_slot() else {
+            return Interned::Full;
+        };
+        self.count_new_site(cut);
+        sites
+            .slots
+            .insert_new(hash, key.as_slice(), Entry { slot, cut });
+        Interned::Id(slot)
+    }
+
+    /// [`StackTable::intern`] for a stack without Python frames: the sharded index.
+    fn intern_c(&self, stack: &CapturedStack, cut: bool, domain: AllocDomain) -> Interned {
+        let key = SiteKey::new(domain, stack.as_slice(), None);
         let key = key.as_slice();
         let hash = FastHash.hash_one(key);
         // From bits the shard's own table does not use (it takes buckets from the low bits and
@@ -407,44 +398,10 @@ impl StackTable {
         if let Some(entry) = index.get(hash, key) {
             return Interned::Id(entry.slot);
         }
-        if py.len == 0 {
-            let Some(slot) = self.take_slot() else {
-                return Interned::Full;
-            };
-            self.count_new_site(cut);
-            index.insert_new(hash, key, Entry { slot, cut });
-            return Interned::Id(slot);
-        }
-        let mut raw = [python::RenderKey::default(); python::MAX_PY_FRAMES];
-        for (key, frame) in raw.iter_mut().zip(py.as_slice()) {
-            // Without an interpreter's layout (never, once frames were captured) the frame
-            // keeps its code address and shows as unreadable.
-            *key = python::render_key(frame).unwrap_or(python::RenderKey {
-                code: frame.code,
-                offset: frame.offset,
-                ..Default::default()
-            });
-        }
-        let mut sites = self.sites.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(python) = sites.frames.intern_raw(&raw[..py.len], |key| {
-            python::render_text(key).unwrap_or_else(|| "<unreadable Python frame>".into())
-        }) else {
+        let Some(slot) = self.take_slot() else {
             return Interned::Full;
         };
-        let text = SiteText::new(domain, python, stack.as_slice());
-        let text_hash = FastHash.hash_one(text.as_slice());
-        let slot = match sites.slots.get(text_hash, text.as_slice()) {
-            Some(&slot) => slot,
-            None => {
-                let Some(slot) = self.take_slot() else {
-                    return Interned::Full;
-                };
-                self.count_new_site(cut);
-                sites.slots.insert_new(text_hash, text.as_slice(), slot);
-                slot
-            }
-        };
-        drop(sites);
+        self.count_new_site(cut);
         index.insert_new(hash, key, Entry { slot, cut });
         Interned::Id(slot)
     }
@@ -546,26 +503,24 @@ impl StackTable {
     pub fn finish_recycling(&self, live: &[bool]) -> Vec<u32> {
         let mut freed_slots = Vec::new();
         let mut folded = StackCounts::default();
+        let mut recycle = |entry: &mut Entry| {
+            let slot = entry.slot;
+            if live.get(slot as usize).copied().unwrap_or(true) {
+                return true;
+            }
+            folded.merge(self.counters.sum(slot as usize));
+            self.counters.reset(slot as usize);
+            freed_slots.push(slot);
+            false
+        };
         for shard in 0..SHARDS {
-            self.lock_index(shard).retain(|entry| {
-                let slot = entry.slot;
-                if live.get(slot as usize).copied().unwrap_or(true) {
-                    return true;
-                }
-                // A slot several keys share is folded and freed once.
-                folded.merge(self.counters.sum(slot as usize));
-                self.counters.reset(slot as usize);
-                freed_slots.push(slot);
-                false
-            });
+            self.lock_index(shard).retain(&mut recycle);
         }
-        freed_slots.sort_unstable();
-        freed_slots.dedup();
         self.sites
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .slots
-            .retain(|slot| live.get(*slot as usize).copied().unwrap_or(true));
+            .retain(&mut recycle);
         if let Ok(mut f) = self.folded.lock() {
             f.merge(folded);
         }
@@ -664,39 +619,28 @@ impl StackTable {
     ) -> (Vec<StackRecord>, StackCounts, u32) {
         let mut records = Vec::new();
         let mut unread = 0;
-        // Before the index (whose shard locks `intern` takes first).
-        let python_of: HashMap<u32, u32> = match lock_until(&self.sites, deadline) {
-            Some(sites) => sites
-                .slots
-                .iter()
-                .filter(|&(_, &slot)| wanted(slot))
-                .map(|(text, &slot)| (slot, SiteText::python(text)))
-                .collect(),
-            None => {
-                unread += 1;
-                HashMap::new()
-            }
-        };
-        // Keys that share a site's slot give one record.
-        let mut seen = std::collections::HashSet::new();
-        for shard in self.index.iter() {
-            let Some(index) = lock_until(shard, deadline) else {
-                unread += 1;
-                continue;
-            };
-            for (key, entry) in index.iter() {
-                if !wanted(entry.slot) || !seen.insert(entry.slot) {
-                    continue;
-                }
+        // Each slot has one key: C stacks in the index, Python ones in the sites.
+        let mut take = |key: &[u64], entry: &Entry| {
+            if wanted(entry.slot) {
                 records.push(StackRecord {
                     id: entry.slot,
-                    frames: StackKey::c_frames(key).to_vec(),
-                    python: python_of.get(&entry.slot).copied(),
+                    frames: SiteKey::c_frames(key).to_vec(),
+                    python: SiteKey::python(key),
                     cut: entry.cut,
-                    domain: StackKey::domain(key),
+                    domain: SiteKey::domain(key),
                     counts: self.counters.sum(entry.slot as usize),
                 });
             }
+        };
+        for shard in self.index.iter() {
+            match lock_until(shard, deadline) {
+                Some(index) => index.iter().for_each(|(key, entry)| take(key, entry)),
+                None => unread += 1,
+            }
+        }
+        match lock_until(&self.sites, deadline) {
+            Some(sites) => sites.slots.iter().for_each(|(key, entry)| take(key, entry)),
+            None => unread += 1,
         }
         let mut unknown = self.counters.sum(self.unknown_slot());
         match lock_until(&self.folded, deadline) {

@@ -8,11 +8,12 @@
 //! belongs to that thread, so it does not change while the thread is in C code, whether or not
 //! it holds the GIL; reading it takes no lock and allocates nothing.
 //!
-//! On the hook path only raw frames are taken: (code object, instruction offset). They are
-//! part of the stack key, so two Python callers of one C function are two sites; the key's C
-//! part then ends where the interpreter's own frames begin (`frames_above_interpreter`). A stack's
-//! frames are turned into text (file, line, function) once, when the stack is first interned —
-//! while its code objects are certainly alive, since the allocating thread is running them.
+//! On the hook path raw frames are taken: (code object, instruction offset). The stack table
+//! makes them part of the site's key, so two Python callers of one C function are two sites;
+//! the key's C part then ends where the interpreter's own frames begin
+//! (`frames_above_interpreter`). A frame becomes text (file, line, function) while the
+//! allocating thread runs it, so its code object is certainly alive; `RenderKey` names what the
+//! text is read from, so texts are cached without ever being given for another code object.
 
 pub mod layout;
 
@@ -343,17 +344,46 @@ pub fn render(frame: &PyFrame) -> Option<String> {
     render_shared(frame).map(|text| text.to_string())
 }
 
-/// What makes a frame's text: the code object and offset, and the objects its text is read
-/// from. A code object freed and another made at its address gets other names and tables, so
-/// a text cached under this key is never given for the wrong code.
+/// What makes a frame's text: the code object and offset, and a hash of the objects its text
+/// is read from (first line, file and function names, line table). A code object freed and
+/// another made at its address gets other names and tables, so a text cached under this key is
+/// never given for the wrong code.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RenderKey {
     pub code: u64,
     pub offset: i32,
-    pub first_line: i32,
-    pub file: usize,
-    pub name: usize,
-    pub table: usize,
+    pub ident: u64,
+}
+
+/// The fields of a live code object a frame's text is read from.
+struct CodeText {
+    first_line: i32,
+    file: usize,
+    name: usize,
+    table: usize,
+}
+
+impl CodeText {
+    /// # Safety
+    /// `code` must be a live code object of the running interpreter's version.
+    #[inline]
+    unsafe fn read(l: &Layout, code: usize) -> CodeText {
+        // SAFETY: the caller's guarantee.
+        unsafe {
+            CodeText {
+                first_line: read(code + l.code_firstlineno),
+                file: read(code + l.code_filename),
+                name: read(code + l.code_name),
+                table: read(code + l.code_linetable),
+            }
+        }
+    }
+
+    fn ident(&self) -> u64 {
+        let mut h = crate::hashing::mix(self.first_line as u32 as u64 ^ (self.file as u64) << 1);
+        h = crate::hashing::mix(h ^ self.name as u64);
+        crate::hashing::mix(h ^ self.table as u64)
+    }
 }
 
 /// Frames already turned into text. Stacks of a Python program share most of their frames (the
@@ -383,19 +413,28 @@ pub fn render_key(frame: &PyFrame) -> Option<RenderKey> {
     }
     // SAFETY: a published Api is never freed.
     let l = unsafe { &*api }.layout;
-    let code = frame.code as usize;
     // SAFETY: the code object is alive (the caller's contract) and was type-checked when
     // captured; the offsets are its version's.
-    Some(unsafe {
-        RenderKey {
+    let text = unsafe { CodeText::read(l, frame.code as usize) };
+    Some(RenderKey {
+        code: frame.code,
+        offset: frame.offset,
+        ident: text.ident(),
+    })
+}
+
+/// The keys of `py`'s frames into `out` (as many as it holds). Same contract as [`render`].
+#[inline]
+pub fn render_keys(py: &PyStack, out: &mut [RenderKey]) {
+    for (key, frame) in out.iter_mut().zip(py.as_slice()) {
+        // Without an interpreter's layout (never, once frames were captured) the frame keeps
+        // its code address and shows as unreadable.
+        *key = render_key(frame).unwrap_or(RenderKey {
             code: frame.code,
             offset: frame.offset,
-            first_line: read(code + l.code_firstlineno),
-            file: read(code + l.code_filename),
-            name: read(code + l.code_name),
-            table: read(code + l.code_linetable),
-        }
-    })
+            ..Default::default()
+        });
+    }
 }
 
 /// The text of the frame `key` was made from, while its code object is alive (as [`render`]).
@@ -414,12 +453,14 @@ pub fn render_text(key: &RenderKey) -> Option<Arc<str>> {
     if let Some(text) = cache.by_key.get(key) {
         return Some(text.clone());
     }
-    // SAFETY: the key's objects are the live code object's own (this function's contract).
+    // SAFETY: the key's code object is alive (this function's contract), and so are the
+    // objects it holds.
     let text: Arc<str> = unsafe {
-        let file = text_of(l, key.file);
-        let name = text_of(l, key.name);
-        let table = bytes_of(key.table)?;
-        let line = line_at(l.format, table, key.first_line, key.offset)
+        let code = CodeText::read(l, key.code as usize);
+        let file = text_of(l, code.file);
+        let name = text_of(l, code.name);
+        let table = bytes_of(code.table)?;
+        let line = line_at(l.format, table, code.first_line, key.offset)
             .map_or_else(|| "?".to_string(), |n| n.to_string());
         format!(
             "{}({line}): {}",
