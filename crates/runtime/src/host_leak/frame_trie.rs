@@ -15,9 +15,12 @@ use std::sync::Arc;
 use crate::hashing::FastHash;
 use crate::python::RenderKey;
 
-/// Past this many remembered (caller, raw frame) pairs they are forgotten and relearned: code
-/// objects come and go (module bodies run once), and the texts stay in the nodes anyway.
-const RAW_CAP: usize = 1 << 21;
+/// Past this many remembered (caller, raw frame) pairs (2.5 MiB) they are forgotten and
+/// relearned (the texts stay in the nodes): a training step's pairs then stay in the processor's
+/// cache, where a table holding every pair an `import torch` made (millions, most never seen
+/// again: module bodies run once) would miss on each lookup. Measured on a 3-epoch DataLoader
+/// loop: 4.1x -> 3.6x the run without a tool.
+const RAW_CAP: usize = 1 << 16;
 
 /// The parent of an outermost frame.
 const ROOT: u32 = u32::MAX;
@@ -146,6 +149,30 @@ mod tests {
             offset,
             ident: 77,
         }
+    }
+
+    #[test]
+    fn a_path_seen_before_is_found_whole_after_other_paths() {
+        let calls = std::cell::Cell::new(0);
+        let text_of = |k: &RenderKey| -> Arc<str> {
+            calls.set(calls.get() + 1);
+            format!("a.py({}): f{}", k.offset, k.code).into()
+        };
+        let mut trie = FrameTrie::default();
+        let deep: Vec<RenderKey> = (0..20).map(|i| raw(100 + i, 2 * i as i32)).collect();
+        let node = trie.intern_raw(&deep, text_of).unwrap();
+        // Paths whose outermost frames differ (a stack cut at another depth) in between.
+        for shift in 1..5 {
+            let other: Vec<RenderKey> = (shift..20 + shift)
+                .map(|i| raw(100 + i, 2 * i as i32))
+                .collect();
+            trie.intern_raw(&other, text_of).unwrap();
+        }
+        let made = calls.get();
+        assert_eq!(trie.intern_raw(&deep, text_of), Some(node));
+        assert_eq!(calls.get(), made, "found without a text made");
+        assert_eq!(trie.path(node).len(), 20);
+        assert_eq!(trie.path(node)[0], "a.py(0): f100");
     }
 
     #[test]
