@@ -38,8 +38,8 @@ pub const SERIES_CAPACITY: usize = 128;
 /// window of 1 s has 16 beats, and four doublings (at 64 s) reach the configured beat exactly.
 pub const ADAPTIVE_START_SHIFT: u32 = 4;
 /// After a beat's pass over the stacks, the next one waits this many times as long as the pass
-/// took: beats cost the program at most 1/(1 + this) of its time (5 %).
-pub const BEAT_COST_RATIO: u64 = 19;
+/// took: beats cost the program at most 1/(1 + this) of its time (2.5 %).
+pub const BEAT_COST_RATIO: u64 = 39;
 /// Doublings at most: 62.5 ms · 2^32 is 8.5 years, so this bounds only the arithmetic.
 const MAX_LEVEL: u32 = 32;
 /// The beat state packs the level (doublings so far) above the next beat's index.
@@ -48,11 +48,15 @@ const INDEX_MASK: u64 = (1 << LEVEL_SHIFT) - 1;
 
 /// Keeps the top-k of `live` by live bytes (in no order). A beat calls it as the pass goes,
 /// whenever `live` holds twice as many, so its memory stays bounded however many stacks live.
-pub fn keep_top_k(live: &mut Vec<(u32, CountBytes)>) {
+/// Returns the least live bytes kept once it kept TOP_K of more (0 otherwise): a stack with
+/// fewer cannot enter the top-k any more, so the pass need not keep it.
+pub fn keep_top_k(live: &mut Vec<(u32, CountBytes)>) -> u64 {
     if live.len() > TOP_K {
         live.select_nth_unstable_by(TOP_K - 1, |a, b| b.1.bytes.cmp(&a.1.bytes));
         live.truncate(TOP_K);
+        return live[TOP_K - 1].1.bytes;
     }
+    0
 }
 
 fn pack(level: u32, next: u64) -> u64 {
@@ -265,7 +269,7 @@ impl Beats {
             }
             store.level = level;
         }
-        keep_top_k(live);
+        let _ = keep_top_k(live);
         let current: HashMap<u32, u64> = live.iter().map(|&(id, cb)| (id, cb.bytes)).collect();
         for &(id, cb) in live.iter() {
             if !store.series.contains_key(&id) && store.series.len() >= MAX_SERIES {
@@ -506,12 +510,17 @@ mod tests {
         let bytes = |i: u32| u64::from(i.wrapping_mul(2_654_435_761) % 100_003);
         let mut all: Vec<(u32, CountBytes)> = (0..5000).map(|i| (i, cb(bytes(i)))).collect();
         let mut kept = Vec::new();
+        let mut floor = 0;
         for &entry in &all {
+            if entry.1.bytes < floor {
+                continue;
+            }
             if kept.len() == 2 * TOP_K {
-                keep_top_k(&mut kept);
+                floor = keep_top_k(&mut kept);
             }
             kept.push(entry);
         }
+        assert!(floor > 0);
         keep_top_k(&mut kept);
         keep_top_k(&mut all);
         let ids = |v: &[(u32, CountBytes)]| {

@@ -391,9 +391,13 @@ impl Ledger {
         }
         let started = realtime_ns();
         let mut live = Vec::with_capacity(2 * beats::TOP_K);
+        let mut floor = 0;
         self.stacks.for_each_live(|id, cb| {
+            if cb.bytes < floor {
+                return;
+            }
             if live.len() == 2 * beats::TOP_K {
-                beats::keep_top_k(&mut live);
+                floor = beats::keep_top_k(&mut live);
             }
             live.push((id, cb));
         });
