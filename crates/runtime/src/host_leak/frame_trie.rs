@@ -34,7 +34,7 @@ struct Node {
 #[derive(Default)]
 pub struct FrameTrie {
     nodes: Vec<Node>,
-    /// (parent, text pointer) -> node. Equal texts are one `Arc` (`python::render_shared`), so
+    /// (parent, text pointer) -> node. Equal texts are one `Arc` (`python::render_text`), so
     /// the pointer stands for the text while the node holds it.
     children: HashMap<(u32, usize), u32, FastHash>,
     /// (parent, raw frame) -> node: what a frame the interpreter holds reads as under that

@@ -336,14 +336,6 @@ unsafe fn read_frame(api: &Api, frame: usize) -> Option<PyFrame> {
     }
 }
 
-/// A frame as text: `file(line): function`, the event dump's form of a Python frame.
-///
-/// Call only while the frame's code object is alive: from the thread that captured it, before
-/// its Python code moves on (the stack table does it when the stack is first interned).
-pub fn render(frame: &PyFrame) -> Option<String> {
-    render_shared(frame).map(|text| text.to_string())
-}
-
 /// What makes a frame's text: the code object and offset, and a hash of the objects its text
 /// is read from (first line, file and function names, line table). A code object freed and
 /// another made at its address gets other names and tables, so a text cached under this key is
@@ -399,12 +391,10 @@ static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
 /// Past this many texts the cache starts again (code objects come and go: module bodies run once).
 const RENDERED_CAP: usize = 1 << 18;
 
-/// [`render`], the text shared with every stack holding the same frame.
-pub fn render_shared(frame: &PyFrame) -> Option<Arc<str>> {
-    render_text(&render_key(frame)?)
-}
-
-/// The key of a frame's text (see [`RenderKey`]). Same contract as [`render`].
+/// The key of a frame's text (see [`RenderKey`]).
+///
+/// Call only while the frame's code object is alive: from the thread that captured it, before
+/// its Python code moves on (the stack table does it while interning the allocation's stack).
 #[inline]
 pub fn render_key(frame: &PyFrame) -> Option<RenderKey> {
     let api = API.load(Ordering::Acquire);
@@ -423,7 +413,7 @@ pub fn render_key(frame: &PyFrame) -> Option<RenderKey> {
     })
 }
 
-/// The keys of `py`'s frames into `out` (as many as it holds). Same contract as [`render`].
+/// The keys of `py`'s frames into `out` (as many as it holds). Same contract as [`render_key`].
 #[inline]
 pub fn render_keys(py: &PyStack, out: &mut [RenderKey]) {
     for (key, frame) in out.iter_mut().zip(py.as_slice()) {
@@ -437,7 +427,8 @@ pub fn render_keys(py: &PyStack, out: &mut [RenderKey]) {
     }
 }
 
-/// The text of the frame `key` was made from, while its code object is alive (as [`render`]).
+/// The text of the frame `key` was made from (`file(line): function`, the event dump's form of
+/// a Python frame), while its code object is alive (as for [`render_key`]).
 pub fn render_text(key: &RenderKey) -> Option<Arc<str>> {
     let api = API.load(Ordering::Acquire);
     if api.is_null() {
