@@ -6,6 +6,7 @@ pub mod abi;
 pub mod csv;
 pub mod db;
 mod flat_json;
+pub mod original;
 pub mod parquet;
 pub mod reader;
 pub mod row;

@@ -92,6 +92,12 @@ pub enum ReadError {
 pub fn open(
     path: &Path,
 ) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>, ReadError> {
+    if let Some(rewritten) = super::original::normalize_if_original(path)? {
+        return Ok(Box::new(Rewritten {
+            inner: CsvRows::open(&rewritten.csv)?,
+            _file: rewritten,
+        }));
+    }
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") => Ok(Box::new(DbRows::open(path)?)),
         Some("parquet") => Ok(Box::new(super::parquet::ParquetRows::open(path)?)),
@@ -219,6 +225,12 @@ pub trait RowSource: Send {
 /// The rows of a dump file (`.csv`, `.db` or `.parquet`), in file order, through the fastest
 /// reader for its format: CSV dumps are parsed on worker threads ([`super::scan`]).
 pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
+    if let Some(rewritten) = super::original::normalize_if_original(path)? {
+        return Ok(Box::new(Rewritten {
+            inner: super::scan::FastCsv::open(&rewritten.csv)?,
+            _file: rewritten,
+        }));
+    }
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") | Some("parquet") => Ok(Box::new(Owned {
             rows: open(path)?,
@@ -229,6 +241,35 @@ pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
             path: path.to_path_buf(),
             ended: false,
         })),
+    }
+}
+
+/// A reader of the original tool's dump rewritten as ours ([`super::original`]): the
+/// rewritten file lives as long as its reader.
+struct Rewritten<R> {
+    inner: R,
+    _file: super::original::Normalized,
+}
+
+impl<R: Iterator<Item = Result<EventRow, ReadError>>> Iterator for Rewritten<R> {
+    type Item = Result<EventRow, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.inner.next()
+    }
+}
+
+impl<R: RowSource> RowSource for Rewritten<R> {
+    fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError> {
+        self.inner.next_row()
+    }
+
+    fn current(&self) -> Option<&EventRow> {
+        self.inner.current()
+    }
+
+    fn progress(&self) -> Option<super::scan::Progress> {
+        self.inner.progress()
     }
 }
 
@@ -669,7 +710,7 @@ pub(crate) fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
 }
 
 /// Builds a row from the 12 columns in order.
-fn parse_fields<'a>(f: impl Iterator<Item = &'a str>) -> Result<EventRow, String> {
+pub(crate) fn parse_fields<'a>(f: impl Iterator<Item = &'a str>) -> Result<EventRow, String> {
     let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
     parse_fields_into(&mut row, f, &mut Vec::new())?;
     Ok(row)

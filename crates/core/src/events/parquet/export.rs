@@ -10,6 +10,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::writer::{ParquetWriter, WriteError};
+use crate::events::original;
 use crate::events::reader::{self, ReadError, RowSource};
 use crate::events::scan::FastCsv;
 use crate::run_dir::RunDir;
@@ -108,6 +109,15 @@ pub fn export(
     }
     // Read through the held descriptor (whatever was renamed since), named by the dump's path.
     let resolved = dir.resolved().join(name);
+    // The original tool's dump is exported as the dump of ours it reads as (a journal is ours).
+    let rewritten = match source {
+        Source::Dump => {
+            original::normalize_if_original_as(&resolved, &shown)
+                .map_err(|e| read_error(e, &shown))?
+        }
+        Source::Journal => None,
+    };
+    let resolved = rewritten.as_ref().map_or(resolved, |r| r.csv.clone());
     let csv = resolved.extension().is_none_or(|e| e != "db");
     let rows = if parallel && csv {
         // CSV parsed on worker threads, rows borrowed (no copy of each).
