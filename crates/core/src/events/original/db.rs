@@ -13,6 +13,48 @@ use super::{
 };
 use crate::events::reader::{open_regular, ReadError, MAX_ROW_BYTES};
 
+/// The dump's table in `path`: the connection, its name, its columns, and whether the name is
+/// the original's alone (`leaks_dump`). `None` when the file has neither table or SQLite
+/// cannot read it.
+#[allow(clippy::type_complexity)]
+fn find_table(path: &Path) -> Option<(rusqlite::Connection, &'static str, Vec<String>, bool)> {
+    let conn =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()?;
+    // SAFETY: the handle is this open connection's; sqlite3_limit only sets a number.
+    unsafe {
+        rusqlite::ffi::sqlite3_limit(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_LIMIT_LENGTH,
+            MAX_ROW_BYTES as i32,
+        );
+    }
+    let has = |table: &str| -> Option<bool> {
+        conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = ?1 AND type IN ('table', 'view')",
+            [table],
+            |r| r.get::<_, i64>(0),
+        )
+        .ok()
+        .map(|n| n == 1)
+    };
+    let (table, surely_original) = if has("memscope_dump")? {
+        ("memscope_dump", false)
+    } else if has("leaks_dump")? {
+        ("leaks_dump", true)
+    } else {
+        return None;
+    };
+    let names: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+        .and_then(|mut s| {
+            s.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .ok()?;
+    Some((conn, table, names, surely_original))
+}
+
 fn sqlite_error(path: &Path, e: rusqlite::Error) -> ReadError {
     ReadError::Io {
         path: path.to_path_buf(),
@@ -36,40 +78,10 @@ pub(super) fn normalize_if_original(
     shown: &Path,
 ) -> Result<Option<Normalized>, ReadError> {
     drop(open_regular(path)?);
-    let conn =
-        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| sqlite_error(path, e))?;
-    // SAFETY: the handle is this open connection's; sqlite3_limit only sets a number.
-    unsafe {
-        rusqlite::ffi::sqlite3_limit(
-            conn.handle(),
-            rusqlite::ffi::SQLITE_LIMIT_LENGTH,
-            MAX_ROW_BYTES as i32,
-        );
-    }
-    let has = |table: &str| -> Result<bool, ReadError> {
-        conn.query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name = ?1 AND type IN ('table', 'view')",
-            [table],
-            |r| r.get::<_, i64>(0),
-        )
-        .map(|n| n == 1)
-        .map_err(|e| sqlite_error(path, e))
-    };
-    let (table, surely_original) = if has("memscope_dump")? {
-        ("memscope_dump", false)
-    } else if has("leaks_dump")? {
-        ("leaks_dump", true)
-    } else {
+    // Anything wrong before the file shows the original's table is our reader's to tell.
+    let Some((conn, table, names, surely_original)) = find_table(path) else {
         return Ok(None);
     };
-    let names: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
-        .and_then(|mut s| {
-            s.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<Result<_, _>>()
-        })
-        .map_err(|e| sqlite_error(path, e))?;
     let columns = match Columns::of(names.iter().map(String::as_str)) {
         Ok(columns) => columns,
         Err(reason) if surely_original => {
@@ -87,7 +99,9 @@ pub(super) fn normalize_if_original(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let mut statement = conn.prepare(&select).map_err(|e| sqlite_error(path, e))?;
+    let Ok(mut statement) = conn.prepare(&select) else {
+        return Ok(None);
+    };
     // The row's 12 values as text, each row in turn, or why it is unusable.
     let mut each_row = |limit: Option<usize>,
                         f: &mut dyn FnMut(u64, Result<[&str; 12], String>) -> Result<(), ReadError>|
@@ -120,12 +134,15 @@ pub(super) fn normalize_if_original(
         Ok(())
     };
     let mut sniffed: Vec<[String; 12]> = Vec::new();
-    each_row(Some(SNIFFED_ROWS), &mut |_, fields| {
+    let looked = each_row(Some(SNIFFED_ROWS), &mut |_, fields| {
         if let Ok(fields) = fields {
             sniffed.push(fields.map(str::to_string));
         }
         Ok(())
-    })?;
+    });
+    if looked.is_err() && !surely_original {
+        return Ok(None);
+    }
     let dialect = dialect_of(sniffed.iter().map(|f| f.each_ref().map(String::as_str)));
     let traits = match dialect {
         Dialect::Original(traits) => traits,

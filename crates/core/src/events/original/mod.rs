@@ -173,9 +173,17 @@ fn dialect_of_csv(path: &Path) -> Result<Dialect, ReadError> {
     let Ok(header) = reader.headers() else {
         return Ok(Dialect::Ours);
     };
-    let Ok(columns) = Columns::of(header.iter()) else {
-        // Not this module's to explain: our reader names what is wrong with the header.
-        return Ok(Dialect::Ours);
+    let columns = match Columns::of(header.iter()) {
+        Ok(columns) => columns,
+        // A dump's header (ours or the original's) without one of the columns read: named.
+        Err(reason) if ["ID", "Event"].iter().all(|c| header.iter().any(|h| h.trim() == *c)) => {
+            return Err(not_a_dump(
+                path,
+                format!("{reason} (a dump's header is {})", super::csv::HEADER),
+            ))
+        }
+        // No dump's header: our reader says what it should be.
+        Err(_) => return Ok(Dialect::Ours),
     };
     let records: Vec<csv::StringRecord> = reader
         .records()
