@@ -12,7 +12,9 @@ use msmemscope_core::events::{reader, Event, EventRow};
 const BIN: &str = env!("CARGO_BIN_EXE_msmemscope-cli");
 
 fn data(name: &str) -> PathBuf {
-    common::repo().join("tests/data/msmemscope-original").join(name)
+    common::repo()
+        .join("tests/data/msmemscope-original")
+        .join(name)
 }
 
 fn cli(dir: &Path, args: &[&str]) -> Output {
@@ -82,7 +84,11 @@ fn op_compare_of_the_original_examples_finds_the_two_unfreed_blocks() {
          20 rows out of time order put in place",
         other.display()
     ).as_str()), "{err}");
-    assert_eq!(std::fs::read(&other).unwrap(), before, "the input is never written");
+    assert_eq!(
+        std::fs::read(&other).unwrap(),
+        before,
+        "the input is never written"
+    );
 }
 
 const OLD_KERNEL_ROWS: [&str; 12] = [
@@ -105,7 +111,10 @@ fn kernel_compare_of_the_old_format_files_has_twelve_rows() {
     let scratch = Scratch::new("original-kernel");
     let (a, b) = (data("old_format_rank_a.csv"), data("old_format_rank_b.csv"));
     let (text, err) = compare(scratch.path(), "kernel", &a, &b);
-    assert_eq!(text, format!("{COMPARE_HEADER}{}\n", OLD_KERNEL_ROWS.join("\n")));
+    assert_eq!(
+        text,
+        format!("{COMPARE_HEADER}{}\n", OLD_KERNEL_ROWS.join("\n"))
+    );
     assert!(
         err.contains(&format!(
             "msmemscope: note: {}: read as a dump of the original msMemScope (older, msleaks \
@@ -113,7 +122,9 @@ fn kernel_compare_of_the_old_format_files_has_twelve_rows() {
              14 negative FREE sizes read as their magnitude; 2 `acl init` rows left out; \
              Timestamp(ns) read as microseconds; 312 decimal Ptr values; 10 rows of device host \
              read as cpu; 40 rows out of time order put in place; 2 processes (2523740, \
-             2523738), one after the other; rows numbered anew in that order\n",
+             2523738), one after the other; devices cpu, 0 have rows of more than one \
+             process: analysed per device, their blocks are matched across those processes; \
+             rows numbered anew in that order\n",
             a.display()
         )),
         "{err}"
@@ -123,11 +134,19 @@ fn kernel_compare_of_the_old_format_files_has_twelve_rows() {
 /// `csv` as an SQLite file with the original's older table name, every value as text.
 fn to_leaks_dump_db(csv_path: &Path, db: &Path) {
     let mut reader = csv::Reader::from_path(csv_path).unwrap();
-    let header: Vec<String> = reader.headers().unwrap().iter().map(str::to_string).collect();
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_string)
+        .collect();
     let conn = rusqlite::Connection::open(db).unwrap();
     let columns: Vec<String> = header.iter().map(|h| format!("\"{h}\" TEXT")).collect();
-    conn.execute(&format!("CREATE TABLE leaks_dump ({})", columns.join(", ")), [])
-        .unwrap();
+    conn.execute(
+        &format!("CREATE TABLE leaks_dump ({})", columns.join(", ")),
+        [],
+    )
+    .unwrap();
     let marks = vec!["?"; header.len()].join(", ");
     let mut insert = conn
         .prepare(&format!("INSERT INTO leaks_dump VALUES ({marks})"))
@@ -145,15 +164,31 @@ fn an_original_sqlite_dump_reads_as_its_csv() {
     let scratch = Scratch::new("original-db");
     let db = scratch.path().join("memscope_dump_20250428113810.db");
     to_leaks_dump_db(&data("old_format_rank_a.csv"), &db);
-    let (text, err) = compare(scratch.path(), "kernel", &db, &data("old_format_rank_b.csv"));
-    assert_eq!(text, format!("{COMPARE_HEADER}{}\n", OLD_KERNEL_ROWS.join("\n")));
-    assert!(err.contains(&format!("{}: read as a dump of the original", db.display())), "{err}");
+    let (text, err) = compare(
+        scratch.path(),
+        "kernel",
+        &db,
+        &data("old_format_rank_b.csv"),
+    );
+    assert_eq!(
+        text,
+        format!("{COMPARE_HEADER}{}\n", OLD_KERNEL_ROWS.join("\n"))
+    );
+    assert!(
+        err.contains(&format!("{}: read as a dump of the original", db.display())),
+        "{err}"
+    );
 }
 
 #[test]
 fn rows_it_cannot_read_are_left_out_one_warning_each_up_to_twenty() {
     let scratch = Scratch::new("original-bad-rows");
-    let (clean, _) = compare(scratch.path(), "op", &data("baseline.csv"), &data("leaks.csv"));
+    let (clean, _) = compare(
+        scratch.path(),
+        "op",
+        &data("baseline.csv"),
+        &data("leaks.csv"),
+    );
     let mut text = std::fs::read_to_string(data("leaks.csv")).unwrap();
     for n in 0..25 {
         text.push_str(&format!(
@@ -193,7 +228,11 @@ fn a_header_without_a_column_the_analyses_read_is_named() {
         scratch.path(),
         &[
             "--compare",
-            &format!("--input-path={},{}", data("baseline.csv").display(), bad.display()),
+            &format!(
+                "--input-path={},{}",
+                data("baseline.csv").display(),
+                bad.display()
+            ),
         ],
     );
     assert_eq!(out.status.code(), Some(2));
@@ -212,7 +251,9 @@ fn a_header_without_a_column_the_analyses_read_is_named() {
 fn report_and_parquet_export_read_an_original_run_directory() {
     let scratch = Scratch::new("original-report");
     // The original's layout: {output}/msmemscope_{pid}_{ts}_ascend/device_{id}/dump/.
-    let run = scratch.path().join("msmemscope_3290097_20251203164900_ascend");
+    let run = scratch
+        .path()
+        .join("msmemscope_3290097_20251203164900_ascend");
     let dump_dir = run.join("device_0/dump");
     std::fs::create_dir_all(&dump_dir).unwrap();
     let dump = dump_dir.join("memscope_dump_20251203164900.csv");
@@ -231,7 +272,12 @@ fn report_and_parquet_export_read_an_original_run_directory() {
 
     let out = cli(
         scratch.path(),
-        &["export", "--format", "parquet", scratch.path().to_str().unwrap()],
+        &[
+            "export",
+            "--format",
+            "parquet",
+            scratch.path().to_str().unwrap(),
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let parquet = dump.with_extension("parquet");
@@ -250,7 +296,11 @@ fn report_and_parquet_export_read_an_original_run_directory() {
         .collect();
     assert_eq!(rows.len(), 130);
     let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
-    assert_eq!(ids, (1..=130).collect::<Vec<u64>>(), "its own IDs, in time order");
+    assert_eq!(
+        ids,
+        (1..=130).collect::<Vec<u64>>(),
+        "its own IDs, in time order"
+    );
     let big: Vec<u64> = rows
         .iter()
         .filter(|r| r.event == Event::Malloc && r.attr_u64("size") == Some(4_000_256))
@@ -268,9 +318,7 @@ fn report_and_parquet_export_read_an_original_run_directory() {
         .count();
     assert_eq!(unfreed, 2);
     assert_eq!(
-        rows.iter()
-            .filter(|r| r.name == "aten::addmm")
-            .count(),
+        rows.iter().filter(|r| r.name == "aten::addmm").count(),
         4,
         "op names in our spelling"
     );

@@ -76,10 +76,7 @@ fn pairs(inner: &str) -> Result<Vec<(&str, &str)>, String> {
     if let Some((k, v0, v1)) = open {
         pairs.push((&inner[k..k + (v0 - k - 1)], inner[v0..v1].trim()));
     }
-    Ok(pairs
-        .into_iter()
-        .map(|(k, v)| (k.trim_end(), v))
-        .collect())
+    Ok(pairs.into_iter().map(|(k, v)| (k.trim_end(), v)).collect())
 }
 
 /// The length of the key at the start of `piece` (after blanks), when it is one: a name of
@@ -131,10 +128,7 @@ fn value(key: &str, text: &str, free: bool, notes: &mut AttrNotes) -> Result<Val
         };
     }
     if numeric {
-        return Err(format!(
-            "Attr {key:?} is {}, not an integer",
-            shorten(text)
-        ));
+        return Err(format!("Attr {key:?} is {}, not an integer", shorten(text)));
     }
     Ok(Value::from(text))
 }
@@ -172,8 +166,12 @@ mod tests {
     fn old_dialect_drops_empty_values_and_takes_a_free_size_magnitude() {
         let mut notes = AttrNotes::default();
         assert_eq!(
-            to_json("{addr:20616939216384,size:-14336,owner:,total:2097152,used:3645440}", true, &mut notes)
-                .unwrap(),
+            to_json(
+                "{addr:20616939216384,size:-14336,owner:,total:2097152,used:3645440}",
+                true,
+                &mut notes
+            )
+            .unwrap(),
             r#"{"addr":20616939216384,"size":14336,"total":2097152,"used":3645440}"#
         );
         assert_eq!(
@@ -195,7 +193,11 @@ mod tests {
         assert_eq!(json(r#"{"size":8}"#, false).unwrap(), r#"{"size":8}"#);
         assert_eq!(json("", false).unwrap(), "{}");
         assert!(json("size:8", false).is_err());
-        assert!(json("{size:8,size:9}", false).unwrap_err().contains("twice"));
-        assert!(json("{size:big}", false).unwrap_err().contains("not an integer"));
+        assert!(json("{size:8,size:9}", false)
+            .unwrap_err()
+            .contains("twice"));
+        assert!(json("{size:big}", false)
+            .unwrap_err()
+            .contains("not an integer"));
     }
 }

@@ -13,11 +13,20 @@ use super::{
 };
 use crate::events::reader::{open_regular, ReadError, MAX_ROW_BYTES};
 
-/// The dump's table in `path`: the connection, its name, its columns, and whether the name is
-/// the original's alone (`leaks_dump`). `None` when the file has neither table or SQLite
-/// cannot read it.
-#[allow(clippy::type_complexity)]
-fn find_table(path: &Path) -> Option<(rusqlite::Connection, &'static str, Vec<String>, bool)> {
+/// A dump's table.
+struct Table {
+    conn: rusqlite::Connection,
+    name: &'static str,
+    columns: Vec<String>,
+    /// The name is the original's alone (`leaks_dump`).
+    surely_original: bool,
+}
+
+/// What is done with each row read: its position and its 12 values (or why it has none).
+type EachRow<'a> = dyn FnMut(u64, Result<[&str; 12], String>) -> Result<(), ReadError> + 'a;
+
+/// The dump's table in `path`; `None` when the file has neither table or SQLite cannot read it.
+fn find_table(path: &Path) -> Option<Table> {
     let conn =
         rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .ok()?;
@@ -52,7 +61,12 @@ fn find_table(path: &Path) -> Option<(rusqlite::Connection, &'static str, Vec<St
                 .collect::<Result<_, _>>()
         })
         .ok()?;
-    Some((conn, table, names, surely_original))
+    Some(Table {
+        conn,
+        name: table,
+        columns: names,
+        surely_original,
+    })
 }
 
 fn sqlite_error(path: &Path, e: rusqlite::Error) -> ReadError {
@@ -79,7 +93,13 @@ pub(super) fn normalize_if_original(
 ) -> Result<Option<Normalized>, ReadError> {
     drop(open_regular(path)?);
     // Anything wrong before the file shows the original's table is our reader's to tell.
-    let Some((conn, table, names, surely_original)) = find_table(path) else {
+    let Some(Table {
+        conn,
+        name: table,
+        columns: names,
+        surely_original,
+    }) = find_table(path)
+    else {
         return Ok(None);
     };
     let columns = match Columns::of(names.iter().map(String::as_str)) {
@@ -103,9 +123,7 @@ pub(super) fn normalize_if_original(
         return Ok(None);
     };
     // The row's 12 values as text, each row in turn, or why it is unusable.
-    let mut each_row = |limit: Option<usize>,
-                        f: &mut dyn FnMut(u64, Result<[&str; 12], String>) -> Result<(), ReadError>|
-     -> Result<(), ReadError> {
+    let mut each_row = |limit: Option<usize>, f: &mut EachRow| -> Result<(), ReadError> {
         let mut rows = statement.query([]).map_err(|e| sqlite_error(path, e))?;
         let mut n = 0u64;
         while let Some(row) = rows.next().map_err(|e| sqlite_error(path, e))? {

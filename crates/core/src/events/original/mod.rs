@@ -176,7 +176,11 @@ fn dialect_of_csv(path: &Path) -> Result<Dialect, ReadError> {
     let columns = match Columns::of(header.iter()) {
         Ok(columns) => columns,
         // A dump's header (ours or the original's) without one of the columns read: named.
-        Err(reason) if ["ID", "Event"].iter().all(|c| header.iter().any(|h| h.trim() == *c)) => {
+        Err(reason)
+            if ["ID", "Event"]
+                .iter()
+                .all(|c| header.iter().any(|h| h.trim() == *c)) =>
+        {
             return Err(not_a_dump(
                 path,
                 format!("{reason} (a dump's header is {})", super::csv::HEADER),
@@ -252,9 +256,9 @@ pub fn normalize_if_original_as(
         Some("parquet") => Ok(None),
         _ => match dialect_of_csv(path).map_err(named)? {
             Dialect::Ours => Ok(None),
-            Dialect::Original(traits) => normalize_csv(path, shown, traits)
-                .map(Some)
-                .map_err(named),
+            Dialect::Original(traits) => {
+                normalize_csv(path, shown, traits).map(Some).map_err(named)
+            }
         },
     }
 }
@@ -290,13 +294,16 @@ fn normalize_csv(path: &Path, shown: &Path, traits: Traits) -> Result<Normalized
         path: path.to_path_buf(),
         message: e.to_string(),
     };
-    let mut reader = csv::ReaderBuilder::new()
-        .flexible(true)
-        .from_reader(std::io::BufReader::with_capacity(
-            1 << 20,
-            open_regular(path)?,
-        ));
-    let header = reader.headers().map_err(|e| not_a_dump(path, e.to_string()))?;
+    let mut reader =
+        csv::ReaderBuilder::new()
+            .flexible(true)
+            .from_reader(std::io::BufReader::with_capacity(
+                1 << 20,
+                open_regular(path)?,
+            ));
+    let header = reader
+        .headers()
+        .map_err(|e| not_a_dump(path, e.to_string()))?;
     let columns = Columns::of(header.iter()).map_err(|reason| not_a_dump(path, reason))?;
     let dir = private_dir(path)?;
     let mut sorter = order::Sorter::new(dir.path());
@@ -336,7 +343,10 @@ fn normalize_csv(path: &Path, shown: &Path, traits: Traits) -> Result<Normalized
         }
         let fields: Vec<&str> = record.iter().collect();
         let Some(fields) = columns.pick(&fields) else {
-            skipped.row(line, &format!("{} fields, the header has more", fields.len()));
+            skipped.row(
+                line,
+                &format!("{} fields, the header has more", fields.len()),
+            );
             continue;
         };
         match rewrite::rewrite(&fields, traits, &mut notes) {
@@ -365,7 +375,10 @@ fn finish(
     })?;
     static TOLD: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
     let mut told = TOLD.lock().unwrap_or_else(|e| e.into_inner());
-    if told.get_or_insert_with(HashSet::new).insert(shown.to_path_buf()) {
+    if told
+        .get_or_insert_with(HashSet::new)
+        .insert(shown.to_path_buf())
+    {
         eprintln!(
             "msmemscope: note: {}: {}",
             shown.display(),
@@ -379,14 +392,21 @@ fn finish(
 fn summary(traits: Traits, notes: &Notes, ordered: &order::Ordered) -> String {
     let mut said = vec![format!(
         "read as a dump of the original msMemScope ({} format): {} rows",
-        if traits.old { "older, msleaks" } else { "current" },
+        if traits.old {
+            "older, msleaks"
+        } else {
+            "current"
+        },
         ordered.rows
     )];
     if notes.attr != Default::default() || notes.rows > 0 {
         said.push("Attr {key:value} read as JSON".into());
     }
     if notes.attr.empty_values > 0 {
-        said.push(format!("{} empty Attr values left out", notes.attr.empty_values));
+        said.push(format!(
+            "{} empty Attr values left out",
+            notes.attr.empty_values
+        ));
     }
     if notes.attr.negative_sizes > 0 {
         said.push(format!(
@@ -413,7 +433,10 @@ fn summary(traits: Traits, notes: &Notes, ordered: &order::Ordered) -> String {
         said.push(format!("{} decimal Ptr values", notes.decimal_ptrs));
     }
     if notes.host_devices > 0 {
-        said.push(format!("{} rows of device host read as cpu", notes.host_devices));
+        said.push(format!(
+            "{} rows of device host read as cpu",
+            notes.host_devices
+        ));
     }
     if ordered.moved > 0 {
         said.push(format!(
@@ -427,6 +450,22 @@ fn summary(traits: Traits, notes: &Notes, ordered: &order::Ordered) -> String {
             "{} processes ({}), one after the other",
             pids.len(),
             pids.join(", ")
+        ));
+    }
+    if !ordered.shared_devices.is_empty() {
+        let devices: Vec<String> = ordered
+            .shared_devices
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        let (noun, verb) = match devices.len() {
+            1 => ("device", "has"),
+            _ => ("devices", "have"),
+        };
+        said.push(format!(
+            "{noun} {} {verb} rows of more than one process: analysed per device, their \
+             blocks are matched across those processes",
+            devices.join(", ")
         ));
     }
     if ordered.renumbered {

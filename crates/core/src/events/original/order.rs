@@ -11,13 +11,14 @@
 //! in this order.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::rewrite::Rewritten;
 use crate::events::csv::HEADER;
+use crate::events::DeviceId;
 
 /// The bytes of row text a run holds before it is sorted and spilled.
 const RUN_BYTES: usize = 64 << 20;
@@ -38,6 +39,8 @@ pub(super) struct Ordered {
     pub processes: Vec<u32>,
     /// Rows that were not where the order puts them (0: the file was in order).
     pub moved: u64,
+    /// Devices that rows of more than one process are on.
+    pub shared_devices: Vec<DeviceId>,
     pub renumbered: bool,
 }
 
@@ -49,6 +52,8 @@ pub(super) struct Sorter {
     spills: Vec<PathBuf>,
     processes: HashMap<u32, u32>,
     order: Vec<u32>,
+    /// The first process seen on each device, and whether another was seen there too.
+    devices: BTreeMap<DeviceId, (u32, bool)>,
     seq: u64,
     last: Option<Key>,
     moved: u64,
@@ -64,6 +69,7 @@ impl Sorter {
             spills: Vec::new(),
             processes: HashMap::new(),
             order: Vec::new(),
+            devices: BTreeMap::new(),
             seq: 0,
             last: None,
             moved: 0,
@@ -75,6 +81,10 @@ impl Sorter {
         let process = *self.processes.entry(row.pid).or_insert(next);
         if process == next {
             self.order.push(row.pid);
+        }
+        if row.device != DeviceId::None {
+            let seen = self.devices.entry(row.device).or_insert((process, false));
+            seen.1 |= seen.0 != process;
         }
         let key = Key {
             process,
@@ -127,6 +137,12 @@ impl Sorter {
             rows: rows.expect("renumbered rows always ascend"),
             processes: self.order,
             moved: self.moved,
+            shared_devices: self
+                .devices
+                .iter()
+                .filter(|(_, (_, shared))| *shared)
+                .map(|(device, _)| *device)
+                .collect(),
             renumbered,
         })
     }
@@ -228,6 +244,7 @@ mod tests {
     fn row(pid: u32, ts: u64, id: u64) -> Rewritten {
         Rewritten {
             pid,
+            device: DeviceId::Cuda(pid),
             ts,
             id,
             rest: format!("p{pid} t{ts}\n"),
@@ -255,7 +272,10 @@ mod tests {
             let (text, ordered) = sorted(vec![row(7, 30, 3), row(7, 10, 1), row(7, 20, 2)], spill);
             assert_eq!(text, "1,p7 t10|2,p7 t20|3,p7 t30");
             assert_eq!(ordered.processes, vec![7]);
-            assert_eq!((ordered.rows, ordered.moved, ordered.renumbered), (3, 2, false));
+            assert_eq!(
+                (ordered.rows, ordered.moved, ordered.renumbered),
+                (3, 2, false)
+            );
         }
     }
 

@@ -35,6 +35,7 @@ pub(super) struct Notes {
 /// A row of ours, and what orders it: its process, time and ID.
 pub(super) struct Rewritten {
     pub pid: u32,
+    pub device: crate::events::DeviceId,
     pub ts: u64,
     pub id: u64,
     /// The row as our CSV writes it, without its ID and the comma after it (the ID is written
@@ -115,12 +116,24 @@ pub(super) fn rewrite(
         attrs = with_original_pool(&attrs, theirs)?;
     }
     let columns = [
-        id, event, &event_type, &name, &ts, pid, tid, device, &ptr, &attrs, py, c,
+        id,
+        event,
+        &event_type,
+        &name,
+        &ts,
+        pid,
+        tid,
+        device,
+        &ptr,
+        &attrs,
+        py,
+        c,
     ];
     let row = parse_fields(columns.into_iter())?;
     notes.rows += 1;
     Ok(Outcome::Row(Rewritten {
         pid: row.pid,
+        device: row.device,
         ts: row.ts_ns,
         id: row.id,
         rest: rest_of(&row),
@@ -233,7 +246,10 @@ mod tests {
             "4,OP_LAUNCH,ATEN_START,torch._ops.aten.addmm.default,17,1,1,0,N/A,,,",
             CURRENT,
         );
-        assert_eq!(r.rest, "OP_LAUNCH,ATEN_START,aten::addmm,17,1,1,0,N/A,{},,\n");
+        assert_eq!(
+            r.rest,
+            "OP_LAUNCH,ATEN_START,aten::addmm,17,1,1,0,N/A,{},,\n"
+        );
     }
 
     #[test]
@@ -254,10 +270,7 @@ mod tests {
         let (dropped, notes) = one("1,SYSTEM,acl init,N/A,1746006014162153,2,2,N/A,N/A,,,", OLD);
         assert!(matches!(dropped, Ok(Outcome::Dropped)));
         assert_eq!(notes.dropped.get("`acl init` rows"), Some(&1));
-        let r = row(
-            "5,MALLOC,ATB,N/A,1,2,2,0,0x10,{size:8},,",
-            CURRENT,
-        );
+        let r = row("5,MALLOC,ATB,N/A,1,2,2,0,0x10,{size:8},,", CURRENT);
         assert_eq!(
             r.rest,
             "MALLOC,PTA,N/A,1,2,2,0,0x0000000000000010,\"{\"\"size\"\":8,\"\"original_type\"\":\"\"ATB\"\"}\",,\n"

@@ -111,10 +111,8 @@ pub fn export(
     let resolved = dir.resolved().join(name);
     // The original tool's dump is exported as the dump of ours it reads as (a journal is ours).
     let rewritten = match source {
-        Source::Dump => {
-            original::normalize_if_original_as(&resolved, &shown)
-                .map_err(|e| read_error(e, &shown))?
-        }
+        Source::Dump => original::normalize_if_original_as(&resolved, &shown)
+            .map_err(|e| read_error(e, &shown))?,
         Source::Journal => None,
     };
     let resolved = rewritten.as_ref().map_or(resolved, |r| r.csv.clone());
