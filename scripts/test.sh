@@ -55,6 +55,8 @@ if ! command -v java >/dev/null; then
 fi
 .venv/bin/python -c "import selenium" 2>/dev/null || .venv/bin/pip install -q selenium
 cargo fmt --all -- --check
+# Every declared dependency is used (scripts/check_unused_deps.py says how it looks).
+.venv/bin/python scripts/check_unused_deps.py
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 cargo build --release --workspace
 cargo test --release --workspace

@@ -100,7 +100,7 @@ impl Drop for Bar {
 /// A bar over the bytes the given readers have got through.
 pub fn over_readers(
     label: impl Into<String>,
-    readers: Vec<msmemscope_core::events::scan::Progress>,
+    readers: Vec<msmemscope_core::events::csv::scan::Progress>,
 ) -> Bar {
     let total = readers.iter().map(|r| r.total_bytes()).sum();
     Bar::start(label, total, Unit::Bytes, move || {

@@ -309,7 +309,7 @@ fn a_sqlite_dump_of_another_schema_is_refused() {
     // The right schema with a bad value: the row's ID, the field and why.
     let overflow = |path: &Path| {
         let conn = rusqlite::Connection::open(path).unwrap();
-        conn.execute_batch(msmemscope_core::events::db::CREATE_TABLE)
+        conn.execute_batch(msmemscope_core::events::sqlite::write::CREATE_TABLE)
             .unwrap();
         for (id, event, kind, attr) in [
             (1, "SYSTEM", "START_TRACE", "{}"),

@@ -1,12 +1,12 @@
-//! The fast CSV reader (`events::scan`, chunks parsed on worker threads) against the
+//! The fast CSV reader (`events::csv::scan`, chunks parsed on worker threads) against the
 //! row-by-row reader (`reader::open`, the reference): on every dump fixture, on damaged copies
 //! of them, and on a 5 M-row generated dump, both hand out the same rows and end with the same
 //! error, whatever the chunk size and the number of workers.
 
 use std::path::{Path, PathBuf};
 
+use msmemscope_core::events::csv::scan::{FastCsv, ScanOptions};
 use msmemscope_core::events::reader::{self, RowSource};
-use msmemscope_core::events::scan::{FastCsv, ScanOptions};
 use msmemscope_core::events::EventRow;
 
 fn root() -> PathBuf {

@@ -234,9 +234,9 @@ proptest! {
         let db = scratch("rows.db");
         {
             let conn = rusqlite::Connection::open(&db).unwrap();
-            conn.execute_batch(msmemscope_core::events::db::CREATE_TABLE).unwrap();
+            conn.execute_batch(msmemscope_core::events::sqlite::write::CREATE_TABLE).unwrap();
             for row in &rows {
-                msmemscope_core::events::db::insert(&conn, row).unwrap();
+                msmemscope_core::events::sqlite::write::insert(&conn, row).unwrap();
             }
         }
         for path in [&*csv, &*db] {
@@ -503,9 +503,9 @@ proptest! {
         let path = scratch("damaged.db");
         {
             let conn = rusqlite::Connection::open(&path).unwrap();
-            conn.execute_batch(msmemscope_core::events::db::CREATE_TABLE).unwrap();
+            conn.execute_batch(msmemscope_core::events::sqlite::write::CREATE_TABLE).unwrap();
             for row in &rows {
-                msmemscope_core::events::db::insert(&conn, row).unwrap();
+                msmemscope_core::events::sqlite::write::insert(&conn, row).unwrap();
             }
         }
         let mut bytes = std::fs::read(&path).unwrap();

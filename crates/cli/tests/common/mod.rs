@@ -97,7 +97,8 @@ pub fn producer(name: &str) -> PathBuf {
 
 /// Copies a CSV dump's rows into a new SQLite dump, as `--format db` writes them.
 pub fn to_db(csv: &Path, db: &Path) {
-    use msmemscope_core::events::{db as dump_db, reader};
+    use msmemscope_core::events::reader;
+    use msmemscope_core::events::sqlite::write as dump_db;
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.execute_batch(dump_db::CREATE_TABLE).unwrap();
     for row in reader::open(csv).unwrap() {

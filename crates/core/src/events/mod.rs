@@ -1,15 +1,32 @@
 //! The event stream every analysis except host-leaks reads: tensor allocations and frees,
 //! operator launches, reads and writes, marks and steps (SPEC §6). One row type, written by
 //! the sinks and read back by the offline analyses.
+//!
+//! Layers, each importing only from those above it in this list (`tests/events_layers.rs`
+//! checks it):
+//! - `attrs/`: Attr keys, the Attr check (with `flat_json.rs`, its one-pass accept of plain
+//!   objects) and number parsing;
+//! - `row.rs`: the row and its columns;
+//! - `source.rs`: errors, the row source, regular-file opening, ID order;
+//! - `fields.rs`: a row from its 12 columns as text;
+//! - the formats, a folder each with its reader and writer: `csv/` (`read.rs`, `write.rs`,
+//!   `scan/` the fast reader), `sqlite/` (`read.rs`, `write.rs`), `parquet/` (reader, schema,
+//!   writer);
+//! - `original/`: the original msMemScope's dumps, rewritten as ours;
+//! - `reader.rs`, the dispatcher every consumer opens a dump through (`open`, `open_rows`),
+//!   and `parquet/export.rs`, which turns any dump into a Parquet file.
+//!
+//! `abi.rs` is the producers' C ABI, beside the rest.
 
 pub mod abi;
+pub mod attrs;
 pub mod csv;
-pub mod db;
-mod flat_json;
+pub mod fields;
 pub mod original;
 pub mod parquet;
 pub mod reader;
 pub mod row;
-pub mod scan;
+pub mod source;
+pub mod sqlite;
 
 pub use row::{Attrs, DeviceId, Event, EventRow, EventType};

@@ -2,6 +2,11 @@
 
 use std::fmt;
 
+use super::attrs::raw_value;
+
+/// The dump's columns, in order: the CSV's header line and the SQLite table's columns.
+pub const HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
+
 /// The `Event` column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u32)]
@@ -225,13 +230,13 @@ pub type Attrs = serde_json::Map<String, serde_json::Value>;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttrNumbers {
     text: Option<(usize, usize)>,
-    /// What the quick check found ([`Plain`](super::flat_json::Plain)).
-    found: super::flat_json::Plain,
+    /// What the quick check found ([`Plain`](super::attrs::Plain)).
+    found: super::attrs::Plain,
 }
 
 impl AttrNumbers {
     /// The values found in `text`, the string they are to answer for.
-    pub(crate) fn of(text: &str, found: super::flat_json::Plain) -> AttrNumbers {
+    pub(crate) fn of(text: &str, found: super::attrs::Plain) -> AttrNumbers {
         AttrNumbers {
             text: Some((text.as_ptr() as usize, text.len())),
             found,
@@ -247,7 +252,7 @@ impl AttrNumbers {
         if !self.answers_for(text) {
             return None;
         }
-        let index = super::reader::numeric_attr_index(key)?;
+        let index = super::attrs::numeric_attr_index(key)?;
         Some((self.found.present >> index & 1 != 0).then(|| self.found.values[index]))
     }
 
@@ -396,71 +401,6 @@ impl EventRow {
     }
 }
 
-/// The text right after `"key":` in a JSON object, or `None`. Only matches `key` in key
-/// position (after `{` or `,`) of the object itself, so neither a string value equal to the key
-/// nor a nested object's key of that name is mistaken for it.
-fn raw_value<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
-    let bytes = raw.as_bytes();
-    // A key is in quotes, so only the places after a quote can start it. An Attr object is
-    // short: a plain walk beats setting up a substring (or byte) search on every call.
-    let first = key.as_bytes().first().copied();
-    for (quote, _) in bytes.iter().enumerate().filter(|(_, &b)| b == b'"') {
-        let start = quote + 1;
-        if bytes.get(start).copied() != first {
-            continue;
-        }
-        let end = start + key.len();
-        if bytes.get(start..end) != Some(key.as_bytes()) || bytes.get(end) != Some(&b'"') {
-            continue;
-        }
-        let before = raw[..start - 1].trim_end();
-        if !(before.ends_with('{') || before.ends_with(',')) || !at_top_level(bytes, start - 1) {
-            continue;
-        }
-        let after = raw[end + 1..].trim_start();
-        if let Some(value) = after.strip_prefix(':') {
-            return Some(value.trim_start());
-        }
-    }
-    None
-}
-
-/// Whether byte `at` of a JSON object's text, a key's opening quote, lies in the object itself
-/// rather than in an object or array nested in it.
-fn at_top_level(bytes: &[u8], at: usize) -> bool {
-    // The usual flat object opens no bracket after its own: nothing to track. (A key's quote
-    // follows `{` or `,` unescaped, so it is never inside a string.)
-    if memchr::memchr2(b'{', b'[', &bytes[1.min(at)..at]).is_none() {
-        return true;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0i64, false, false);
-    for &b in &bytes[..at] {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth -= 1,
-            _ => {}
-        }
-    }
-    depth == 1 && !in_string
-}
-
-/// The text of a number value of `key` as written (up to the next `,` or `}`), for messages.
-pub(super) fn raw_number<'a>(raw: &'a str, key: &str) -> Option<&'a str> {
-    let value = raw_value(raw, key)?;
-    let end = value.find([',', '}']).unwrap_or(value.len());
-    Some(value[..end].trim_end())
-}
-
 /// `0x%016x`, as the seed prints pointers.
 pub fn format_ptr(ptr: u64) -> String {
     format!("0x{ptr:016x}")
@@ -476,7 +416,7 @@ mod tests {
         let mut row = EventRow::new(Event::Malloc, EventType::Pta, "");
         row.attrs_json = Some(text.to_string());
         if cached {
-            if let Some(found) = super::super::flat_json::plain_object(text) {
+            if let Some(found) = super::super::attrs::plain_object(text) {
                 row.numbers = AttrNumbers::of(row.attrs_json.as_deref().unwrap(), found);
             }
         }

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use msmemscope_core::config::DataFormat;
-use msmemscope_core::events::{csv, db, DeviceId, EventRow};
+use msmemscope_core::events::sqlite::write as db;
+use msmemscope_core::events::{csv, DeviceId, EventRow};
 use msmemscope_core::held_fd::HeldFile;
 use msmemscope_core::run_dir::RunDir;
 

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::events::reader::numeric_attr_index;
+use crate::events::attrs::numeric_attr_index;
 
 /// What rewriting the Attr of the rows so far changed, for the one note on stderr.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

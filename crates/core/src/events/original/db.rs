@@ -11,7 +11,7 @@ use super::{
     dialect_of, not_a_dump, private_dir, Columns, Dialect, Normalized, Skipped, COLUMNS,
     SNIFFED_ROWS,
 };
-use crate::events::reader::{open_regular, ReadError, MAX_ROW_BYTES};
+use crate::events::source::{open_regular, ReadError, MAX_ROW_BYTES};
 
 /// A dump's table.
 struct Table {

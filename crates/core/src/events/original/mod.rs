@@ -27,7 +27,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::reader::{open_regular, ReadError, MAX_ROW_BYTES};
+use super::source::{open_regular, ReadError, MAX_ROW_BYTES};
 use rewrite::{Notes, Outcome, Traits};
 
 /// The rows whose skipping is told line by line; the rest are counted.
@@ -183,7 +183,7 @@ fn dialect_of_csv(path: &Path) -> Result<Dialect, ReadError> {
         {
             return Err(not_a_dump(
                 path,
-                format!("{reason} (a dump's header is {})", super::csv::HEADER),
+                format!("{reason} (a dump's header is {})", super::row::HEADER),
             ))
         }
         // No dump's header: our reader says what it should be.

@@ -17,7 +17,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::rewrite::Rewritten;
-use crate::events::csv::HEADER;
+use crate::events::row::HEADER;
 use crate::events::DeviceId;
 
 /// The bytes of row text a run holds before it is sorted and spilled.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::attr::{self, AttrNotes};
 use crate::events::csv::write_row;
-use crate::events::reader::parse_fields;
+use crate::events::fields::parse_fields;
 use crate::events::EventRow;
 
 /// What the file's first rows said about it ([`super::sniff`]).

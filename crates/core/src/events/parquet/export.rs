@@ -10,9 +10,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::writer::{ParquetWriter, WriteError};
+use crate::events::csv::read::CsvRows;
+use crate::events::csv::scan::FastCsv;
 use crate::events::original;
-use crate::events::reader::{self, ReadError, RowSource};
-use crate::events::scan::FastCsv;
+use crate::events::source::{count_line_ends, ReadError, RowSource};
+use crate::events::sqlite::read::DbRows;
 use crate::run_dir::RunDir;
 
 /// What the file being exported is.
@@ -187,13 +189,13 @@ pub fn export(
     })
 }
 
-/// The rows of a CSV or SQLite dump, through the readers of [`reader`] (so every dump check
+/// The rows of a CSV or SQLite dump, through the format readers (so every dump check
 /// applies). Not `reader::open`: what is exported is never Parquet, and the runtime, which
 /// exports its journals, then carries no Parquet reader.
 fn open_dump(path: &Path) -> Result<Box<dyn Iterator<Item = RowResult> + Send>, ReadError> {
     Ok(match path.extension().and_then(|e| e.to_str()) {
-        Some("db") => Box::new(reader::DbRows::open(path)?),
-        _ => Box::new(reader::CsvRows::open(path)?),
+        Some("db") => Box::new(DbRows::open(path)?),
+        _ => Box::new(CsvRows::open(path)?),
     })
 }
 
@@ -320,5 +322,5 @@ fn at_last_line(dir: &RunDir, name: &str, e: &ReadError) -> bool {
     let Ok(file) = dir.open_read_write(Path::new(name)) else {
         return false;
     };
-    reader::count_line_ends(file).is_ok_and(|lines| *line == lines)
+    count_line_ends(file).is_ok_and(|lines| *line == lines)
 }

@@ -1,8 +1,8 @@
 //! The CSV form of the dump: exactly the seed's header, RFC 4180 quoting, one row per event.
 
-use super::row::{DeviceId, EventRow};
+use crate::events::row::{DeviceId, EventRow};
 
-pub const HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
+pub use crate::events::row::HEADER;
 
 /// Appends one row (with its line end) to `out`. Hand-rolled (integers through `itoa`, the
 /// pointer in hex by table) because the writer formats a million rows a second.

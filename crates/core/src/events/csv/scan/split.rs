@@ -3,7 +3,7 @@
 //! be parsed on its own. A record boundary is a line end outside quotes: the parity of the
 //! quotes since the chunk's start (always a record start) tells which line ends those are.
 
-use crate::events::reader::MAX_ROW_BYTES;
+use crate::events::source::MAX_ROW_BYTES;
 
 /// Whole records from a record start, and where they sit in the file.
 pub(super) struct Chunk {

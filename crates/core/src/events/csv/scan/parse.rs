@@ -5,7 +5,9 @@
 //! so an error reads exactly as it always has.
 
 use super::structure;
-use crate::events::reader::{adopt_attrs, parse_fields_into, split_record, IdOrder};
+use crate::events::csv::read::split_record;
+use crate::events::fields::{adopt_attrs, parse_fields_into};
+use crate::events::source::IdOrder;
 
 /// The Attr column's index among the 12.
 const ATTR_FIELD: usize = 9;
@@ -439,7 +441,7 @@ impl<'a> Pieces<'a> {
 #[cfg(test)]
 mod tests {
     use super::{next_record, split, structure, Fields};
-    use crate::events::reader::split_record;
+    use crate::events::csv::read::split_record;
     use proptest::prelude::*;
 
     /// The fields `split` gives a one-record chunk, or `None` for an error.

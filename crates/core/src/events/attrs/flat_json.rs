@@ -5,7 +5,7 @@
 //! else (escapes, nesting, exponents, anything malformed) to the full check, which also words
 //! the error. So it may only answer "yes" where the full check would.
 
-use super::reader::{decimal_digits, numeric_attr_index_of};
+use super::{decimal_digits, numeric_attr_index_of};
 
 /// Whether `attrs` is a JSON object whose keys and string values have no escapes and no
 /// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
@@ -265,7 +265,7 @@ fn first_special(b: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::plainly_valid;
-    use crate::events::reader::check_attrs_fully;
+    use crate::events::attrs::check_attrs_fully;
     use proptest::prelude::*;
 
     proptest! {

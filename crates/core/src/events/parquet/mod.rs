@@ -26,8 +26,9 @@ use parquet::column::reader::{get_typed_column_reader, ColumnReaderImpl};
 use parquet::data_type::{ByteArray, ByteArrayType, DataType, Int64Type};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use super::reader::{check_attrs, open_regular, IdOrder, ReadError, MAX_ROW_BYTES};
+use super::attrs::check_attrs;
 use super::row::{DeviceId, Event, EventRow, EventType};
+use super::source::{open_regular, IdOrder, ReadError, MAX_ROW_BYTES};
 
 /// Rows read from every column at a time. Values are slices of the decoded pages, so a batch
 /// holds those pages; a small batch keeps that bounded for files of long stacks.

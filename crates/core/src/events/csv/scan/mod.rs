@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use super::reader::{open_regular, CsvRows, IdOrder, Position, ReadError, RowSource};
-use super::EventRow;
+use super::read::{CsvRows, Position};
+pub use crate::events::source::Progress;
+use crate::events::source::{open_regular, IdOrder, ReadError, RowSource};
+use crate::events::EventRow;
 use parse::{parse_chunk, Parsed, Scratch};
 use split::{Chunk, Splitter};
 
@@ -58,24 +60,7 @@ struct Shared {
     splitter: Mutex<Splitter>,
     stop: AtomicBool,
     /// Bytes of the file the consumer has handed out rows from (its header included).
-    done_bytes: AtomicU64,
-}
-
-/// How far a reader has got through its file, readable from another thread (a progress bar).
-#[derive(Clone)]
-pub struct Progress {
-    shared: Arc<Shared>,
-    total: u64,
-}
-
-impl Progress {
-    pub fn done_bytes(&self) -> u64 {
-        self.shared.done_bytes.load(Ordering::Relaxed)
-    }
-
-    pub fn total_bytes(&self) -> u64 {
-        self.total
-    }
+    done_bytes: Arc<AtomicU64>,
 }
 
 pub struct FastCsv {
@@ -126,7 +111,7 @@ impl FastCsv {
         let shared = Arc::new(Shared {
             splitter: Mutex::new(Splitter::new(file, start.offset, options.block)),
             stop: AtomicBool::new(false),
-            done_bytes: AtomicU64::new(start.offset),
+            done_bytes: Arc::new(AtomicU64::new(start.offset)),
         });
         let (free_tx, free_rx) = channel::<Batch>();
         let (done_tx, done_rx) = channel::<Batch>();
@@ -184,10 +169,7 @@ impl FastCsv {
     }
 
     pub fn progress(&self) -> Progress {
-        Progress {
-            shared: Arc::clone(&self.shared),
-            total: self.total,
-        }
+        Progress::new(Arc::clone(&self.shared.done_bytes), self.total)
     }
 
     /// The next batch in file order, or `None` when the workers have sent their last.

@@ -2,7 +2,7 @@
 //! (same names, same text for each value; Attr as its JSON text). The writer creates it and
 //! inserts through here; tests build DB dumps the same way.
 
-use super::row::{format_ptr, EventRow};
+use crate::events::row::{format_ptr, EventRow};
 
 pub const CREATE_TABLE: &str = "CREATE TABLE memscope_dump (\
     \"ID\" INTEGER PRIMARY KEY, \"Event\" TEXT, \"Event Type\" TEXT, \"Name\" TEXT, \
