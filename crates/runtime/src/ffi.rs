@@ -135,6 +135,10 @@ pub unsafe extern "C" fn msmemscope_current_config(buf: *mut u8, cap: usize) -> 
 pub extern "C" fn msmemscope_start() -> i32 {
     guarded(|| {
         crate::control::start();
+        if !crate::process::is_forked_child() {
+            // The run's end (its report, the dump's last rows) happens at exit.
+            crate::lifecycle::ensure_exit_handler();
+        }
         match session::start() {
             Ok(_) => OK,
             Err(session::StartError::WindowOpen(_)) => WINDOW_OPEN,
@@ -219,7 +223,7 @@ pub extern "C" fn msmemscope_sanitizer_enable(forward: Option<crate::sanitizer::
     guarded(|| {
         crate::sanitizer::enable(forward);
         // The report is written at exit.
-        session::ensure_exit_handler();
+        crate::lifecycle::ensure_exit_handler();
         OK
     })
 }
@@ -280,24 +284,7 @@ pub unsafe extern "C" fn msmemscope_leak_suspects(buf: *mut u8, cap: usize) -> i
 /// GOT and find whatever `malloc` the process uses, ours or not.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
-    catch_unwind(host_hooks_active).map_or(0, i32::from)
-}
-
-/// Whether this library's `malloc` is the process's `malloc`.
-pub fn host_hooks_active() -> bool {
-    fn object_of(address: *const libc::c_void) -> Option<usize> {
-        // SAFETY: `Dl_info` is a C struct of four raw pointers, for which all-zero bytes (null
-        // pointers) are a valid value.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
-        (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)
-    }
-    // A private function: its address is ours whatever the process interposes.
-    fn here() {}
-    // SAFETY: dlsym of a libc symbol name.
-    let resolved = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    let ours = object_of(here as *const libc::c_void);
-    ours.is_some() && object_of(resolved) == ours
+    catch_unwind(crate::hooks::active).map_or(0, i32::from)
 }
 
 /// For producers that only need a string view (tests).

@@ -9,6 +9,7 @@
 mod clock;
 pub mod control;
 pub mod ffi;
+pub mod forward;
 mod guard;
 pub mod hashing;
 pub mod hooks;
@@ -23,6 +24,7 @@ pub mod python;
 // `InitializeInjectionNvtx2` (the NVTX injection entry point).
 pub mod marks;
 mod private_alloc;
+mod process;
 // The runtime's own threads.
 mod raw_thread;
 // A descriptor kept for writing the report.

@@ -38,7 +38,7 @@ extern "C" fn on_load() {
         return;
     };
     let _ = catch_unwind(|| {
-        crate::hooks::forward::init();
+        crate::forward::init();
         crate::hooks::exec::init();
         if crate::hooks::got::allow_rewrites() {
             // The run began inside an earlier library's constructor: the slots its module scan
@@ -53,7 +53,7 @@ extern "C" fn on_load() {
             if session::config().host_leaks() {
                 capture::prime_this_thread();
             }
-            session::ensure_exit_handler();
+            ensure_exit_handler();
             // `msmemscope --pid` can attach to every launched run; the same thread reads the
             // signal pipe.
             crate::signals::prepare();
@@ -171,28 +171,51 @@ fn own_command_line() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Records this library's code range, so stack capture can skip the hook's own frames.
-pub fn mark_own_code() {
-    // Scans the loaded modules if that was not done yet: the unwinder needs them anyway.
-    modules::refresh(false);
-    let here = on_load as *const () as u64;
-    if let Some(m) = modules::seen_modules()
-        .into_iter()
-        .find(|m| m.start <= here && here < m.end)
-    {
-        capture::set_own_code_range(m.start..m.end);
-    }
+/// Registers the exit and fork handlers once: at start for launched runs, at the first
+/// `start()` or sanitizer activation otherwise.
+///
+/// The exit handler is registered with `__cxa_atexit` and no DSO handle, not with `atexit`:
+/// `atexit` ties a handler to the library that calls it, and glibc runs such handlers when it
+/// runs that library's destructors, which for a preloaded library come before the destructors
+/// of the libraries the program links, whose frees would then be missed. Without a handle, it
+/// runs in exit's own order: registered before the loader's destructor pass (which
+/// `__libc_start_main` registers after every library's constructor), it runs after it, when
+/// every library destructor has freed what it frees.
+pub fn ensure_exit_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" {
+            fn __cxa_atexit(
+                func: extern "C" fn(*mut libc::c_void),
+                arg: *mut libc::c_void,
+                dso_handle: *mut libc::c_void,
+            ) -> libc::c_int;
+        }
+        // SAFETY: registering plain extern "C" functions with libc; a null DSO handle is what
+        // C's `atexit` of a statically linked program passes.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(session::after_fork_in_child));
+            __cxa_atexit(at_exit, std::ptr::null_mut(), std::ptr::null_mut());
+        }
+    });
+}
+
+/// The end of the run, from the exit handler or a terminating signal: no control command runs
+/// from here on (one in progress is waited for), then the session finishes.
+pub fn finish_run() {
+    crate::control::shutdown();
+    session::finish();
 }
 
 /// How long the exit handler waits for the service thread to end a run for a signal.
 const TERMINATING_WAIT_S: u64 = 30;
 
-/// The exit handler (registered by `session::ensure_exit_handler`).
+/// The exit handler (registered by [`ensure_exit_handler`]).
 pub extern "C" fn at_exit(_: *mut libc::c_void) {
     let Some(_entered) = Entered::try_enter() else {
         return;
     };
-    let _ = catch_unwind(AssertUnwindSafe(session::finish));
+    let _ = catch_unwind(AssertUnwindSafe(finish_run));
     if crate::signals::is_terminating() {
         // A terminating signal is being taken through the end of the run on the service
         // thread, which then raises it again: the process ends by that signal, as it would

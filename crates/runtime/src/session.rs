@@ -11,7 +11,6 @@
 //! never while calling into the pipeline, whose writer asks this module for the run directory.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
@@ -46,8 +45,6 @@ struct State {
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 static OPS: Mutex<()> = Mutex::new(());
-/// Set in a forked child: it records nothing and touches none of the parent's files.
-static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 /// True once the exit work has run (at exit, or on a terminating signal): it runs once, and a
 /// second caller waits here until the first is done.
 static FINISHED: Mutex<bool> = Mutex::new(false);
@@ -92,7 +89,7 @@ pub fn begin_launched(dir: Option<RunDir>, config: RunConfig, caps: CapOverrides
     });
     pipeline::apply_config(&config, run_dir_handle);
     // Stacks (host-leak blocks, `--call-stack c`) need the modules and the runtime's own range.
-    crate::lifecycle::mark_own_code();
+    crate::unwind::mark_own_code();
     if config.host_leaks() {
         window::open(WindowSettings::new(&config, &caps));
     } else if config.collect_mode == CollectMode::Immediate {
@@ -184,7 +181,6 @@ pub fn start() -> Result<Started, StartError> {
         return Err(StartError::ForkedChild);
     }
     let _ops = lock(&OPS);
-    ensure_exit_handler();
     let (config, caps) = with_state(|s| (s.config.clone(), s.caps.clone()));
     if !config.host_leaks() {
         pipeline::start_tracing();
@@ -193,12 +189,12 @@ pub fn start() -> Result<Started, StartError> {
     if let Some(ledger) = window::active() {
         return Err(StartError::WindowOpen(ledger.stage));
     }
-    if !crate::ffi::host_hooks_active() {
+    if !crate::hooks::active() {
         return Err(StartError::NoHostHooks);
     }
     // The report is written at close: a directory that cannot be made is said now.
     run_dir_handle().map_err(StartError::NoRunDir)?;
-    crate::lifecycle::mark_own_code();
+    crate::unwind::mark_own_code();
     let caps = match origin() {
         Origin::Launched => caps,
         Origin::Api => CapOverrides::from_env(),
@@ -249,39 +245,6 @@ pub fn optimizer_step() -> bool {
     pipeline::inferred_step("optimizer.step")
 }
 
-/// Registers the exit and fork handlers once: at start for launched runs, at the first
-/// `start()` or sanitizer activation otherwise.
-///
-/// The exit handler is registered with `__cxa_atexit` and no DSO handle, not with `atexit`:
-/// `atexit` ties a handler to the library that calls it, and glibc runs such handlers when it
-/// runs that library's destructors, which for a preloaded library come before the destructors
-/// of the libraries the program links, whose frees would then be missed. Without a handle, it
-/// runs in exit's own order: registered before the loader's destructor pass (which
-/// `__libc_start_main` registers after every library's constructor), it runs after it, when
-/// every library destructor has freed what it frees.
-pub fn ensure_exit_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        extern "C" {
-            fn __cxa_atexit(
-                func: extern "C" fn(*mut libc::c_void),
-                arg: *mut libc::c_void,
-                dso_handle: *mut libc::c_void,
-            ) -> libc::c_int;
-        }
-        // SAFETY: registering plain extern "C" functions with libc; a null DSO handle is what
-        // C's `atexit` of a statically linked program passes.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(after_fork_in_child));
-            __cxa_atexit(
-                crate::lifecycle::at_exit,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
-        }
-    });
-}
-
 /// The end of the run (at exit, or before a terminating signal takes its course): commands
 /// of the attach channel stop, the open window closes and writes its report, the event dump
 /// is flushed with its analyses, and the sanitizer writes its report. Runs once.
@@ -296,8 +259,6 @@ pub fn finish() {
     *finished = true;
     // The report's files need a descriptor even if the program has used up its own.
     crate::spare_fd::release();
-    // No control command runs from here on (one in progress is waited for).
-    crate::control::shutdown();
     let _ops = lock(&OPS);
     if let Some(ledger) = window::active() {
         match run_dir_handle() {
@@ -320,13 +281,10 @@ pub fn finish() {
     crate::sanitizer::write_report_at_exit(run_dir_handle, console_file);
 }
 
-/// Whether this process is a forked child (which records nothing).
-pub fn is_forked_child() -> bool {
-    FORKED_CHILD.load(Ordering::Relaxed)
-}
+pub use crate::process::is_forked_child;
 
-extern "C" fn after_fork_in_child() {
-    FORKED_CHILD.store(true, Ordering::Relaxed);
+pub(crate) extern "C" fn after_fork_in_child() {
+    crate::process::mark_forked_child();
     // Forget the window without touching its locks: another thread of the parent may have held
     // one at the moment of the fork.
     window::detach_after_fork();

@@ -247,7 +247,7 @@ pub fn on_service_ready(readable: bool) {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
-    let _ = std::panic::catch_unwind(crate::session::finish);
+    let _ = std::panic::catch_unwind(crate::lifecycle::finish_run);
     crate::log::info(&format!(
         "signal {sig}: run finished, default action follows"
     ));

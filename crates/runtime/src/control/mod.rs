@@ -77,7 +77,7 @@ pub use msmemscope_core::control_socket::ENV_NO_CONTROL;
 /// terminating signals keep their plain default.
 pub fn start() {
     // Unit tests exercise the C ABI in the test harness: no listener there.
-    if cfg!(test) || crate::session::is_forked_child() || STARTED.swap(true, Ordering::AcqRel) {
+    if cfg!(test) || crate::process::is_forked_child() || STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
     let Some(listener) = bind_listener() else {
@@ -159,7 +159,7 @@ fn spawn_service(listener: Held<UnixListener>) -> std::io::Result<()> {
 /// At exit: wait for a command in progress, stop serving, remove the socket. Never in a
 /// forked child: the socket is the parent's.
 pub fn shutdown() {
-    if crate::session::is_forked_child() || !STARTED.load(Ordering::Acquire) {
+    if crate::process::is_forked_child() || !STARTED.load(Ordering::Acquire) {
         return;
     }
     CLOSING.store(true, Ordering::Release);
@@ -695,6 +695,8 @@ fn run_command(command: &str) -> Result<(i32, String), String> {
 /// `start`: what the Python API's `start()` does; in a launched host-leak run, a new window
 /// with the run's settings.
 fn start_recording() -> (i32, String) {
+    // The run's end (its report, the dump's last rows) happens at exit.
+    crate::lifecycle::ensure_exit_handler();
     match session::start() {
         Ok(Started::Window(stage)) => (0, format!("host-leak window {stage} opened")),
         Ok(Started::Trace) => (0, "event trace started".to_string()),

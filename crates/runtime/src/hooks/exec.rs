@@ -30,7 +30,7 @@ pub fn init() {
 fn before_exec() {
     // SAFETY: getpid is a plain system call (right in a vfork child too: it answers the child).
     let me = unsafe { libc::getpid() };
-    if me != OWNER.load(Ordering::Relaxed) || crate::session::is_forked_child() {
+    if me != OWNER.load(Ordering::Relaxed) || crate::process::is_forked_child() {
         return;
     }
     let Some(_entered) = Entered::try_enter() else {

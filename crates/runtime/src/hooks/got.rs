@@ -218,7 +218,7 @@ impl Survey {
             // In the runtime's own unit tests the hooks are not exported.
             return;
         }
-        if !super::forward::forwards_to_glibc() {
+        if !crate::forward::forwards_to_glibc() {
             // The hooks hand blocks to another allocator (jemalloc preloaded after the runtime):
             // a slot bound to glibc must keep glibc, or its earlier blocks would reach the other
             // allocator's free.

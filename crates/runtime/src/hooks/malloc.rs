@@ -9,8 +9,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use libc::{c_int, c_void, size_t};
 
-use super::forward;
 use super::own_blocks;
+use crate::forward;
 use crate::guard::Entered;
 use crate::host_leak::ledger::Taken;
 use crate::host_leak::window;

@@ -23,7 +23,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 use super::malloc::caught;
@@ -71,14 +71,13 @@ static ORIGINALS: [Original; 2] = [
     Original(UnsafeCell::new(UNSET)),
 ];
 
-static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing` (3.9-3.12); null until installed.
 static IS_FINALIZING: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: Mutex<()> = Mutex::new(());
 
 /// Whether the wrappers are in.
 pub fn installed() -> bool {
-    INSTALLED.load(Ordering::Acquire)
+    crate::python::object_allocators_wrapped()
 }
 
 /// Why the wrappers could not go in.
@@ -150,7 +149,7 @@ pub unsafe fn install() -> Result<(), InstallError> {
             set(*domain, &mut ours);
         }
     }
-    INSTALLED.store(true, Ordering::Release);
+    crate::python::note_object_allocators_wrapped();
     Ok(())
 }
 

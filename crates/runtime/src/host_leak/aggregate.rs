@@ -293,7 +293,7 @@ fn python_objects(ledger: &Ledger) -> PythonObjects {
         PythonObjects::NoInterpreter
     } else if !ledger.settings.python_objects_on() {
         PythonObjects::Off
-    } else if !crate::hooks::pymem::installed() {
+    } else if !crate::python::object_allocators_wrapped() {
         PythonObjects::NotInstalled
     } else {
         PythonObjects::Tracked {
@@ -434,10 +434,10 @@ pub fn write_report(
 
 /// Where the program's `malloc` went, for Data Health.
 fn allocator_path() -> AllocatorPath {
-    if let Some(who) = crate::hooks::forward::malloc_ahead_of_runtime() {
+    if let Some(who) = crate::forward::malloc_ahead_of_runtime() {
         return AllocatorPath::Bypassed(who);
     }
-    match crate::hooks::forward::foreign_allocator() {
+    match crate::forward::foreign_allocator() {
         Some((file, own_operator_new)) => AllocatorPath::Forwarded {
             file,
             own_operator_new,

@@ -566,9 +566,7 @@ impl Ledger {
     // Always inlined: the hooks' free path shares the thread-local lookups with it.
     #[inline(always)]
     pub fn take(&self, ptr: usize, entered: &Entered) -> Taken {
-        self.take_with(ptr, entered, || {
-            crate::hooks::forward::usable_size(ptr) as u64
-        })
+        self.take_with(ptr, entered, || crate::forward::usable_size(ptr) as u64)
     }
 
     /// [`Ledger::take`] for a block of CPython's own allocator, whose size `malloc` cannot

@@ -60,7 +60,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
     // A forked child records nothing, and must not touch locks another thread of the parent
     // may have held at the fork.
-    if crate::session::is_forked_child() {
+    if crate::process::is_forked_child() {
         return fallback;
     }
     let Some(_entered) = Entered::try_enter() else {
@@ -101,7 +101,7 @@ pub fn mark(message: &str, stream: Option<u64>, domain: Option<&str>) {
         crate::sanitizer::on_mark(message, stream);
         if crate::sanitizer::is_active() {
             // The checker's report is written at exit.
-            crate::session::ensure_exit_handler();
+            crate::lifecycle::ensure_exit_handler();
         }
     }
     // --- end sanitizer

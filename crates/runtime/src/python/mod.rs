@@ -19,7 +19,7 @@ pub mod layout;
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use msmemscope_core::pyframes::linetable::line_at;
@@ -92,6 +92,19 @@ pub fn active() -> bool {
 /// Sets how many Python frames allocations take from now on (0 turns them off).
 pub fn set_depth(depth: usize) {
     DEPTH.store(depth.min(MAX_PY_FRAMES), Ordering::Relaxed);
+}
+
+/// Whether CPython's object and memory allocators are wrapped (`hooks::pymem` sets it once they
+/// are): only then can a host-leak window account Python objects.
+static OBJECT_ALLOCATORS_WRAPPED: AtomicBool = AtomicBool::new(false);
+
+pub fn object_allocators_wrapped() -> bool {
+    OBJECT_ALLOCATORS_WRAPPED.load(Ordering::Acquire)
+}
+
+/// Said by the wrappers once they are in, never undone.
+pub(crate) fn note_object_allocators_wrapped() {
+    OBJECT_ALLOCATORS_WRAPPED.store(true, Ordering::Release);
 }
 
 /// The CPython version whose frames are read, once one was found.

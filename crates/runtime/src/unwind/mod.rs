@@ -7,3 +7,18 @@ mod memo;
 pub mod modules;
 
 pub use capture::{capture_deep, with_stack, with_stack_above, CapturedStack, MAX_FRAMES};
+
+/// Records this library's code range, so stack capture can skip the hook's own frames.
+pub fn mark_own_code() {
+    // A private function: its address is in this library whatever the process interposes.
+    fn here() {}
+    // Scans the loaded modules if that was not done yet: the unwinder needs them anyway.
+    modules::refresh(false);
+    let here = here as *const () as u64;
+    if let Some(m) = modules::seen_modules()
+        .into_iter()
+        .find(|m| m.start <= here && here < m.end)
+    {
+        capture::set_own_code_range(m.start..m.end);
+    }
+}
