@@ -62,7 +62,7 @@ cargo build --release --workspace
 cargo test --release --workspace
 .venv/bin/ruff format --check --quiet python tests/python build_support
 .venv/bin/ruff check --quiet python tests/python build_support
-# Type-checks python/msmemscope ([tool.mypy] in pyproject.toml).
+# Type-checks python/msmemscope, strictly ([tool.mypy] in pyproject.toml: strict = true).
 .venv/bin/python -m mypy
 # Two workers, a module to each at a time (module fixtures are built once): most tests wait on
 # programs they start, and the slowest modules run beside the rest (tests/python/conftest.py).

@@ -29,6 +29,7 @@ from .analyzers import (
     get_analyzer_config,
     list_analyzers,
 )
+from .frameworks import watch as _watch
 from .sanitizer import enable_npu_sanitizer, enable_sanitizer
 from .snapshot import take_snapshot
 
@@ -70,7 +71,7 @@ def config(**kw: str) -> None:
     if applied and tracker is not None:
         tracker.reload_config()
     if applied:  # the watch range and mode follow config(watch=...)
-        watcher._watch.WATCH.reconfigure()
+        _watch.WATCH.reconfigure()
     if not applied:
         warnings.warn(
             "msmemscope.config() has no effect while a host-leak window is open: call "

@@ -27,6 +27,8 @@ backward). The labels are recorded while the PyTorch tracker runs (programs laun
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 
@@ -34,13 +36,15 @@ from .frameworks import owners
 
 __all__ = ["describer"]
 
+_F = TypeVar("_F", bound="Callable[..., Any]")
+
 
 class describer:
     """Labels allocations with ``owner``; see the module documentation for the four forms."""
 
     __slots__ = ("_owner",)
 
-    def __init__(self, tensor=None, *, owner):
+    def __init__(self, tensor: torch.Tensor | None = None, *, owner: str) -> None:
         self._owner = owners.check_label(owner)
         if tensor is not None:
             if not isinstance(tensor, torch.Tensor):
@@ -57,25 +61,25 @@ class describer:
                 )
             owners.add_user_label(tensor, self._owner)
 
-    def __enter__(self):
+    def __enter__(self) -> describer:
         owners.push_user_label(self._owner)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> Literal[False]:
         owners.pop_user_label(self._owner)
         return False
 
-    def __call__(self, func):
+    def __call__(self, func: _F) -> _F:
         if not callable(func):
             raise TypeError(f"describer: can only decorate a callable, not {type(func).__name__}")
         label = self._owner
 
         @functools.wraps(func)
-        def labelled(*args, **kwargs):
+        def labelled(*args: Any, **kwargs: Any) -> Any:
             owners.push_user_label(label)
             try:
                 return func(*args, **kwargs)
             finally:
                 owners.pop_user_label(label)
 
-        return labelled
+        return cast(_F, labelled)

@@ -27,9 +27,12 @@ import time
 import types
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .frameworks.sites import is_user_file
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["leak_holders"]
 
@@ -96,7 +99,7 @@ def _roots(
     return first, rest()
 
 
-def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
+def _children(obj: Any, torch: types.ModuleType) -> Iterator[tuple[str, object]]:
     """(edge label, child) for what ``obj`` refers to, as a person would name it."""
     if isinstance(obj, (type, types.ModuleType, types.FrameType, str, bytes, int, float)):
         return
@@ -164,7 +167,7 @@ def _children(obj: Any, torch) -> Iterator[tuple[str, object]]:
                 continue
 
 
-def _tensor_text(t) -> str:
+def _tensor_text(t: torch.Tensor) -> str:
     shape = "x".join(str(d) for d in t.shape) or "scalar"
     dtype = str(t.dtype).replace("torch.", "")
     return f"Tensor {shape} {dtype}"
@@ -194,8 +197,8 @@ class _Search:
         library: tuple[str, ...],
         own: tuple[str, ...],
         budget: float,
-        torch,
-    ):
+        torch: types.ModuleType,
+    ) -> None:
         self.targets = targets
         self.library = library
         self.own = own
@@ -206,7 +209,7 @@ class _Search:
         self.visited = 0
         self.cut = False
 
-    def _storage_ptr(self, t) -> int | None:
+    def _storage_ptr(self, t: torch.Tensor) -> int | None:
         try:
             return int(t.untyped_storage().data_ptr())
         except Exception:
@@ -256,7 +259,7 @@ class _Search:
                         labels.append(label)
                         key = up
                     labels.reverse()
-                    self.found[ptr] = _chain(labels)  # type: ignore[index]
+                    self.found[ptr] = _chain(labels)
             try:
                 for label, child in _children(obj, torch):
                     push(child, (id(obj), label))
@@ -264,7 +267,7 @@ class _Search:
                 continue
 
 
-def _suspects(nat) -> list[tuple[int, str, int, str]]:
+def _suspects(nat: types.ModuleType) -> list[tuple[int, str, int, str]]:
     out = []
     for line in nat.leak_suspects().splitlines():
         parts = line.split("\t", 3)

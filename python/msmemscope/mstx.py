@@ -8,7 +8,7 @@ delimit steps.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 from ._runtime import native as _native_runtime
 
@@ -59,7 +59,7 @@ def range_start(message: str, stream: Any = None) -> int:
     did not open one, e.g. nothing is being traced; ending 0 does nothing)."""
     message = _check_message(message)
     handle = _stream_handle(stream)
-    range_id = _native_runtime().mstx_range_start(message, handle)
+    range_id = cast(int, _native_runtime().mstx_range_start(message, handle))
     if range_id:
         with _lock:
             _open_ranges.add(range_id)

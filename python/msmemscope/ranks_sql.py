@@ -82,7 +82,7 @@ def _rows(names: list[str], values: list[tuple[Any, ...]]) -> list[dict[str, Any
 
 def run_duckdb(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
     try:
-        import duckdb  # type: ignore[import-not-found]
+        import duckdb
     except ImportError:
         raise EngineError(
             f"the duckdb package is not installed for {sys.executable}: "
@@ -116,10 +116,10 @@ def _local_path(uri: str) -> str:
 
 def run_spark(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
     try:
-        from pyspark import SparkConf  # type: ignore[import-not-found]
-        from pyspark.sql import SparkSession  # type: ignore[import-not-found]
-        from pyspark.sql import functions as F  # type: ignore[import-not-found]
-        from pyspark.sql.types import (  # type: ignore[import-not-found]
+        from pyspark import SparkConf
+        from pyspark.sql import SparkSession
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import (
             DoubleType,
             LongType,
             StringType,

@@ -31,7 +31,7 @@ import atexit
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from . import _native
 from ._runtime import native as _native_runtime
@@ -178,7 +178,8 @@ def enable_npu_sanitizer() -> None:
         from torch.cuda import _sanitizer as csan
 
         if not csan.cuda_sanitizer.enabled:
-            csan.enable_cuda_sanitizer()
+            # torch defines enable_cuda_sanitizer() without annotations.
+            csan.enable_cuda_sanitizer()  # type: ignore[no-untyped-call]
         _csan_handler = csan.cuda_sanitizer.dispatch.event_handler
         nat.sanitizer_enable(_forward_to_csan)
         # Marks made while the interpreter shuts down (C threads, exit handlers) no longer
@@ -234,4 +235,4 @@ def device_synchronize() -> None:
 
 def report() -> str:
     """The race report so far (as printed at exit, without stacks)."""
-    return _native_runtime().sanitizer_report()
+    return cast(str, _native_runtime().sanitizer_report())

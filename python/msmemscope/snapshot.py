@@ -26,7 +26,7 @@ def _proc_kb(path: str, key: str) -> int:
     return 0
 
 
-def _cpu_stats() -> dict:
+def _cpu_stats() -> dict[str, int]:
     tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
     state = getattr(tracker, "_tracker", None) if tracker else None
     if state is not None and hasattr(state, "usage"):  # the native capture
@@ -46,7 +46,7 @@ def _cpu_stats() -> dict:
     }
 
 
-def _cuda_stats(index: int) -> dict:
+def _cuda_stats(index: int) -> dict[str, int]:
     import torch
 
     stats = torch.cuda.memory_stats(index)
@@ -92,7 +92,7 @@ def take_snapshot(device_mask: int | None = None, name: str = "snapshot") -> int
     if not isinstance(name, str) or not name:
         raise TypeError("name must be a non-empty str")
     nat = _native_runtime()
-    targets: list[tuple[str, dict]] = []
+    targets: list[tuple[str, dict[str, int]]] = []
     if device_mask is None:
         targets.append(("cpu", _cpu_stats()))
     for index in _cuda_devices():

@@ -23,25 +23,30 @@ ends.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .frameworks import watch as _watch
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+    import torch
 
 __all__ = ["remove", "watch"]
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value: object) -> TypeGuard[torch.Tensor]:
     import sys
 
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _check_name(name) -> str:
+def _check_name(name: object) -> str:
     if name is None:
         raise TypeError('watch() needs name="..." to label the block in the dump files')
     if not isinstance(name, str):
@@ -55,7 +60,7 @@ def _check_name(name) -> str:
     return name
 
 
-def _check_dump_nums(dump_nums) -> int | None:
+def _check_dump_nums(dump_nums: object) -> int | None:
     if dump_nums is None:
         return None
     if not _is_int(dump_nums):
@@ -65,7 +70,7 @@ def _check_dump_nums(dump_nums) -> int | None:
     return dump_nums
 
 
-def _check_length(length) -> int:
+def _check_length(length: object) -> int:
     if not _is_int(length):
         raise TypeError(f"length must be an int number of bytes, not {type(length).__name__}")
     if length < 1:
@@ -75,7 +80,7 @@ def _check_length(length) -> int:
     return length
 
 
-def _device_name(t) -> str:
+def _device_name(t: torch.Tensor) -> str:
     if t.device.type == "cpu":
         return "cpu"
     if t.device.type == "cuda":
@@ -85,7 +90,7 @@ def _device_name(t) -> str:
     )
 
 
-def _tensor_block(t, name: str, dump_nums: int | None) -> _watch.Block:
+def _tensor_block(t: torch.Tensor, name: str, dump_nums: int | None) -> _watch.Block:
     device = _device_name(t)
     if t.numel() == 0:
         raise ValueError("the tensor has no elements, so there is no memory to watch")
@@ -104,7 +109,7 @@ def _tensor_block(t, name: str, dump_nums: int | None) -> _watch.Block:
     return _watch.Block(name, 0, device, length, storage=storage, offset=offset, dumps=dump_nums)
 
 
-def _tracked_storage(addr: int):
+def _tracked_storage(addr: int) -> tuple[torch.UntypedStorage, str] | None:
     """``(storage, device)`` of the live tracked storage holding ``addr``, or None."""
     import sys
 
@@ -122,7 +127,7 @@ def _tracked_storage(addr: int):
     return None
 
 
-def _live_block(addr: int):
+def _live_block(addr: int) -> tuple[int, int, str] | None:
     """``(start, size, device)`` of the live block holding ``addr`` when the native capture
     tracks the blocks, or None."""
     import sys
@@ -133,7 +138,7 @@ def _live_block(addr: int):
     return live_block(addr) if live_block is not None else None
 
 
-def _freed_block(addr: int):
+def _freed_block(addr: int) -> tuple[int, int, str] | None:
     """``(start, size, device)`` of a freed tracked block holding ``addr``, or None."""
     import sys
 
@@ -142,7 +147,8 @@ def _freed_block(addr: int):
     tracker: Any = getattr(tracker_module, "_tracker", None)
     freed = getattr(tracker, "freed", None)
     if freed is not None and hasattr(freed, "block"):  # the native capture keeps them
-        return freed.block(addr)
+        found: tuple[int, int, str] | None = freed.block(addr)
+        return found
     if not freed:
         return None
     with tracker.lock:  # weakref callbacks (FREEs) may add to it from any thread
@@ -201,7 +207,13 @@ def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> 
     return _watch.Block(name, 0, "cpu", length, addr=addr, dumps=dump_nums)
 
 
-def watch(target, *, length=None, name=None, dump_nums=None) -> None:
+def watch(
+    target: torch.Tensor | int,
+    *,
+    length: int | None = None,
+    name: str | None = None,
+    dump_nums: int | None = None,
+) -> None:
     """Starts watching a block: ``watch(tensor, name=..., dump_nums=...)`` for a contiguous
     tensor's elements, or ``watch(address, length=..., name=..., dump_nums=...)`` for the
     ``length`` bytes at an int address. ``name`` (1 to 64 characters, no ``/``) labels the dumps;
@@ -228,7 +240,12 @@ def watch(target, *, length=None, name=None, dump_nums=None) -> None:
     _watch.WATCH.add(block)
 
 
-def remove(target=None, *, length=None, name=None) -> None:
+def remove(
+    target: torch.Tensor | int | None = None,
+    *,
+    length: int | None = None,
+    name: str | None = None,
+) -> None:
     """Stops watching a block, given as it was to :func:`watch` (the tensor, or the address and
     length), or by its ``name``. A block whose watch already ended (``dump_nums`` reached, its
     storage freed) is accepted and nothing happens; one never watched is a ValueError."""
@@ -261,7 +278,7 @@ def remove(target=None, *, length=None, name=None) -> None:
             f"not {type(target).__name__}"
         )
 
-    def same(b) -> bool:
+    def same(b: _watch.Block) -> bool:
         where = b.locate()
         return (where[0] if where else b.at) == addr and b.length == length
 

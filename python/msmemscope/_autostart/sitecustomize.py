@@ -22,10 +22,20 @@ chained ``sitecustomize`` itself is the user's, and ``site`` reports it as it wo
 import os
 import sys
 
+# typing is not imported at start-up, and this file must not import it: the constant is the one
+# that type checkers treat as true (as typing.TYPE_CHECKING).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
 _reported = False
 
 
-def _report(what, exc):
+def _report(what: str, exc: BaseException) -> None:
     """One line on stderr, the first time anything fails."""
     global _reported
     if _reported:
@@ -38,7 +48,7 @@ def _report(what, exc):
         pass
 
 
-def _make_package_importable():
+def _make_package_importable() -> None:
     """Lets an interpreter that has no ``msmemscope`` of its own use the one this file belongs
     to (the launcher was installed into another environment than the program's). Its
     ``site-packages`` goes last on ``sys.path``, so the program's own packages win."""
@@ -49,7 +59,7 @@ def _make_package_importable():
         sys.path.append(os.path.dirname(os.path.dirname(here)))
 
 
-def _on_torch_imported():
+def _on_torch_imported() -> None:
     """Turns the PyTorch tracker on, once, right after ``import torch`` completed."""
     _remove_hook()
     try:
@@ -66,17 +76,22 @@ class _TorchImportHook:
     after it, and wraps the found loader so that :func:`_on_torch_imported` runs after the
     module's code."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._searching = False
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self,
+        fullname: str,
+        path: "Sequence[str] | None" = None,
+        target: "ModuleType | None" = None,
+    ) -> "ModuleSpec | None":
         # The import system holds torch's module lock around this call, so two threads never
         # get here for torch at once; `_searching` only stops the recursion below.
         if fullname != "torch" or self._searching:
             return None
         self._searching = True
         try:
-            spec = None
+            spec: ModuleSpec | None = None
             for finder in list(sys.meta_path):
                 find = getattr(finder, "find_spec", None)
                 if finder is self or find is None:
@@ -97,11 +112,12 @@ class _TorchImportHook:
         return spec
 
 
-def _wrap_loader(spec):
-    loader = spec.loader
-    original = loader.exec_module
+def _wrap_loader(spec: "ModuleSpec") -> None:
+    # Any: the loader of whichever finder found torch, whose method is replaced below.
+    loader: Any = spec.loader
+    original: Callable[[ModuleType], None] = loader.exec_module
 
-    def exec_module(module):
+    def exec_module(module: "ModuleType") -> None:
         try:
             original(module)
         finally:
@@ -113,10 +129,11 @@ def _wrap_loader(spec):
         # module file serves only that module.
         loader.exec_module = exec_module
     except (AttributeError, TypeError):
-        spec.loader = _LoaderProxy(loader, exec_module)
+        # The import system only calls create_module/exec_module: no Loader subclass needed.
+        spec.loader = _LoaderProxy(loader, exec_module)  # type: ignore[assignment]
 
 
-def _unwrap(loader, spec, original):
+def _unwrap(loader: "Loader", spec: "ModuleSpec", original: "Callable[[ModuleType], None]") -> None:
     if isinstance(spec.loader, _LoaderProxy):
         spec.loader = loader
     else:
@@ -129,21 +146,21 @@ def _unwrap(loader, spec, original):
 class _LoaderProxy:
     """Stands for a loader that takes no instance attributes."""
 
-    def __init__(self, loader, exec_module):
+    def __init__(self, loader: "Loader", exec_module: "Callable[[ModuleType], None]") -> None:
         self._loader = loader
         self.exec_module = exec_module
 
-    def create_module(self, spec):
+    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
         return self._loader.create_module(spec)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
 
 
-_hook = None
+_hook: "_TorchImportHook | None" = None
 
 
-def _install_hook():
+def _install_hook() -> None:
     global _hook
     if "torch" in sys.modules:
         _on_torch_imported()
@@ -152,7 +169,7 @@ def _install_hook():
     sys.meta_path.insert(0, _hook)
 
 
-def _remove_hook():
+def _remove_hook() -> None:
     global _hook
     if _hook is not None:
         try:
@@ -162,7 +179,7 @@ def _remove_hook():
         _hook = None
 
 
-def _next_sitecustomize_spec():
+def _next_sitecustomize_spec() -> "ModuleSpec | None":
     """The spec of the ``sitecustomize`` that this file shadows: the first one on
     ``sys.path`` outside this directory."""
     from importlib.machinery import PathFinder
@@ -179,7 +196,7 @@ def _next_sitecustomize_spec():
     return PathFinder.find_spec("sitecustomize", others)
 
 
-def _chain():
+def _chain() -> None:
     try:
         spec = _next_sitecustomize_spec()
     except Exception as exc:
@@ -193,12 +210,13 @@ def _chain():
     # Keep this module reachable, then let the chained one be "sitecustomize": the import
     # system re-reads sys.modules when our import finishes, so `import sitecustomize` in the
     # program gives the user's module, as it would without msmemscope.
-    sys.modules["_msmemscope_sitecustomize"] = sys.modules.get(__name__)
+    # This module is being imported, so it is in sys.modules (typeshed's get allows None).
+    sys.modules["_msmemscope_sitecustomize"] = sys.modules.get(__name__)  # type: ignore[assignment]
     sys.modules["sitecustomize"] = module
     spec.loader.exec_module(module)
 
 
-def _track_python_objects():
+def _track_python_objects() -> None:
     """Host-leak runs: the runtime wraps the interpreter's allocators (it needs the GIL, which
     a ``PyDLL`` call keeps held)."""
     import ctypes

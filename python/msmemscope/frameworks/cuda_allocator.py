@@ -79,7 +79,7 @@ def _on_oom(device: int, alloc: int, device_total: int, device_free: int) -> Non
         pass
 
 
-def allocator_stats(index: int) -> dict:
+def allocator_stats(index: int) -> dict[str, int]:
     """The caching allocator's current and peak reserved/allocated bytes on ``cuda:index``
     (zeros when CUDA is not initialized there)."""
     try:

@@ -18,7 +18,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Unavailable", "cache_dir", "library"]
 
@@ -49,7 +51,7 @@ def _compiler() -> str:
     raise Unavailable("no C++ compiler (g++, c++ or clang++; or set CXX)")
 
 
-def _key(torch, cxx: str) -> str:
+def _key(torch: Any, cxx: str) -> str:
     """What the built library depends on: this source, the torch build, its C++ ABI, Python."""
     h = hashlib.sha256()
     for source in SOURCES:
@@ -59,7 +61,7 @@ def _key(torch, cxx: str) -> str:
     return f"torch-{torch.__version__.replace('+', '_')}-abi{abi}-{h.hexdigest()[:16]}"
 
 
-def _command(torch, cxx: str, out: Path) -> list[str]:
+def _command(torch: Any, cxx: str, out: Path) -> list[str]:
     root = Path(torch.__file__).resolve().parent
     include = root / "include"
     lib = root / "lib"
@@ -94,7 +96,7 @@ def _command(torch, cxx: str, out: Path) -> list[str]:
     ]
 
 
-def library(torch, notice=None) -> Path:
+def library(torch: Any, notice: Callable[[str], None] | None = None) -> Path:
     """The path of the built library for this torch, building it when it is not cached."""
     cxx = _compiler()
     directory = cache_dir() / _key(torch, cxx)

@@ -29,12 +29,22 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
+from collections.abc import Callable, MutableMapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import owners, sites
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
+    from .torch_tracker import _Config, _OpInfo
+    from .tracker import Tracker
+    from .watch import Watch
 
 __all__ = ["NativeTracker", "load_library"]
 
@@ -44,7 +54,7 @@ _U64 = ctypes.c_uint64
 _U32 = ctypes.c_uint32
 
 
-def load_library(nat, notice) -> ctypes.CDLL:
+def load_library(nat: ModuleType, notice: Callable[[str], None]) -> ctypes.CDLL:
     """Builds (or finds in the cache) and loads the capture library, bound to the runtime."""
     from . import native_build
 
@@ -127,7 +137,7 @@ def _utf8(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
 
 
-def _block_query(fn, addr: int) -> tuple[int, int, str] | None:
+def _block_query(fn: Callable[..., int], addr: int) -> tuple[int, int, str] | None:
     start, size, kind, index = _U64(), _U64(), _U32(), _U32()
     found = fn(
         addr, ctypes.byref(start), ctypes.byref(size), ctypes.byref(kind), ctypes.byref(index)
@@ -140,7 +150,7 @@ def _block_query(fn, addr: int) -> tuple[int, int, str] | None:
 class _Freed:
     """``tracker.freed`` for the watcher: the newest freed blocks, looked up in the library."""
 
-    def __init__(self, lib):
+    def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
 
     def block(self, addr: int) -> tuple[int, int, str] | None:
@@ -152,7 +162,7 @@ class NativeTracker:
 
     capture = "native"
 
-    def __init__(self, nat, lib: ctypes.CDLL):
+    def __init__(self, nat: ModuleType, lib: ctypes.CDLL) -> None:
         from .torch_tracker import _SKIP_DIRS, _Config
 
         self.nat = nat
@@ -162,15 +172,16 @@ class NativeTracker:
         self.reported = False
         self.lock = threading.RLock()
         self.freed = _Freed(lib)
-        self.ops: dict = {}
+        self.ops: dict[OpOverload, _OpInfo] = {}
         # Categories given to storages (by identity): a storage resized outside the dispatcher
         # (FSDP) gets a new block, which keeps the category.
-        self.categories = WeakIdKeyDictionary()
-        self.adopted: dict[int, weakref.ref] = {}  # block address -> ref to its storage
+        self.categories: MutableMapping[torch.UntypedStorage, str] = WeakIdKeyDictionary()
+        # block address -> ref to its storage
+        self.adopted: dict[int, weakref.ref[torch.UntypedStorage]] = {}
         lib.msmemscope_torch_skip_prefixes("\n".join(_SKIP_DIRS).encode())
         lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(_SKIP_DIRS)).encode())
         owners.attach_native(lib)
-        self._watch = None
+        self._watch: Watch | None = None
         self.watch_mode: _WatchMode | None = None
         from .watch import WATCH
 
@@ -178,26 +189,27 @@ class NativeTracker:
 
     # --- watch: a dispatch mode only while something is watched -----------------------------------
     @property
-    def watch(self):
+    def watch(self) -> Watch | None:
         return self._watch
 
     @watch.setter
-    def watch(self, value) -> None:
+    def watch(self, value: Watch | None) -> None:
         self._watch = value
         mode = self.watch_mode
         if value is not None and mode is None:
             self.watch_mode = mode = _WatchMode(self)
-            mode.__enter__()
+            mode.__enter__()  # type: ignore[no-untyped-call]  # torch's __enter__ is unannotated
         elif value is None and mode is not None:
             self.watch_mode = None
             from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
             stack = _get_current_dispatch_mode_stack()
             if stack and stack[-1] is mode:
-                mode.__exit__(None, None, None)
+                # torch's __exit__ is unannotated
+                mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             mode.retired = True
 
-    def op_info(self, func):
+    def op_info(self, func: OpOverload) -> _OpInfo:
         from .torch_tracker import _OpInfo
 
         info = self.ops.get(func)
@@ -206,7 +218,7 @@ class NativeTracker:
         return info
 
     # --- configuration --------------------------------------------------------------------------
-    def configure(self, cfg) -> None:
+    def configure(self, cfg: _Config) -> None:
         self.cfg = cfg
         self.lib.msmemscope_torch_configure(
             int(cfg.alloc),
@@ -241,7 +253,13 @@ class NativeTracker:
         report_once(self, exc)
 
     # --- owners ---------------------------------------------------------------------------------
-    def set_owner(self, t, category=None, label=None, unless_framework=False) -> None:
+    def set_owner(
+        self,
+        t: torch.Tensor,
+        category: str | None = None,
+        label: str | None = None,
+        unless_framework: bool = False,
+    ) -> None:
         """As the fallback's: a new category and/or one more user label for ``t``'s block (an
         OWNER row when it changes); a block made before tracking is adopted."""
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
@@ -276,13 +294,20 @@ class NativeTracker:
             if label is not None:
                 self.set_owner(t, label=label)
 
-    def _adopt(self, st, ptr: int, size: int, dev: tuple[int, int], category) -> None:
+    def _adopt(
+        self,
+        st: torch.UntypedStorage,
+        ptr: int,
+        size: int,
+        dev: tuple[int, int],
+        category: str | None,
+    ) -> None:
         if self.lib.msmemscope_torch_adopt(ptr, size, dev[0], dev[1], _utf8(category)) != 0:
             return
         lib = self.lib
         adopted = self.adopted
 
-        def released(_ref, ptr=ptr):
+        def released(_ref: weakref.ref[torch.UntypedStorage], ptr: int = ptr) -> None:
             try:
                 adopted.pop(ptr, None)
                 lib.msmemscope_torch_release(ptr)
@@ -291,7 +316,7 @@ class NativeTracker:
 
         adopted[ptr] = weakref.ref(st, released)
 
-    def written_storage(self, t) -> None:
+    def written_storage(self, t: torch.Tensor) -> None:
         """``t``'s storage was resized outside the dispatcher: the allocator reported the FREE
         and the MALLOC; the new block takes the category the storage had."""
         st = t.untyped_storage()
@@ -320,33 +345,42 @@ class NativeTracker:
         return out[0], out[1], out[2]
 
 
-def _make_room_for_profilers(lib) -> None:
+def _make_room_for_profilers(lib: ctypes.CDLL) -> None:
     import torch.autograd.profiler as profiler
 
     original = getattr(profiler, "_enable_profiler", None)
     if original is None or getattr(original, "__msmemscope__", False):
         return
 
-    def _enable_profiler(*args, **kwargs):
+    def _enable_profiler(*args: Any, **kwargs: Any) -> Any:
         lib.msmemscope_torch_leave_thread()
         return original(*args, **kwargs)
 
     _enable_profiler.__msmemscope__ = True  # type: ignore[attr-defined]
     _enable_profiler.__wrapped__ = original  # type: ignore[attr-defined]
-    profiler._enable_profiler = _enable_profiler
+    # _enable_profiler is torch._C's, imported (not re-exported) by torch.autograd.profiler.
+    profiler._enable_profiler = _enable_profiler  # type: ignore[attr-defined]
 
 
-class _WatchMode(TorchDispatchMode):
+# torch's TorchDispatchMode.__init_subclass__ is unannotated.
+class _WatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Runs the memory block watch around ops while something is watched; records nothing."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, tracker: NativeTracker):
-        super().__init__()
+    def __init__(self, tracker: NativeTracker) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's __init__ is unannotated
         self.tracker = tracker
         self.retired = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    # `func` is typed as PyTorch's own modes type it; a higher-order operator comes here too.
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         from .torch_tracker import _dtensor_in, _OpOverload
 
         if kwargs is None:
@@ -368,3 +402,11 @@ class _WatchMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         w.after(info, args, kwargs, out)
         return out
+
+
+if TYPE_CHECKING:
+
+    def _conforms(t: NativeTracker) -> Tracker:
+        """mypy checks here that the native capture offers the :class:`.tracker.Tracker`
+        interface."""
+        return t

@@ -29,10 +29,19 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from torch.utils.hooks import RemovableHandle
+
+    from .tracker import Tracker
 
 __all__ = ["decompose_enabled", "relabel", "scope", "storage_resized"]
 
@@ -60,20 +69,22 @@ class _State:
         # region includes the autograd engine's worker threads that run its backward.
         self.user_labels: list[str] = []
         self.scopes = threading.local()  # .stack: framework categories entered on this thread
-        self.handles: list = []  # global hooks while decompose is on
-        self.seen_modules: weakref.WeakSet = weakref.WeakSet()
+        self.handles: list[RemovableHandle] = []  # global hooks while decompose is on
+        self.seen_modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         # Keyed by identity: a tensor's == is elementwise.
-        self.hooked_params = WeakIdKeyDictionary()
+        self.hooked_params: MutableMapping[
+            torch.Tensor, tuple[RemovableHandle, RemovableHandle]
+        ] = WeakIdKeyDictionary()
 
 
 _state = _State()
 
 # The native capture library (native_tracker), when it records the allocations: it decides each
 # block's category at allocation, so it is told the context here, once per hook.
-_native = None
+_native: ctypes.CDLL | None = None
 
 
-def attach_native(lib) -> None:
+def attach_native(lib: ctypes.CDLL) -> None:
     """Points the owner context at the native capture library."""
     global _native
     _native = lib
@@ -93,7 +104,7 @@ def decompose_enabled() -> bool:
 # --- decided at allocation ----------------------------------------------------------------------
 def category_for_new() -> str | None:
     """The framework category of a storage allocated now, or ``None`` without decompose."""
-    stack = getattr(_state.scopes, "stack", None)
+    stack: list[str] | None = getattr(_state.scopes, "stack", None)
     if stack:
         return stack[-1]
     if not _state.decompose:
@@ -124,11 +135,11 @@ def owner_text(pool: str, category: str | None, labels: tuple[str, ...] | None) 
 
 
 @contextmanager
-def scope(category: str):
+def scope(category: str) -> Iterator[None]:
     """Tensors allocated inside (on this thread) get framework ``category`` (for framework hooks:
     ``scope("fsdp2@all_gather")``); it overrides the automatic classification."""
     _check_category(category)
-    stack = getattr(_state.scopes, "stack", None)
+    stack: list[str] | None = getattr(_state.scopes, "stack", None)
     if stack is None:
         stack = _state.scopes.stack = []
     stack.append(category)
@@ -143,7 +154,7 @@ def scope(category: str):
             native.msmemscope_torch_scope_pop()
 
 
-def relabel(tensor, category: str) -> None:
+def relabel(tensor: object, category: str) -> None:
     """Gives ``tensor``'s storage framework ``category`` (an OWNER row when it changes). A storage
     the tracker has not seen (made before tracking started) is adopted: it gets its MALLOC row
     now, with that owner."""
@@ -153,7 +164,7 @@ def relabel(tensor, category: str) -> None:
         tracker.set_owner(tensor, category=category)
 
 
-def storage_resized(tensor) -> None:
+def storage_resized(tensor: object) -> None:
     """``tensor``'s storage was resized outside the dispatcher (``UntypedStorage.resize_``, which
     FSDP uses to free and re-allocate unsharded parameters and no dispatch mode sees): the
     tracker writes the FREE of the old block and the MALLOC of the new one, keeping the owner."""
@@ -163,7 +174,7 @@ def storage_resized(tensor) -> None:
             tracker.written_storage(tensor)
 
 
-def add_user_label(tensor, label: str) -> None:
+def add_user_label(tensor: torch.Tensor, label: str) -> None:
     """Appends a user label to ``tensor``'s storage owner (``describer(t, owner=...)``)."""
     tracker = _tracker()
     if tracker is not None:
@@ -193,7 +204,7 @@ def pop_user_label(label: str) -> None:
     raise ValueError(f"describer: no active region is labelled {label!r}")
 
 
-def check_label(label) -> str:
+def check_label(label: object) -> str:
     if not isinstance(label, str):
         raise TypeError(f"describer: owner must be a str, not {type(label).__name__}")
     if not label or len(label) > MAX_LABEL_CHARS:
@@ -209,19 +220,19 @@ def check_label(label) -> str:
     return label
 
 
-def _check_category(category) -> None:
+def _check_category(category: object) -> None:
     if not isinstance(category, str) or not category or '"' in category or "\\" in category:
         raise ValueError(f"owner category must be a non-empty str without quotes, got {category!r}")
 
 
-def _tracker():
+def _tracker() -> Tracker | None:
     from . import torch_tracker
 
     return torch_tracker._tracker
 
 
 # --- learned later: the MemTracker points ---------------------------------------------------------
-def _relabel_quietly(tensor, category: str) -> None:
+def _relabel_quietly(tensor: torch.Tensor, category: str) -> None:
     """An automatic relabel: it never replaces a framework hook's category (those contain an
     ``@``, as ``fsdp1@sharded_weight``), which knows better than a module or optimizer hook."""
     tracker = _tracker()
@@ -236,11 +247,11 @@ def _relabel_quietly(tensor, category: str) -> None:
             tracker.report(exc)
 
 
-def _never_raises(hook):
+def _never_raises(hook: Callable[..., None]) -> Callable[..., None]:
     """Hooks run inside the program's forward, backward and step: an error of ours is reported
     once by the tracker and never reaches the program."""
 
-    def guarded(*args):
+    def guarded(*args: Any) -> None:
         try:
             hook(*args)
         except Exception as exc:
@@ -253,33 +264,36 @@ def _never_raises(hook):
 
 
 @_never_raises
-def _grad_hook(grad):
+def _grad_hook(grad: torch.Tensor) -> None:
     if isinstance(grad, torch.Tensor):
         _relabel_quietly(grad, GRADIENT)
 
 
 @_never_raises
-def _post_accumulate_hook(param):
+def _post_accumulate_hook(param: torch.Tensor) -> None:
     if param.grad is not None:
         _relabel_quietly(param.grad, GRADIENT)
 
 
-def _label_module(module) -> None:
+def _label_module(module: torch.nn.Module) -> None:
     for param in module.parameters():
         _relabel_quietly(param, WEIGHT)
         if param.grad is not None:
             _relabel_quietly(param.grad, GRADIENT)
         if param.requires_grad and param not in _state.hooked_params:
+            # Tensor.register_hook and register_post_accumulate_grad_hook are unannotated.
             _state.hooked_params[param] = (
-                param.register_hook(_grad_hook),
-                param.register_post_accumulate_grad_hook(_post_accumulate_hook),
+                param.register_hook(_grad_hook),  # type: ignore[no-untyped-call]
+                param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    _post_accumulate_hook
+                ),
             )
     for buf in module.buffers():
         _relabel_quietly(buf, BUFFER)
 
 
 @_never_raises
-def _module_pre_forward(module, args):
+def _module_pre_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
     if not _state.decompose or module in _state.seen_modules:
         return
     _state.seen_modules.add(module)
@@ -287,14 +301,18 @@ def _module_pre_forward(module, args):
 
 
 @_never_raises
-def _optimizer_pre_step(optimizer, args, kwargs):
+def _optimizer_pre_step(
+    optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     _state.in_optimizer += 1
     if _native is not None:
         _native.msmemscope_torch_optimizer(1)
 
 
 @_never_raises
-def _optimizer_post_step(optimizer, args, kwargs):
+def _optimizer_post_step(
+    optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     _state.in_optimizer = max(0, _state.in_optimizer - 1)
     if _native is not None:
         _native.msmemscope_torch_optimizer(-1)

@@ -14,7 +14,7 @@ import os
 import site
 import sys
 import sysconfig
-from types import FrameType
+from types import CodeType, FrameType
 
 __all__ = ["is_user_file", "library_dirs", "site_of"]
 
@@ -60,7 +60,7 @@ class SiteFinder:
         self.library = library_dirs(own)
         self.kinds: dict[object, int] = {}
 
-    def _kind(self, code) -> int:
+    def _kind(self, code: CodeType) -> int:
         kind = self.kinds.get(code)
         if kind is None:
             file = code.co_filename

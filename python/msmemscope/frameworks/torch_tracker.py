@@ -51,7 +51,8 @@ import re
 import sys
 import threading
 import weakref
-from types import FrameType
+from collections.abc import Callable, Sequence
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -60,7 +61,12 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from . import owners, sites
 
 if TYPE_CHECKING:
+    from _typeshed import ProfileFunction
+    from torch._ops import OpOverload
+
     from .native_tracker import NativeTracker
+    from .tracker import Tracker
+    from .watch import Watch
 
 __all__ = ["install", "installed", "reload_config", "uninstall"]
 
@@ -95,7 +101,7 @@ class _Config:
         "python_depth",
     )
 
-    def __init__(self, config_json: str | None = None):
+    def __init__(self, config_json: str | None = None) -> None:
         cfg = json.loads(config_json) if config_json else {}
         events = set(cfg.get("events", ("alloc", "free", "launch")))
         level = cfg.get("level", "op")
@@ -116,7 +122,7 @@ class _Config:
 _FREED_KEPT = 4096
 
 
-def report_once(tracker, exc: BaseException) -> None:
+def report_once(tracker: Tracker, exc: BaseException) -> None:
     """Reports a tracker's first internal error on stderr; later ones are dropped."""
     if tracker.reported:
         return
@@ -128,7 +134,7 @@ def report_once(tracker, exc: BaseException) -> None:
         pass
 
 
-class _StorageRef(weakref.ref):
+class _StorageRef(weakref.ref[torch.UntypedStorage]):
     """A weak reference to a tracked storage, carrying its block (the FREE needs it after the
     storage is gone)."""
 
@@ -148,7 +154,7 @@ _RESIZING_OPS = frozenset(
 )
 
 
-def _is_tensor_type(ty) -> bool:
+def _is_tensor_type(ty: torch._C.JitType) -> bool:
     """Whether a schema argument type holds Tensors (Tensor, Tensor?, Tensor[], Tensor?[])."""
     text = str(ty)
     return (
@@ -163,12 +169,14 @@ class _OpInfo:
 
     __slots__ = ("access_args", "fresh", "name", "op", "resize_args", "single")
 
-    def __init__(self, func):
+    def __init__(self, func: OpOverload) -> None:
         s = func._schema
         self.name = f"{s.name}.{func._overloadname}"
         self.op = s.name  # `aten::addmm`: the op an allocation site names
-        access_args = []  # (positional index or None, name, is_write) of Tensor arguments
-        resize_args = []  # (positional index or None, name) of written args that may get a block
+        # (positional index or None, name, is_write) of Tensor arguments
+        access_args: list[tuple[int | None, str, bool]] = []
+        # (positional index or None, name) of written args that may get a block
+        resize_args: list[tuple[int | None, str]] = []
         for i, a in enumerate(s.arguments):
             if not _is_tensor_type(a.type):
                 continue
@@ -187,13 +195,13 @@ class _OpInfo:
         self.single = len(s.returns) == 1
 
 
-def _arg(args, kwargs, pos, name):
+def _arg(args: Sequence[Any], kwargs: dict[str, Any], pos: int | None, name: str) -> Any:
     if pos is not None and pos < len(args):
         return args[pos]
     return kwargs.get(name)
 
 
-def _device_of(t) -> str | None:
+def _device_of(t: torch.Tensor) -> str | None:
     if t.is_cpu:
         return "cpu"
     if t.is_cuda:
@@ -202,7 +210,7 @@ def _device_of(t) -> str | None:
 
 
 class _Tracker:
-    def __init__(self, nat) -> None:
+    def __init__(self, nat: ModuleType) -> None:
         self.nat = nat
         self.cfg = _Config()
         self.enabled = False
@@ -214,7 +222,7 @@ class _Tracker:
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.reported = False
-        self.ops: dict = {}  # OpOverload -> _OpInfo
+        self.ops: dict[OpOverload, _OpInfo] = {}
         self.op: str | None = None  # the op whose outputs get their MALLOC rows now
         self.free_cb = self._on_storage_dead
         self.E = nat.EVENT_MALLOC, nat.EVENT_FREE, nat.EVENT_ACCESS, nat.EVENT_OP_LAUNCH
@@ -222,12 +230,12 @@ class _Tracker:
         # Memory block watch (frameworks/watch.py): None unless a block or an op range is watched.
         from .watch import WATCH
 
-        self.watch = WATCH.attach(self)
+        self.watch: Watch | None = WATCH.attach(self)
 
     def report(self, exc: BaseException) -> None:
         report_once(self, exc)
 
-    def op_info(self, func) -> _OpInfo:
+    def op_info(self, func: OpOverload) -> _OpInfo:
         info = self.ops.get(func)
         if info is None:
             info = self.ops[func] = _OpInfo(func)
@@ -313,7 +321,7 @@ class _Tracker:
         except Exception as exc:
             self.report(exc)
 
-    def new_storage(self, t) -> _StorageRef | None:
+    def new_storage(self, t: torch.Tensor) -> _StorageRef | None:
         """An op returned ``t`` as a new tensor: a storage not seen before gets a MALLOC."""
         st = t.untyped_storage()
         key = id(st)
@@ -334,7 +342,7 @@ class _Tracker:
     # --- owners ---------------------------------------------------------------------------------
     def set_owner(
         self,
-        t,
+        t: torch.Tensor,
         category: str | None = None,
         label: str | None = None,
         unless_framework: bool = False,
@@ -379,7 +387,7 @@ class _Tracker:
         nat = self.nat
         nat.emit(nat.EVENT_SYSTEM, nat.TYPE_OWNER, owner, ref.device, ref.ptr, attrs, "", False)
 
-    def written_storage(self, t) -> None:
+    def written_storage(self, t: torch.Tensor) -> None:
         """An op that may reallocate wrote ``t``: a tracked storage whose block changed gets a
         FREE of the old block and a MALLOC of the new one."""
         st = t.untyped_storage()
@@ -395,7 +403,9 @@ class _Tracker:
             self._malloc(ref, ptr, size)
 
     # --- access rows ----------------------------------------------------------------------------
-    def oom(self, op_name: str, failure: BaseException, args, kwargs) -> None:
+    def oom(
+        self, op_name: str, failure: BaseException, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
         """An OOM_TRIGGER row for a failed tensor allocation: the op, the requested size, the
         allocator's message. The runtime adds the live blocks when `--analysis=oom` is on."""
         message = (
@@ -426,7 +436,7 @@ class _Tracker:
             True,
         )
 
-    def access(self, name: str, t, write: bool) -> None:
+    def access(self, name: str, t: torch.Tensor, write: bool) -> None:
         if type(t) not in _PLAIN_TENSOR_TYPES:
             return
         dev = _device_of(t)
@@ -444,7 +454,9 @@ class _Tracker:
             False,
         )
 
-    def accesses(self, info: _OpInfo, args, kwargs, out) -> None:
+    def accesses(
+        self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any], out: Any
+    ) -> None:
         name = info.name
         for pos, kw, write in info.access_args:
             a = _arg(args, kwargs, pos, kw)
@@ -458,7 +470,7 @@ class _Tracker:
             self.access(name, t, True)
 
     # --- one op ---------------------------------------------------------------------------------
-    def after(self, info: _OpInfo, args, kwargs, out) -> None:
+    def after(self, info: _OpInfo, args: Sequence[Any], kwargs: dict[str, Any], out: Any) -> None:
         self.op = info.op
         try:
             for pos, kw in info.resize_args:
@@ -497,7 +509,7 @@ def _requested_bytes(message: str) -> int:
     return int(float(m.group(2)) * _UNITS.get(m.group(3), 1))
 
 
-def _fresh_outputs(info: _OpInfo, out):
+def _fresh_outputs(info: _OpInfo, out: Any) -> Sequence[torch.Tensor]:
     """The tensors among ``out`` that the schema says are new."""
     if not info.fresh:
         return ()
@@ -507,7 +519,7 @@ def _fresh_outputs(info: _OpInfo, out):
         if isinstance(out, (list, tuple)):
             return [t for t in out if isinstance(t, _Tensor)]
         return ()
-    found = []
+    found: list[torch.Tensor] = []
     for i in info.fresh:
         o = out[i]
         if isinstance(o, _Tensor):
@@ -517,10 +529,10 @@ def _fresh_outputs(info: _OpInfo, out):
     return found
 
 
-_dtensor_type = None
+_dtensor_type: type | None = None
 
 
-def _dtensor_in(types) -> bool:
+def _dtensor_in(types: Sequence[type]) -> bool:
     """Whether a DTensor takes part in the op (DTensor is looked up once PyTorch loaded it)."""
     global _dtensor_type
     dt = _dtensor_type
@@ -539,17 +551,25 @@ def _cuda_reserved(dev: str) -> int:
         return 0
 
 
-class MemscopeDispatchMode(TorchDispatchMode):
+# torch's TorchDispatchMode.__init_subclass__ is unannotated.
+class MemscopeDispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """msmemscope's process-lifetime dispatch mode; see the module documentation."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, tracker: _Tracker):
-        super().__init__()
+    def __init__(self, tracker: _Tracker) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's __init__ is unannotated
         self.tracker = tracker
-        self.tracing = tracker.nat.tracing
+        self.tracing: Callable[[], bool] = tracker.nat.tracing
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    # `func` is typed as PyTorch's own modes type it; a higher-order operator comes here too.
+    def __torch_dispatch__(
+        self,
+        func: OpOverload,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if kwargs is None:
             kwargs = {}
         tr = self.tracker
@@ -603,10 +623,10 @@ class MemscopeDispatchMode(TorchDispatchMode):
 _install_lock = threading.Lock()
 _tracker: _Tracker | NativeTracker | None = None
 _mode: MemscopeDispatchMode | None = None
-_prev_thread_profile = None
+_prev_thread_profile: ProfileFunction | None = None
 
 
-def _thread_start_hook(frame, event, arg):
+def _thread_start_hook(frame: FrameType, event: str, arg: Any) -> None:
     """``threading.setprofile`` hook: the first profile event of a new thread enters the mode
     there, then hands the thread to the profile function that was registered before us."""
     sys.setprofile(_prev_thread_profile)
@@ -622,7 +642,7 @@ def _thread_start_hook(frame, event, arg):
 def _enter_on_this_thread(mode: MemscopeDispatchMode) -> None:
     if any(m is mode for m in _get_current_dispatch_mode_stack()):
         return
-    mode.__enter__()
+    mode.__enter__()  # type: ignore[no-untyped-call]  # torch's __enter__ is unannotated
     if threading.current_thread() is not threading.main_thread():
         _thread_end.leaver = _LeaveOnThreadEnd(mode)
 
@@ -638,14 +658,15 @@ class _LeaveOnThreadEnd:
     thread still holds the GIL, before its join returns.
     """
 
-    def __init__(self, mode: MemscopeDispatchMode):
+    def __init__(self, mode: MemscopeDispatchMode) -> None:
         self.mode = mode
 
     def __del__(self) -> None:
         try:
             stack = _get_current_dispatch_mode_stack()
             if stack and stack[-1] is self.mode:
-                self.mode.__exit__(None, None, None)
+                # torch's __exit__ is unannotated
+                self.mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         except Exception:  # at thread end nothing may escape (it would print a warning)
             pass
 
@@ -689,7 +710,7 @@ CAPTURE_VARIABLE = "MSMEMSCOPE_TORCH_CAPTURE"
 _CAPTURES = ("native", "python")
 
 
-def _native_tracker_type():
+def _native_tracker_type() -> type[NativeTracker] | tuple[()]:
     module = sys.modules.get(f"{__package__}.native_tracker")
     return module.NativeTracker if module is not None else ()
 
@@ -702,7 +723,7 @@ def _warn(message: str) -> None:
         pass
 
 
-def _make_tracker(nat) -> _Tracker | NativeTracker:
+def _make_tracker(nat: ModuleType) -> _Tracker | NativeTracker:
     """The native capture unless ``MSMEMSCOPE_TORCH_CAPTURE=python`` or it cannot be built here;
     then the dispatch mode, with one warning line naming why."""
     choice = os.environ.get(CAPTURE_VARIABLE, "native").strip().lower() or "native"
@@ -743,14 +764,17 @@ def _leaks_support() -> None:
         if _optimizer_hook is None:
             first: list[int] = []
 
-            def after_optimizer_step(optimizer, args, kwargs) -> None:
+            def after_optimizer_step(
+                optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> None:
                 if not first:
                     first.append(id(optimizer))
                 if first[0] == id(optimizer):
                     try:
                         nat.optimizer_step()
                     except Exception as exc:
-                        report_once(_tracker, exc)
+                        # install() set the tracker before it called _leaks_support.
+                        report_once(cast("Tracker", _tracker), exc)
 
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -811,4 +835,12 @@ def uninstall() -> None:
             threading.setprofile(_prev_thread_profile)
         stack = _get_current_dispatch_mode_stack()
         if stack and stack[-1] is _mode:
-            _mode.__exit__(None, None, None)
+            # torch's __exit__ is unannotated
+            _mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+
+if TYPE_CHECKING:
+
+    def _conforms(t: _Tracker) -> Tracker:
+        """mypy checks here that the fallback offers the :class:`.tracker.Tracker` interface."""
+        return t

@@ -50,7 +50,15 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    import torch
+
+    from .torch_tracker import _OpInfo
+    from .tracker import Tracker
 
 MAX_NAME = 64
 # Change lines printed on stderr at exit; the summary file has up to _MAX_CHANGES.
@@ -64,10 +72,10 @@ class Spec:
 
     __slots__ = ("end", "full_content", "outid", "start")
 
-    def __init__(self, raw: dict):
-        self.start = raw["start"]
-        self.outid = raw.get("outid")
-        self.end = raw["end"]
+    def __init__(self, raw: dict[str, Any]):
+        self.start: str = raw["start"]
+        self.outid: int | None = raw.get("outid")
+        self.end: str = raw["end"]
         self.full_content = bool(raw.get("full_content"))
 
     def text(self) -> str:
@@ -99,8 +107,18 @@ class Block:
     )
 
     def __init__(
-        self, name, outid, device, length, *, storage=None, offset=0, addr=0, dumps=None, user=True
-    ):
+        self,
+        name: str,
+        outid: int,
+        device: str,
+        length: int,
+        *,
+        storage: torch.UntypedStorage | None = None,
+        offset: int = 0,
+        addr: int = 0,
+        dumps: int | None = None,
+        user: bool = True,
+    ) -> None:
         self.user = user  # registered by watcher.watch (not an output of the start op)
         self.name = name
         self.outid = outid
@@ -117,11 +135,11 @@ class Block:
         self.at = addr if storage is None else storage.data_ptr() + offset
         self.dumps_left = dumps  # None: unlimited
         self.dumps = 0
-        self.last = None  # checksum after the last op (None: not read yet)
-        self.last_op = None  # (op, call) of that read
-        self.stopped = None  # why the watch ended (None: still watched)
+        self.last: int | None = None  # checksum after the last op (None: not read yet)
+        self.last_op: tuple[str, int] | None = None  # (op, call) of that read
+        self.stopped: str | None = None  # why the watch ended (None: still watched)
 
-    def locate(self):
+    def locate(self) -> tuple[int, torch.UntypedStorage | None] | None:
         """``(address, storage or None)`` now, or None when the storage is gone or shrank."""
         if self.ref is None:
             return self.addr, None
@@ -143,7 +161,14 @@ class _Change:
 
     __slots__ = ("block", "call", "op", "prev", "writer")
 
-    def __init__(self, block, op, call, writer=None, prev=None):
+    def __init__(
+        self,
+        block: str,
+        op: str,
+        call: int,
+        writer: str | None = None,
+        prev: tuple[str, int] | None = None,
+    ) -> None:
         self.block, self.op, self.call, self.writer, self.prev = block, op, call, writer, prev
 
     @property
@@ -176,15 +201,15 @@ class _Output:
     """``watch_dump/`` in the run directory: the per-device CSV files, the .bin files, the
     summary; counts what it writes."""
 
-    def __init__(self, nat):
+    def __init__(self, nat: ModuleType) -> None:
         self.nat = nat
-        self.dir = None
-        self.failed = None  # why nothing can be written (reported once, in the summary)
-        self.csv = {}  # device id -> open file
+        self.dir: str | None = None
+        self.failed: str | None = None  # why nothing can be written (reported once, in the summary)
+        self.csv: dict[str, TextIO] = {}  # device id -> open file
         self.files = 0
         self.bytes = 0
 
-    def directory(self):
+    def directory(self) -> str | None:
         if self.dir is None and self.failed is None:
             try:
                 path = os.path.join(self.nat.run_dir(), "watch_dump")
@@ -219,7 +244,7 @@ class _Output:
         f.write(line)
         self.bytes += len(line)
 
-    def bin_path(self, tag: str):
+    def bin_path(self, tag: str) -> str | None:
         d = self.directory()
         return None if d is None else os.path.join(d, tag + ".bin")
 
@@ -236,26 +261,28 @@ class _Output:
         self.csv.clear()
 
 
-def _arg(args, kwargs, pos, name):
+def _arg(
+    args: Sequence[object], kwargs: Mapping[str, object], pos: int | None, name: str
+) -> object:
     if pos is not None and pos < len(args):
         return args[pos]
     return kwargs.get(name)
 
 
-def _tensors(value):
+def _tensors(value: object) -> Sequence[torch.Tensor]:
     from torch import Tensor
 
     if isinstance(value, Tensor):
         return (value,)
     if isinstance(value, (list, tuple)):
-        found = []
+        found: list[torch.Tensor] = []
         for v in value:
             found.extend(_tensors(v))
         return found
     return ()
 
 
-def tensor_span(t):
+def tensor_span(t: torch.Tensor) -> tuple[int, int] | None:
     """``(address, bytes)`` from ``t``'s first element to the end of its last one (its own
     elements and the gaps between them), or None for a tensor without memory."""
     try:
@@ -267,7 +294,7 @@ def tensor_span(t):
         return None
 
 
-def _host_copy(storage, offset: int, length: int):
+def _host_copy(storage: torch.UntypedStorage, offset: int, length: int) -> torch.Tensor:
     """The block's bytes as a CPU uint8 tensor (for device memory; waits for the device)."""
     import torch
 
@@ -283,7 +310,7 @@ class Watch:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.local = threading.local()
-        self.tracker: Any = None  # the PyTorch tracker (either capture's), from attach()
+        self.tracker: Tracker | None = None  # the PyTorch tracker (either capture's), from attach()
         self.nat: Any = None  # the runtime's native module, from attach()
         self.spec: Spec | None = None
         self.user_blocks: list[Block] = []
@@ -302,7 +329,7 @@ class Watch:
         self.exit_registered = False
 
     # --- configuration --------------------------------------------------------------------------
-    def attach(self, tracker) -> Watch | None:
+    def attach(self, tracker: Tracker) -> Watch | None:
         """Called from the tracker's constructor: what ``tracker.watch`` starts as."""
         with self.lock:
             self.tracker = tracker
@@ -332,6 +359,11 @@ class Watch:
     def wanted(self) -> bool:
         return self.spec is not None or bool(self.user_blocks)
 
+    def _report(self, exc: BaseException) -> None:
+        """Tells the tracker (which reports once) that watching failed."""
+        if self.tracker is not None:
+            self.tracker.report(exc)
+
     def refresh(self) -> None:
         """Points the tracker at this watch while something is watched, else at nothing (so an
         op costs one attribute load)."""
@@ -357,7 +389,7 @@ class Watch:
             self._start_using()
             self.refresh()
 
-    def find(self, predicate) -> Block | None:
+    def find(self, predicate: Callable[[Block], bool]) -> Block | None:
         """The watched block ``predicate`` accepts; else one that was watched and has stopped
         (freed, dump_nums reached), whose ``stopped`` is set."""
         with self.lock:
@@ -383,7 +415,7 @@ class Watch:
             return [b.name for b in self.user_blocks]
 
     # --- reading a block ------------------------------------------------------------------------
-    def _read(self, block: Block, tag: str):
+    def _read(self, block: Block, tag: str) -> tuple[int, int] | None:
         """Records the block under ``tag`` (a CSV row, or a .bin file with full-content) and
         returns ``(checksum, address)``, or None when the block cannot be read any more (its
         watch then ends)."""
@@ -433,7 +465,7 @@ class Watch:
             self.dropped_changes += 1
 
     # --- around one op --------------------------------------------------------------------------
-    def before(self, info, args, kwargs) -> None:
+    def before(self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
         try:
             with self.lock:
                 self.local.pending = None
@@ -462,9 +494,11 @@ class Watch:
                     self.out.flush()
                 self.local.pending = (op, call, op_part, records)
         except Exception as exc:
-            self.tracker.report(exc)
+            self._report(exc)
 
-    def after(self, info, args, kwargs, out) -> None:
+    def after(
+        self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
+    ) -> None:
         try:
             pending = getattr(self.local, "pending", None)
             if pending is None or pending[0] != info.name:
@@ -500,7 +534,7 @@ class Watch:
                     self.out.flush()
                 self.refresh()
         except Exception as exc:
-            self.tracker.report(exc)
+            self._report(exc)
 
     def _safe_op(self, op: str) -> str:
         safe = self.safe_ops.get(op)
@@ -516,7 +550,7 @@ class Watch:
             if block.dumps_left <= 0:
                 self._drop(block, f"dump_nums={block.dumps} reached")
 
-    def _watch_outputs(self, spec: Spec, op: str, call: int, op_part: str, out) -> None:
+    def _watch_outputs(self, spec: Spec, op: str, call: int, op_part: str, out: object) -> None:
         """With no registered block, the range watches what its start op returned."""
         outputs = list(_tensors(out))
         outid = spec.outid
@@ -613,16 +647,19 @@ class Watch:
                 pass
 
 
-def _similar(name: str, seen) -> str:
+def _similar(name: str, seen: Iterable[str]) -> str:
     """`` (did you mean aten::add.Tensor?)`` for a name that is a prefix of ops that ran."""
     close = sorted(n for n in seen if n.startswith(name + ".") or n.split(".")[0] == name)
     return f" (ops that ran: {', '.join(close[:5])})" if close else ""
 
 
-def _written_arg(info, args, kwargs, addr: int, length: int) -> str | None:
+def _written_arg(
+    info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], addr: int, length: int
+) -> str | None:
     """The name of the first argument the op's schema writes whose memory overlaps
     ``[addr, addr + length)``, or None."""
     end = addr + length
+    name: str  # an argument's name in the schema
     for pos, name, write in info.access_args:
         if not write:
             continue
@@ -633,7 +670,7 @@ def _written_arg(info, args, kwargs, addr: int, length: int) -> str | None:
     return None
 
 
-def _output_block(op: str, index: int, t) -> Block | None:
+def _output_block(op: str, index: int, t: torch.Tensor) -> Block | None:
     """A block over output ``index`` of the start op (its whole span)."""
     if t.device.type not in ("cpu", "cuda"):
         return None

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -108,7 +110,9 @@ class MemoryLimits:
     # before running anything either way, and workers of pytest-xdist report collection errors
     # to the controller (a usage error raised in a worker would end it as a crash).
     @pytest.hookimpl(wrapper=True)
-    def pytest_make_collect_report(self, collector: pytest.Collector):
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
         report = yield
         if not report.passed:
             return report
@@ -153,16 +157,16 @@ class MemoryLimits:
     # the test's. Items that run otherwise (unittest cases, other plugins' items) are tracked
     # around their whole call phase instead.
     @pytest.hookimpl(wrapper=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function):
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
         return (yield from self._tracked(pyfuncitem))
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item):
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
         if _calls_pyfunc(item):
             return (yield)
         return (yield from self._tracked(item))
 
-    def _tracked(self, item: pytest.Item):
+    def _tracked(self, item: pytest.Item) -> Generator[None, object, object]:
         """The body of a call wrapper: the test runs inside its window when it has limits."""
         plan = item.stash.get(_PLAN, None)
         if plan is None:
@@ -188,18 +192,20 @@ class MemoryLimits:
             except Exception as exc:
                 outcome.text = _cannot_check(exc)
 
-    def _judge(self, item: pytest.Item, plan: Plan, token, judge: bool) -> str:
+    def _judge(
+        self, item: pytest.Item, plan: Plan, token: set[Path] | dict[Path, int], judge: bool
+    ) -> str:
         """Closes the test's window and returns the failure text ("" within the limits, or
         when not ``judge``)."""
         # The window closes first: nothing of this plugin's own is allocated inside it.
         if plan.host is not None:
-            host = self.tracking.end_host(token)
+            host = self.tracking.end_host(cast("set[Path]", token))
             if not judge:
                 return ""
             found = host_breach(plan.host, host, self._namer(item))
             breaches, files = ([] if found is None else [found]), host.files
         else:
-            tensors = self.tracking.end_tensor(token)
+            tensors = self.tracking.end_tensor(cast("dict[Path, int]", token))
             if not judge:
                 return ""
             breaches = tensor_breaches(plan.tensor, tensors, self._namer(item))
@@ -216,7 +222,9 @@ class MemoryLimits:
         return SiteNamer(item.path, self.config.rootpath)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item):
+    def pytest_runtest_makereport(
+        self, item: pytest.Item
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if report.when == "setup" and report.skipped and item.stash.get(_HOST_SKIPPED, False):
             # Told at the test, as a skip marker's reason is, not at this plugin's line.

@@ -9,6 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import pytest
 
 __all__ = [
     "HOST_LEAKS",
@@ -176,7 +182,7 @@ class Plan:
         return bool(self.tensor) or self.host is not None
 
 
-def _limit_of(mark, allow_device: bool) -> Limit:
+def _limit_of(mark: pytest.Mark, allow_device: bool) -> Limit:
     """The limit one marker sets; MarkerError (without the test's name) when it is malformed."""
     args, kwargs = list(mark.args), dict(mark.kwargs)
     if "size" in kwargs:
@@ -201,7 +207,7 @@ def _limit_of(mark, allow_device: bool) -> Limit:
     )
 
 
-def plan_for(marks) -> Plan:
+def plan_for(marks: Iterable[pytest.Mark]) -> Plan:
     """The plan of a test from its markers, closest first (as ``item.iter_markers()`` gives
     them): for each (marker, device) the closest one holds. MarkerError names the marker."""
     tensor: dict[tuple[str, DeviceSelector], Limit] = {}

@@ -21,6 +21,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import msmemscope
 
@@ -50,7 +51,7 @@ class HostResult:
 
     unfreed_bytes: int
     unfreed_blocks: int
-    sites: list[dict]
+    sites: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -83,7 +84,7 @@ class Tracking:
 
     def config_text(self) -> str:
         """The configuration in force (the window's), as the run's ``config.json`` holds it."""
-        return _runtime().current_config()
+        return cast(str, _runtime().current_config())
 
     def close(self) -> None:
         """Removes the run's directory (pytest is ending; nothing is recorded any more)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .limits import HOST_LEAKS, LEAKS, MEMORY, Limit, format_bytes
 from .tracking import HostResult, TensorResult
@@ -45,7 +46,7 @@ def tensor_breaches(
     return breaches
 
 
-def _host_site_name(site: dict, namer: SiteNamer) -> str:
+def _host_site_name(site: dict[str, Any], namer: SiteNamer) -> str:
     python = site.get("python_frames") or []
     if python:
         return namer.name(python)

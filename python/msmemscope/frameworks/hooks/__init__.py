@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from . import _lazy
 from ._patch import ORIGINAL_ATTR, Patcher
@@ -66,7 +68,8 @@ class _Applied:
 _lock = threading.RLock()
 _applied: list[_Applied] = []  # in the order applied (wrappers stack in this order)
 _auto_on = False
-_auto_callbacks: dict[tuple[str, str], object] = {}  # key -> its callback in the watcher
+# key -> its callback in the watcher
+_auto_callbacks: dict[tuple[str, str], Callable[[], None]] = {}
 _manual_decompose: set[tuple[str, str]] = set()  # keys the automatic hooks give way to
 _armed: dict[tuple[str, str], Patcher] = {}  # key -> its first-use entry-point patches
 _activations = 0
@@ -221,8 +224,8 @@ def _arm(key: tuple[str, str], spec: HookSpec) -> Patcher:
     """Patches ``spec``'s entry points so that their first call activates the hook (before the
     call proceeds, so the object being built is covered)."""
 
-    def on_first_call(original):
-        def wrapper(*args, **kwargs):
+    def on_first_call(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if key in _armed:
                 _activate(key, first_use=True)
             return original(*args, **kwargs)
@@ -258,7 +261,7 @@ def auto_register() -> None:
             keys.setdefault(spec.key, spec.trigger)
         for key, trigger in keys.items():
 
-            def callback(key=key):
+            def callback(key: tuple[str, str] = key) -> None:
                 _activate(key)
 
             _auto_callbacks[key] = callback

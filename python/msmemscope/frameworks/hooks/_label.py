@@ -7,18 +7,24 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 _open = threading.local()  # .stack: (category, context manager) opened by `enter`, per thread
 _reported = False
 
 
-def _owners():
+def _owners() -> ModuleType | None:
     """The owners module once the PyTorch tracker can use it, else ``None`` (hooks then only
     pass through)."""
     return sys.modules.get("msmemscope.frameworks.owners") or _import_owners()
 
 
-def _import_owners():
+def _import_owners() -> ModuleType | None:
     if "torch" not in sys.modules:
         return None
     try:
@@ -42,19 +48,20 @@ def report(exc: BaseException) -> None:
         pass
 
 
-def scope(category: str):
+def scope(category: str) -> contextlib.AbstractContextManager[object]:
     """A context manager: tensors allocated inside on this thread get ``category``."""
     owners = _owners()
     if owners is None:
         return contextlib.nullcontext()
     try:
-        return owners.scope(category)
+        cm: contextlib.AbstractContextManager[object] = owners.scope(category)
+        return cm
     except Exception as exc:
         report(exc)
         return contextlib.nullcontext()
 
 
-def plain(tensor):
+def plain(tensor: object) -> torch.Tensor | None:
     """The plain tensor holding ``tensor``'s memory: a DTensor's local shard, a Parameter
     subclass's data (the tracker follows plain tensors and Parameters only)."""
     import torch
@@ -71,7 +78,7 @@ def plain(tensor):
     return tensor
 
 
-def relabel(tensor, category: str) -> None:
+def relabel(tensor: object, category: str) -> None:
     """Gives ``tensor``'s storage ``category`` (no-op for ``None`` and storage-less tensors)."""
     owners = _owners()
     if owners is None:
@@ -116,7 +123,7 @@ def open_regions() -> list[str]:
     return [c for c, _ in getattr(_open, "stack", None) or ()]
 
 
-def resized(tensor) -> None:
+def resized(tensor: object) -> None:
     """``tensor``'s storage was resized outside PyTorch's dispatcher (FSDP frees and re-allocates
     unsharded parameters with ``storage.resize_``, which no dispatch mode sees): the tracker
     writes the FREE of the old block and the MALLOC of the new one, keeping the owner."""
@@ -131,10 +138,10 @@ def resized(tensor) -> None:
         report(exc)
 
 
-def after_resize(original):
+def after_resize(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrapper maker for a framework's ``alloc_storage(tensor)``/``free_storage(tensor)``."""
 
-    def wrapper(tensor, *args, **kwargs):
+    def wrapper(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(tensor, *args, **kwargs)
         resized(tensor)
         return out

@@ -7,23 +7,36 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _label
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 
 class _Watcher:
     def __init__(self) -> None:
-        self.callbacks: dict[str, list] = {}  # module name -> callbacks still to run
+        # module name -> callbacks still to run
+        self.callbacks: dict[str, list[Callable[[], object]]] = {}
         self.lock = threading.RLock()
         self.searching = threading.local()
 
     # --- the finder protocol -------------------------------------------------------------------
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None = None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
         if fullname not in self.callbacks or getattr(self.searching, "on", False):
             return None
         self.searching.on = True
         try:
-            spec = None
+            spec: ModuleSpec | None = None
             for finder in list(sys.meta_path):
                 find = getattr(finder, "find_spec", None)
                 if finder is self or find is None:
@@ -43,12 +56,14 @@ class _Watcher:
                 _label.report(exc)
         return spec
 
-    def _wrap_loader(self, spec, fullname: str) -> None:
-        loader = spec.loader
+    def _wrap_loader(self, spec: ModuleSpec, fullname: str) -> None:
+        # Any: whatever loader the other finders return; its exec_module is replaced on the
+        # instance (a method assignment mypy would refuse on importlib.abc.Loader).
+        loader: Any = spec.loader
         original = loader.exec_module
         watcher = self
 
-        def exec_module(module):
+        def exec_module(module: ModuleType) -> None:
             try:
                 original(module)
             finally:
@@ -64,7 +79,8 @@ class _Watcher:
         try:
             loader.exec_module = exec_module
         except (AttributeError, TypeError):
-            spec.loader = _LoaderProxy(loader, exec_module)
+            # The proxy stands for the loader (duck-typed, not an importlib.abc.Loader subclass).
+            spec.loader = cast("Loader", _LoaderProxy(loader, exec_module))
 
     # --- registration --------------------------------------------------------------------------
     def fire(self, name: str) -> None:
@@ -77,7 +93,7 @@ class _Watcher:
             except Exception as exc:
                 _label.report(exc)
 
-    def watch(self, name: str, callback) -> None:
+    def watch(self, name: str, callback: Callable[[], object]) -> None:
         """Runs ``callback()`` once ``name`` is imported (now, if it already is)."""
         if name in sys.modules:
             callback()
@@ -86,7 +102,7 @@ class _Watcher:
             self.callbacks.setdefault(name, []).append(callback)
             self._update_meta_path()
 
-    def unwatch(self, callback) -> None:
+    def unwatch(self, callback: Callable[[], object]) -> None:
         with self.lock:
             for name in list(self.callbacks):
                 left = [c for c in self.callbacks[name] if c is not callback]
@@ -110,14 +126,14 @@ class _Watcher:
 class _LoaderProxy:
     """Stands for a loader that takes no instance attributes."""
 
-    def __init__(self, loader, exec_module):
+    def __init__(self, loader: Loader, exec_module: Callable[[ModuleType], None]) -> None:
         self._loader = loader
         self.exec_module = exec_module
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 

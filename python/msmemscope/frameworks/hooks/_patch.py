@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+from collections.abc import Callable
+from typing import Any
 
 # The attribute a wrapper carries pointing at the function it wraps (for tests and debugging).
 ORIGINAL_ATTR = "__msmemscope_original__"
@@ -28,7 +30,12 @@ class Patcher:
         """(owner, name, original ``__dict__`` entry or ``None`` when inherited) of each patch."""
         return [(o, n, None if v is _MISSING else v) for o, n, v in self._saved]
 
-    def wrap(self, owner, name: str, make_wrapper) -> None:
+    def wrap(
+        self,
+        owner: object,
+        name: str,
+        make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]],
+    ) -> None:
         """Replaces ``owner.name`` with ``make_wrapper(original)`` (a function taking the same
         arguments). A missing attribute is an error naming it: the framework version does not
         have the function this hook was written for."""
@@ -64,7 +71,7 @@ class Patcher:
                 setattr(owner, name, own)
 
 
-def _qualname(owner) -> str:
+def _qualname(owner: object) -> str:
     module = getattr(owner, "__module__", None)
     qualname = getattr(owner, "__qualname__", None)
     if qualname:

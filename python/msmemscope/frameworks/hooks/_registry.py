@@ -7,8 +7,12 @@ import importlib.metadata
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._versions import VersionKey, release
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 DECOMPOSE = "decompose"
 SNAPSHOT = "snapshot"
@@ -35,9 +39,10 @@ class HookSpec:
         """Hooks with one key patch the same functions: at most one is active."""
         return (self.framework, self.component.lower())
 
-    def installer(self) -> Callable:
+    def installer(self) -> Callable[[Patcher], None]:
         mod = importlib.import_module(f"{__package__}.{self.module}")
-        return getattr(mod, self.function)
+        install: Callable[[Patcher], None] = getattr(mod, self.function)
+        return install
 
     def covers(self, version: str) -> bool:
         """Whether the user's ``version`` is this key itself or a release inside it."""
@@ -158,7 +163,7 @@ def installed_version(spec: HookSpec) -> str | None:
         return None
 
 
-def lookup(framework, version, component, kind) -> HookSpec:
+def lookup(framework: str, version: str, component: str, kind: str) -> HookSpec:
     """The spec for a user's ``init_framework_hooks`` arguments; ``TypeError``/``ValueError``
     naming what is wrong and what is supported otherwise."""
     for name, value in (

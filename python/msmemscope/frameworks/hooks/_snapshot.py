@@ -9,6 +9,9 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 from . import _label
 
@@ -17,7 +20,7 @@ _counter = itertools.count(1)
 _history_started = False
 
 
-def _cuda_ready():
+def _cuda_ready() -> ModuleType | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -98,15 +101,17 @@ def take(name: str, with_pickle: bool = True) -> None:
         _label.report(exc)
 
 
-def around(point: str, pickle_calls: int | None = None):
+def around(
+    point: str, pickle_calls: int | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wrapper maker: snapshots ``{point}@before`` and ``{point}@after`` around a call (an
     exception is ``{point}@error``). Nested calls of the same point on one thread (a chained
     optimizer stepping its parts) take no snapshots of their own. ``pickle_calls``: how many
     calls also write CUDA pickles (``None``: all)."""
     calls = itertools.count(1)
 
-    def make(original):
-        def wrapper(*args, **kwargs):
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             points = getattr(_inside, "points", None)
             if points is None:
                 points = _inside.points = set()

@@ -23,7 +23,14 @@ FREE and a MALLOC of the same owner.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
 from . import _label
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 PREFIX = "fsdp1"
 SHARDED_WEIGHT = f"{PREFIX}@sharded_weight"
@@ -36,7 +43,7 @@ ACTIVATION = f"{PREFIX}@activation"
 TRIGGER = "torch.distributed.fsdp.fully_sharded_data_parallel"
 
 
-def _modules():
+def _modules() -> tuple[ModuleType, ModuleType, ModuleType]:
     from torch.distributed.fsdp import _flat_param, _runtime_utils, fully_sharded_data_parallel
 
     return _flat_param, _runtime_utils, fully_sharded_data_parallel
@@ -47,21 +54,21 @@ def _modules():
 # never replaces a framework category (owners._relabel_quietly), so these names stay.
 
 
-def _label_padded(flat_param) -> None:
+def _label_padded(flat_param: Any) -> None:
     for name in ("_full_param_padded", "_full_prec_full_param_padded"):
         _label.relabel(getattr(flat_param, name, None), UNSHARDED_WEIGHT)
     _label.relabel(getattr(flat_param, "_mp_shard", None), ALL_GATHER)
 
 
-def install(patcher) -> None:
+def install(patcher: Patcher) -> None:
     flat_module, runtime_module, fsdp_module = _modules()
     handle_cls = flat_module.FlatParamHandle
 
     patcher.wrap(flat_module, "_alloc_storage", _label.after_resize)
     patcher.wrap(flat_module, "_free_storage", _label.after_resize)
 
-    def shard(original):
-        def wrapper(self, *args, **kwargs):
+    def shard(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             # The full flat parameter's storage is resized to 0 inside: keep a plain alias to
             # report that FREE.
             before = _label.plain(self.flat_param)
@@ -77,8 +84,8 @@ def install(patcher) -> None:
 
     patcher.wrap(handle_cls, "shard", shard)
 
-    def init_attributes(original):
-        def wrapper(self, *args, **kwargs):
+    def init_attributes(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(UNSHARDED_WEIGHT):
                 out = original(self, *args, **kwargs)
             _label_padded(self.flat_param)
@@ -88,8 +95,8 @@ def install(patcher) -> None:
 
     patcher.wrap(handle_cls, "init_flat_param_attributes", init_attributes)
 
-    def unshard(original):
-        def wrapper(self, *args, **kwargs):
+    def unshard(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(ALL_GATHER):
                 out = original(self, *args, **kwargs)
             _label_padded(self.flat_param)
@@ -99,8 +106,8 @@ def install(patcher) -> None:
 
     patcher.wrap(handle_cls, "unshard", unshard)
 
-    def reduce_grad(original):
-        def wrapper(state, handle, *args, **kwargs):
+    def reduce_grad(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(state: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
             flat_param = handle.flat_param
             _label.relabel(flat_param.grad, GRADIENT)
             with _label.scope(REDUCE_SCATTER):
@@ -113,8 +120,8 @@ def install(patcher) -> None:
 
     patcher.wrap(runtime_module, "_reduce_grad", reduce_grad)
 
-    def forward(original):
-        def wrapper(self, *args, **kwargs):
+    def forward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(ACTIVATION):
                 return original(self, *args, **kwargs)
 

@@ -27,7 +27,14 @@ unshard).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
 from . import _label
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 PREFIX = "fsdp2"
 SHARDED_WEIGHT = f"{PREFIX}@sharded_weight"
@@ -40,24 +47,24 @@ ACTIVATION = f"{PREFIX}@activation"
 TRIGGER = "torch.distributed.fsdp._fully_shard"
 
 
-def _modules():
+def _modules() -> tuple[ModuleType, ModuleType]:
     from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
 
     return _fsdp_param, _fsdp_param_group
 
 
-def _label_sharded(fsdp_param) -> None:
+def _label_sharded(fsdp_param: Any) -> None:
     _label.relabel(getattr(fsdp_param, "_sharded_param_data", None), SHARDED_WEIGHT)
 
 
-def _label_unsharded(group) -> None:
+def _label_unsharded(group: Any) -> None:
     for fsdp_param in group.fsdp_params:
         _label_sharded(fsdp_param)
         for t in getattr(fsdp_param, "all_gather_outputs", None) or ():
             _label.relabel(t, UNSHARDED_WEIGHT)
 
 
-def _label_grads(group, sharded: bool) -> None:
+def _label_grads(group: Any, sharded: bool) -> None:
     for fsdp_param in group.fsdp_params:
         if sharded:
             param = getattr(fsdp_param, "sharded_param", None)
@@ -67,7 +74,7 @@ def _label_grads(group, sharded: bool) -> None:
             _label.relabel(param.grad, GRADIENT)
 
 
-def install(patcher) -> None:
+def install(patcher: Patcher) -> None:
     param_module, group_module = _modules()
     fsdp_param_cls = param_module.FSDPParam
     group_cls = group_module.FSDPParamGroup
@@ -78,8 +85,8 @@ def install(patcher) -> None:
     if "alloc_storage" in vars(group_module):
         patcher.wrap(group_module, "alloc_storage", _label.after_resize)
 
-    def sharded_init(original):
-        def wrapper(self, *args, **kwargs):
+    def sharded_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(SHARDED_WEIGHT):
                 out = original(self, *args, **kwargs)
             _label_sharded(self)
@@ -90,8 +97,8 @@ def install(patcher) -> None:
     patcher.wrap(fsdp_param_cls, "_init_sharded_param", sharded_init)
     patcher.wrap(fsdp_param_cls, "reset_sharded_param", sharded_init)
 
-    def all_gather_outputs(original):
-        def wrapper(self, *args, **kwargs):
+    def all_gather_outputs(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(UNSHARDED_WEIGHT):
                 return original(self, *args, **kwargs)
 
@@ -99,8 +106,8 @@ def install(patcher) -> None:
 
     patcher.wrap(fsdp_param_cls, "init_all_gather_outputs", all_gather_outputs)
 
-    def unshard(original):
-        def wrapper(self, *args, **kwargs):
+    def unshard(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(ALL_GATHER):
                 return original(self, *args, **kwargs)
 
@@ -108,8 +115,8 @@ def install(patcher) -> None:
 
     patcher.wrap(group_cls, "unshard", unshard)
 
-    def wait_for_unshard(original):
-        def wrapper(self, *args, **kwargs):
+    def wait_for_unshard(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             with _label.scope(UNSHARDED_WEIGHT):
                 out = original(self, *args, **kwargs)
             _label_unsharded(self)
@@ -119,16 +126,16 @@ def install(patcher) -> None:
 
     patcher.wrap(group_cls, "wait_for_unshard", wait_for_unshard)
 
-    def pre_forward(original):
-        def wrapper(self, *args, **kwargs):
+    def pre_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             out = original(self, *args, **kwargs)
             _label.enter(ACTIVATION)
             return out
 
         return wrapper
 
-    def post_forward(original):
-        def wrapper(self, *args, **kwargs):
+    def post_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             _label.leave(ACTIVATION)
             return original(self, *args, **kwargs)
 
@@ -137,8 +144,8 @@ def install(patcher) -> None:
     patcher.wrap(group_cls, "pre_forward", pre_forward)
     patcher.wrap(group_cls, "post_forward", post_forward)
 
-    def post_backward(original):
-        def wrapper(self, *args, **kwargs):
+    def post_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             _label_grads(self, sharded=False)
             with _label.scope(REDUCE_SCATTER):
                 out = original(self, *args, **kwargs)

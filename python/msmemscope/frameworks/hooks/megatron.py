@@ -12,8 +12,12 @@ rows ``megatron@forward_backward@before``/``@after`` and ``megatron@optimizer_st
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from . import _snapshot
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 TRIGGER = "megatron.core"
 
@@ -24,7 +28,7 @@ SCHEDULES = (
 )
 
 
-def install_snapshot(patcher) -> None:
+def install_snapshot(patcher: Patcher) -> None:
     from megatron.core.optimizer import optimizer as opt_module
     from megatron.core.pipeline_parallel import schedules
 

@@ -10,7 +10,12 @@ phases write pickles for their first call only).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _snapshot
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 TRIGGER = "verl.trainer.ppo.ray_trainer"
 
@@ -26,7 +31,7 @@ PHASES = (
 )
 
 
-def install_snapshot(patcher) -> None:
+def install_snapshot(patcher: Patcher) -> None:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     for method, phase, pickles in PHASES:

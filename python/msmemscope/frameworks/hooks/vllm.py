@@ -15,7 +15,13 @@ decompose: tensors allocated inside each method get its category. snapshot: SNAP
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from . import _label, _snapshot
+
+if TYPE_CHECKING:
+    from ._patch import Patcher
 
 TRIGGER = "vllm.v1.worker.gpu_worker"
 
@@ -27,15 +33,15 @@ PHASES = (
 )
 
 
-def _worker_cls():
+def _worker_cls() -> Any:
     from vllm.v1.worker.gpu_worker import Worker
 
     return Worker
 
 
-def _in_scope(category: str):
-    def make(original):
-        def wrapper(*args, **kwargs):
+def _in_scope(category: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             with _label.scope(category):
                 return original(*args, **kwargs)
 
@@ -44,13 +50,13 @@ def _in_scope(category: str):
     return make
 
 
-def install_decompose(patcher) -> None:
+def install_decompose(patcher: Patcher) -> None:
     worker = _worker_cls()
     for method, phase in PHASES:
         patcher.wrap(worker, method, _in_scope(f"vllm@{phase}"))
 
 
-def install_snapshot(patcher) -> None:
+def install_snapshot(patcher: Patcher) -> None:
     worker = _worker_cls()
     for method, phase in PHASES:
         pickles = 1 if method == "execute_model" else None
