@@ -190,7 +190,7 @@ def worker(workload: str, mode: str, steps: int, warmup: int) -> None:
             one_step()
         dt = time.perf_counter() - t0
         w1 = time.time_ns()
-    tracker_module = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker_module = sys.modules.get("msmemscope.capture.torch_tracker")
     capture = getattr(tracker_module, "capture", lambda: None)() if tracker_module else None
     print(f"STEPS_PER_S {steps / dt:.4f}", flush=True)
     print(f"WINDOW_NS {w0} {w1}", flush=True)

@@ -65,5 +65,5 @@ $VPY -c "import msmemscope" || { say "import msmemscope failed" >&2; exit 1; }
 # The native PyTorch capture, compiled against the venv's torch and cached (~/.cache/msmemscope):
 # the first traced program would otherwise build it.
 say "native PyTorch capture"
-$VPY -m msmemscope.frameworks.native_build >/dev/null
+$VPY -m msmemscope.capture.native_build >/dev/null
 say "ready: .venv/bin/python -c 'import msmemscope'"

@@ -11,6 +11,20 @@ Drive a run from Python with the seed's API::
 Configuration values are strings, spelled as on the command line (``events="alloc,free"``,
 ``call_stack="python:20"``); a bad key or value raises ``ValueError`` (``TypeError`` for a
 value that is not a string) naming the key and the accepted values.
+
+The package in layers, each importing only the ones below it (ARCHITECTURE.md):
+
+- the public modules: this file, ``analyzers``, ``mstx``, ``describe``, ``holders``,
+  ``sanitizer``, ``watcher`` (the public name of ``watch.watcher``), ``pytest_plugin/``;
+- ``frameworks/``: patches of third-party frameworks (FSDP, vLLM, Megatron-Core, verl);
+- ``watch/`` (the memory block watch) and ``snapshot/`` (SNAPSHOT rows, CUDA pickles);
+- ``capture/``: the PyTorch trackers (native capture, dispatch-mode fallback), owners, sites;
+- the bottom: ``_native`` (the extension), ``_runtime``, ``_paths``, ``_import_hook`` (the
+  post-import hook, shared with ``_autostart/sitecustomize.py``, the launcher's start-up file).
+
+Where a lower layer must call a higher one, the higher one is plugged in here, at the end of
+this file: the capture calls the watch, the frameworks' decompose hooks and the holder search
+through ``capture/extensions.py``.
 """
 
 from __future__ import annotations
@@ -29,9 +43,10 @@ from .analyzers import (
     get_analyzer_config,
     list_analyzers,
 )
-from .frameworks import watch as _watch
+from .capture import extensions as _capture_extensions
 from .sanitizer import enable_npu_sanitizer, enable_sanitizer
 from .snapshot import take_snapshot
+from .watch import state as _watch
 
 __all__ = [
     "analyze",
@@ -67,7 +82,7 @@ def config(**kw: str) -> None:
     nat = _native_runtime()
     updated = nat.validate_config(nat.current_config(), **kw)
     applied = nat.configure(updated)
-    tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = sys.modules.get("msmemscope.capture.torch_tracker")
     if applied and tracker is not None:
         tracker.reload_config()
     if applied:  # the watch range and mode follow config(watch=...)
@@ -94,7 +109,7 @@ def start() -> None:
         nat.track_python_objects()
     if "host-leaks" not in analyses and "torch" in sys.modules:
         # Tracing from Python: PyTorch ops and tensors are recorded from here on.
-        from .frameworks import torch_tracker
+        from .capture import torch_tracker
 
         torch_tracker.install()
 
@@ -135,3 +150,30 @@ def cleanup_framework_hooks() -> None:
     from .frameworks import hooks
 
     hooks.cleanup_framework_hooks()
+
+
+# --- the layers above the capture, plugged into it (msmemscope.capture.extensions) ---------------
+# Set here, as `import msmemscope` runs, so before any tracker exists: importing a module of
+# msmemscope.capture imports this package first. The capture never imports these layers itself.
+def _framework_decompose_hooks(decompose: bool) -> None:
+    """The frameworks' decompose hooks (FSDP, vLLM...), registered lazily: each activates only
+    once its framework is imported."""
+    try:
+        from .frameworks import hooks
+    except ImportError:
+        return
+    toggle = getattr(hooks, "auto_register" if decompose else "auto_unregister", None)
+    if toggle is not None:
+        toggle()
+
+
+def _search_holders_at_exit() -> None:
+    """The holders of leaked tensors, searched for once at exit (msmemscope.holders)."""
+    from . import holders
+
+    holders.search_at_exit()
+
+
+_capture_extensions.attach_watch = _watch.WATCH.attach
+_capture_extensions.framework_decompose_hooks = _framework_decompose_hooks
+_capture_extensions.leaks_at_exit = _search_holders_at_exit

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import torch
 
-from .frameworks import owners
+from .capture import owners
 
 __all__ = ["describer"]
 

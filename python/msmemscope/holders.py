@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .frameworks.sites import is_user_file
+from .capture.sites import is_user_file
 
 if TYPE_CHECKING:
     import torch
@@ -287,8 +287,8 @@ def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:
     import torch
 
     from ._runtime import native
-    from .frameworks import sites
-    from .frameworks.torch_tracker import _SKIP_DIRS
+    from .capture import sites
+    from .capture.torch_tracker import _SKIP_DIRS
 
     nat = native()
     if not nat.tracing():

@@ -12,12 +12,12 @@ from conftest import AUTOSTART, PACKAGE, clean_env, ok, run_python
 # the tracker module is looked up in sys.modules first.
 FAKE_TRACKER = """
 import sys, types
-tracker = types.ModuleType("msmemscope.frameworks.torch_tracker")
+tracker = types.ModuleType("msmemscope.capture.torch_tracker")
 def install():
     torch = sys.modules["torch"]
     print("install: torch fully imported =", getattr(torch, "DONE", True), flush=True)
 tracker.install = install
-sys.modules["msmemscope.frameworks.torch_tracker"] = tracker
+sys.modules["msmemscope.capture.torch_tracker"] = tracker
 """
 
 
@@ -78,11 +78,11 @@ import torch
 def test_tracker_failure_is_reported_once_and_the_program_goes_on(tmp_path: Path) -> None:
     code = """
 import sys, types
-tracker = types.ModuleType("msmemscope.frameworks.torch_tracker")
+tracker = types.ModuleType("msmemscope.capture.torch_tracker")
 def install():
     raise RuntimeError("tracker broke")
 tracker.install = install
-sys.modules["msmemscope.frameworks.torch_tracker"] = tracker
+sys.modules["msmemscope.capture.torch_tracker"] = tracker
 import torch
 print("still running")
 """

@@ -301,16 +301,16 @@ def test_automatic_hooks_activate_only_when_their_framework_is_used():
     code = textwrap.dedent(NAMESPACES) + textwrap.dedent(
         """
         import socket
-        from msmemscope.frameworks.hooks import _lazy
+        from msmemscope.frameworks.hooks import _post_import
         before_all = namespaces(("torch",))
         hooks.auto_register()
         hooks.auto_register()  # idempotent
-        assert _lazy.watcher in sys.meta_path
+        assert _post_import in sys.meta_path
         import torch
         import torch.distributed as dist
         from torch import nn
         assert "torch.distributed.fsdp" not in sys.modules
-        print("WAITING", sorted(_lazy.watcher.callbacks))
+        print("WAITING", sorted(_post_import.callbacks))
         # PyTorch imports FSDP by itself (an optimizer step does): that only arms the hooks.
         model = nn.Linear(4, 4)
         opt = torch.optim.Adam(model.parameters())
@@ -328,10 +328,10 @@ def test_automatic_hooks_activate_only_when_their_framework_is_used():
         print("USED", hooks.activation_count(), active, hooks.armed())
         from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
         assert hasattr(FSDPParamGroup.unshard, ORIGINAL_ATTR)
-        print("WAITING", sorted(_lazy.watcher.callbacks))
+        print("WAITING", sorted(_post_import.callbacks))
         hooks.auto_unregister()
         assert not hooks.active_hooks() and not hooks.armed()
-        assert _lazy.watcher not in sys.meta_path
+        assert _post_import not in sys.meta_path
         assert not [k for k in changed(before_all) if "fsdp" in k.lower()], changed(before_all)
         assert not hasattr(FSDPParamGroup.unshard, ORIGINAL_ATTR)
         dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""The native PyTorch capture (python/msmemscope/frameworks/native/): real models and real
+"""The native PyTorch capture (python/msmemscope/capture/native/): real models and real
 programs on CPU, checked against independent counts — an LD_PRELOAD counter of c10's
 allocations, torch.profiler, Dynamo's own graph counter."""
 
@@ -256,7 +256,7 @@ def test_the_users_torch_profiler_still_works(tmp_path: Path) -> None:
 
 WHICH_CAPTURE = """
 import torch
-from msmemscope.frameworks import torch_tracker
+from msmemscope.capture import torch_tracker
 x = torch.ones(10)
 print(torch_tracker.capture())
 """
@@ -307,7 +307,7 @@ def test_the_library_builds_into_a_fresh_cache(tmp_path: Path) -> None:
     """What a user's first run does: compile against the torch it imports, once."""
     cache = tmp_path / "cache"
     env = clean_env(MSMEMSCOPE_CACHE_DIR=str(cache))
-    cmd = [sys.executable, "-m", "msmemscope.frameworks.native_build"]
+    cmd = [sys.executable, "-m", "msmemscope.capture.native_build"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     path = Path(ok(first).strip())
     assert path.is_file() and cache in path.parents

@@ -244,7 +244,7 @@ def test_unmarked_probe():
     KEPT.append(torch.empty(1_000_000, dtype=torch.float32))
     from msmemscope import _native
 
-    tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = sys.modules.get("msmemscope.capture.torch_tracker")
     state = {
         "runtime_loaded": _native.runtime_loaded(),
         "tracing": _native.runtime_loaded() and _native.tracing(),

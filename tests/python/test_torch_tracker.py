@@ -1,4 +1,4 @@
-"""The PyTorch tracker (python/msmemscope/frameworks/torch_tracker.py) end to end: real torch on
+"""The PyTorch tracker (python/msmemscope/capture/torch_tracker.py) end to end: real torch on
 CPU, programs run under the CLI as subprocesses, assertions on the dump they leave."""
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def test_install_in_process_and_errors_never_reach_the_program(tmp_path: Path) -
     import torch
     import msmemscope
     from msmemscope import _native
-    from msmemscope.frameworks import torch_tracker
+    from msmemscope.capture import torch_tracker
 
     msmemscope.config(output_path={str(tmp_path / "out")!r}, analysis="none")
     msmemscope.start()

@@ -448,7 +448,7 @@ def test_freed_storage_ends_the_watch_and_untracked_memory_is_read_checked(tmp_p
 @needs_torch
 def test_device_blocks_are_copied_to_the_host_byte_for_byte():
     # The CUDA path's copy, run on a CPU storage: the same bytes from the same offset.
-    from msmemscope.frameworks.watch import _host_copy
+    from msmemscope.watch.state import _host_copy
 
     t = torch.arange(16, dtype=torch.float32)
     host = _host_copy(t.untyped_storage(), 8, 20)

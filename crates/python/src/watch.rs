@@ -1,6 +1,6 @@
 //! The memory block watch's native half: checksums and byte dumps of a block of this process's
 //! memory, read where it lies (no copy into Python objects), and the run directory the dumps
-//! go to. `frameworks/watch.py` decides which blocks and when.
+//! go to. `watch/state.py` decides which blocks and when.
 //!
 //! Two ways to read a block:
 //! - in place (`watch_crc64`, `watch_dump_bytes(checked=False)`): for blocks inside a tensor
@@ -77,7 +77,7 @@ fn read_checked(
 /// memory that stays allocated during the call (a live tensor storage it holds).
 #[pyfunction]
 fn watch_crc64(addr: usize, length: usize) -> u64 {
-    // SAFETY: the caller's contract above (frameworks/watch.py only passes ranges inside a
+    // SAFETY: the caller's contract above (watch/state.py only passes ranges inside a
     // storage it holds a reference to, and checks the storage still holds them).
     crc64(unsafe { in_place(addr, length) })
 }

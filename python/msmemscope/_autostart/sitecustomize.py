@@ -5,9 +5,10 @@ The launcher puts this directory (and, in a source tree, the directory holding t
 file at start-up. It:
 
 1. installs a lazy import hook: once ``torch`` has been fully imported, it calls
-   ``msmemscope.frameworks.torch_tracker.install()``. Until then it costs one string comparison
+   ``msmemscope.capture.torch_tracker.install()``. Until then it costs one dictionary lookup
    per first import of a module; a program that never imports torch never imports msmemscope
-   nor torch because of it;
+   nor torch because of it. The hook is the package's own (``msmemscope/_import_hook.py``,
+   which the frameworks' hooks use too), loaded by its path, not imported from the package;
    in a host-leak run (``MSMEMSCOPE_PYTHON_OBJECTS`` set) it instead asks the preloaded runtime
    to wrap CPython's own allocators (``msmemscope_track_python_objects``, through ctypes'
    ``PyDLL`` so that the GIL stays held), so that Python objects are accounted too;
@@ -26,11 +27,10 @@ import sys
 # that type checkers treat as true (as typing.TYPE_CHECKING).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from importlib.abc import Loader
     from importlib.machinery import ModuleSpec
     from types import ModuleType
-    from typing import Any
+
+    from msmemscope._import_hook import PostImportHook
 
 _reported = False
 
@@ -61,103 +61,43 @@ def _make_package_importable() -> None:
 
 def _on_torch_imported() -> None:
     """Turns the PyTorch tracker on, once, right after ``import torch`` completed."""
-    _remove_hook()
     try:
         _make_package_importable()
-        from msmemscope.frameworks import torch_tracker
+        from msmemscope.capture import torch_tracker
 
         torch_tracker.install()
     except Exception as exc:
         _report("PyTorch tracking is off", exc)
 
 
-class _TorchImportHook:
-    """A ``sys.meta_path`` finder that finds nothing itself: for ``torch`` it asks the finders
-    after it, and wraps the found loader so that :func:`_on_torch_imported` runs after the
-    module's code."""
+def _load_import_hook() -> "ModuleType":
+    """The package's ``_import_hook.py``, the import hook the frameworks' hooks use too, loaded
+    by its path from the package directory this one is in, without importing ``msmemscope``
+    (its ``__init__`` loads the extension; a program that never imports torch must not load
+    it), as the module ``_msmemscope_import_hook``. The package's own import of the file, if
+    the program later uses msmemscope, is another module object with finders of its own."""
+    # importlib.util (what importlib.util.spec_from_file_location needs) is not imported at
+    # start-up; importlib.machinery is (_chain below imports it anyway).
+    from importlib.machinery import ModuleSpec, SourceFileLoader
 
-    def __init__(self) -> None:
-        self._searching = False
-
-    def find_spec(
-        self,
-        fullname: str,
-        path: "Sequence[str] | None" = None,
-        target: "ModuleType | None" = None,
-    ) -> "ModuleSpec | None":
-        # The import system holds torch's module lock around this call, so two threads never
-        # get here for torch at once; `_searching` only stops the recursion below.
-        if fullname != "torch" or self._searching:
-            return None
-        self._searching = True
-        try:
-            spec: ModuleSpec | None = None
-            for finder in list(sys.meta_path):
-                find = getattr(finder, "find_spec", None)
-                if finder is self or find is None:
-                    continue
-                spec = find(fullname, path, target)
-                if spec is not None:
-                    break
-        except Exception as exc:
-            _report("cannot watch the import of torch", exc)
-            return None
-        finally:
-            self._searching = False
-        if spec is not None and spec.loader is not None:
-            try:
-                _wrap_loader(spec)
-            except Exception as exc:
-                _report("cannot watch the import of torch", exc)
-        return spec
+    name = "_msmemscope_import_hook"
+    here = os.path.dirname(os.path.realpath(__file__))
+    path = os.path.join(os.path.dirname(here), "_import_hook.py")
+    loader = SourceFileLoader(name, path)
+    spec = ModuleSpec(name, loader, origin=path)
+    spec.has_location = True
+    module = type(sys)(name)  # types.ModuleType, without importing types
+    module.__spec__ = spec
+    module.__file__ = path
+    module.__loader__ = loader
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
 
 
-def _wrap_loader(spec: "ModuleSpec") -> None:
-    # Any: the loader of whichever finder found torch, whose method is replaced below.
-    loader: Any = spec.loader
-    original: Callable[[ModuleType], None] = loader.exec_module
-
-    def exec_module(module: "ModuleType") -> None:
-        try:
-            original(module)
-        finally:
-            _unwrap(loader, spec, original)
-        _on_torch_imported()
-
-    try:
-        # An instance attribute keeps the loader's type (code may check it); the loader of one
-        # module file serves only that module.
-        loader.exec_module = exec_module
-    except (AttributeError, TypeError):
-        # The import system only calls create_module/exec_module: no Loader subclass needed.
-        spec.loader = _LoaderProxy(loader, exec_module)  # type: ignore[assignment]
-
-
-def _unwrap(loader: "Loader", spec: "ModuleSpec", original: "Callable[[ModuleType], None]") -> None:
-    if isinstance(spec.loader, _LoaderProxy):
-        spec.loader = loader
-    else:
-        try:
-            del loader.exec_module
-        except AttributeError:
-            pass
-
-
-class _LoaderProxy:
-    """Stands for a loader that takes no instance attributes."""
-
-    def __init__(self, loader: "Loader", exec_module: "Callable[[ModuleType], None]") -> None:
-        self._loader = loader
-        self.exec_module = exec_module
-
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        return self._loader.create_module(spec)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._loader, name)
-
-
-_hook: "_TorchImportHook | None" = None
+# The finder that waits for torch (PostImportHook of _import_hook.py); it leaves sys.meta_path
+# once torch is imported.
+_hook: "PostImportHook | None" = None
 
 
 def _install_hook() -> None:
@@ -165,18 +105,13 @@ def _install_hook() -> None:
     if "torch" in sys.modules:
         _on_torch_imported()
         return
-    _hook = _TorchImportHook()
-    sys.meta_path.insert(0, _hook)
 
+    def report(exc: BaseException) -> None:
+        _report("cannot watch the import of torch", exc)
 
-def _remove_hook() -> None:
-    global _hook
-    if _hook is not None:
-        try:
-            sys.meta_path.remove(_hook)
-        except ValueError:
-            pass
-        _hook = None
+    hook: PostImportHook = _load_import_hook().PostImportHook(report)
+    _hook = hook
+    hook.watch("torch", _on_torch_imported)
 
 
 def _next_sitecustomize_spec() -> "ModuleSpec | None":

@@ -21,6 +21,12 @@ of the test's own file that allocated, from the tracker's Python stacks);
 keeps its locals alive. A malformed marker is a collection error, before any test runs.
 Unmarked tests run untracked, and their outcome is never changed. Under pytest-xdist each
 worker tracks the tests it runs.
+
+The folder is the plugin: limits.py (the markers), tracking.py (the trace or host-leak window
+around a test), usage.py (peak and alive blocks, sites), verdict.py (the failure text). May
+import: the public API (``msmemscope``: config/start/stop) and the bottom modules
+(``msmemscope._runtime``); the running tracker is looked up in ``sys.modules``
+(``msmemscope.capture.torch_tracker``), never imported. Nothing else in msmemscope imports it.
 """
 
 from __future__ import annotations

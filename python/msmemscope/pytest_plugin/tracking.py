@@ -159,7 +159,7 @@ def _import_torch() -> None:
 
 
 def _uninstall_tracker() -> None:
-    tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = sys.modules.get("msmemscope.capture.torch_tracker")
     if tracker is not None:
         tracker.uninstall()
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from msmemscope.frameworks import hooks
-from msmemscope.frameworks.hooks import _lazy
+from msmemscope.frameworks.hooks import _post_import
 
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 optimizer = torch.optim.Adam(model.parameters())
@@ -18,7 +18,7 @@ for _ in range(3):
     model(torch.randn(2, 8)).sum().backward()
     optimizer.step()
 
-print("WATCHING " + ",".join(sorted(_lazy.watcher.callbacks)))
+print("WATCHING " + ",".join(sorted(_post_import.callbacks)))
 print("ARMED " + ",".join(hooks.armed()))
 print(f"ACTIVATIONS {hooks.activation_count()}")
 frameworks = ("vllm", "megatron", "verl")

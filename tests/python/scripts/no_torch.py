@@ -5,6 +5,6 @@ import sys
 print(
     "torch" in sys.modules,
     "msmemscope" in sys.modules,
-    "msmemscope.frameworks.torch_tracker" in sys.modules,
+    "msmemscope.capture.torch_tracker" in sys.modules,
     sum(range(10)),
 )

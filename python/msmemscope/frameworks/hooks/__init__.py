@@ -6,13 +6,15 @@ Two ways in:
 - :func:`init_framework_hooks` (``msmemscope.init_framework_hooks``): one combination of the
   table (:data:`SPECS`), applied now; :func:`cleanup_framework_hooks` restores every function
   patched by either way (the very objects that were there before);
-- :func:`auto_register` (the PyTorch tracker calls it when the configuration has the decompose
-  analysis): every framework's decompose hooks, each activated only when its framework module is
-  imported (at once if it already is). PyTorch imports FSDP on its own in any training program,
-  so FSDP's hooks wait one step more: importing FSDP patches its constructor only
-  (``FSDPParamGroup.__init__``, ``FullyShardedDataParallel.__init__``), whose first call
-  activates them. A manual decompose ``init_framework_hooks`` for the same framework component
-  takes precedence: the automatic one is removed and stays off.
+- :func:`auto_register` (the PyTorch tracker has it called, through
+  ``msmemscope.capture.extensions``, when the configuration has the decompose analysis): every
+  framework's decompose hooks, each activated only when its framework module is imported (at
+  once if it already is; :mod:`msmemscope._import_hook` waits for the import). PyTorch imports
+  FSDP on its own in any training program, so FSDP's hooks wait one step more: importing FSDP
+  patches its constructor only (``FSDPParamGroup.__init__``,
+  ``FullyShardedDataParallel.__init__``), whose first call activates them. A manual decompose
+  ``init_framework_hooks`` for the same framework component takes precedence: the automatic one
+  is removed and stays off.
 
 A hook never raises into the program once applied: an internal error is reported once on stderr
 (``msmemscope: framework hook error: ...``) and the framework's function runs as without it.
@@ -26,7 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _lazy
+from ..._import_hook import PostImportHook
+from . import _label
 from ._patch import ORIGINAL_ATTR, Patcher
 from ._registry import (
     DECOMPOSE,
@@ -73,6 +76,10 @@ _auto_callbacks: dict[tuple[str, str], Callable[[], None]] = {}
 _manual_decompose: set[tuple[str, str]] = set()  # keys the automatic hooks give way to
 _armed: dict[tuple[str, str], Patcher] = {}  # key -> its first-use entry-point patches
 _activations = 0
+# Runs the automatic hooks' callbacks when their framework module is imported (the import hook
+# the launcher's sitecustomize uses for torch too); its ``callbacks`` are the module names waited
+# for.
+_post_import = PostImportHook(_label.report)
 
 
 def activation_count() -> int:
@@ -126,8 +133,6 @@ def _remove(entry: _Applied) -> None:
             a.patcher = _install(a.spec)
             _applied.append(a)
         except Exception as exc:
-            from . import _label
-
             _label.report(exc)
 
 
@@ -177,8 +182,8 @@ def cleanup_framework_hooks() -> None:
             a.patcher.restore()
         _applied.clear()
         _manual_decompose.clear()
-        if "msmemscope.frameworks.hooks._snapshot" in sys.modules:
-            sys.modules["msmemscope.frameworks.hooks._snapshot"].stop_history()
+        if "msmemscope.snapshot.pickles" in sys.modules:
+            sys.modules["msmemscope.snapshot.pickles"].stop_history(_label.report)
 
 
 # --- automatic (lazy) decompose hooks -------------------------------------------------------------
@@ -213,8 +218,6 @@ def _activate(key: tuple[str, str], first_use: bool = False) -> None:
                 return
             patcher = _install(spec)
         except Exception as exc:
-            from . import _label
-
             _label.report(exc)
             return
         _applied.append(_Applied(spec, "auto", patcher))
@@ -265,14 +268,14 @@ def auto_register() -> None:
                 _activate(key)
 
             _auto_callbacks[key] = callback
-            _lazy.watcher.watch(trigger, callback)
+            _post_import.watch(trigger, callback)
 
 
 def _disarm() -> None:
     global _auto_on
     _auto_on = False
     for callback in _auto_callbacks.values():
-        _lazy.watcher.unwatch(callback)
+        _post_import.unwatch(callback)
     _auto_callbacks.clear()
     for patcher in _armed.values():
         patcher.restore()

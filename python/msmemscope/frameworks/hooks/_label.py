@@ -1,4 +1,4 @@
-"""How decompose hooks label memory, over :mod:`msmemscope.frameworks.owners`: a region whose
+"""How decompose hooks label memory, over :mod:`msmemscope.capture.owners`: a region whose
 new tensors get a category, an already allocated tensor that gets one, and regions that open in
 one framework callback and close in another (forward pre/post hooks)."""
 
@@ -21,14 +21,14 @@ _reported = False
 def _owners() -> ModuleType | None:
     """The owners module once the PyTorch tracker can use it, else ``None`` (hooks then only
     pass through)."""
-    return sys.modules.get("msmemscope.frameworks.owners") or _import_owners()
+    return sys.modules.get("msmemscope.capture.owners") or _import_owners()
 
 
 def _import_owners() -> ModuleType | None:
     if "torch" not in sys.modules:
         return None
     try:
-        from .. import owners
+        from ...capture import owners
     except Exception as exc:  # an owners module that cannot load must not break the program
         report(exc)
         return None

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from . import _snapshot
+from ...snapshot.pickles import around
+from . import _label
 
 if TYPE_CHECKING:
     from ._patch import Patcher
@@ -33,7 +34,7 @@ def install_snapshot(patcher: Patcher) -> None:
     from megatron.core.pipeline_parallel import schedules
 
     for name in SCHEDULES:
-        patcher.wrap(schedules, name, _snapshot.around("megatron@forward_backward"))
+        patcher.wrap(schedules, name, around("megatron@forward_backward", _label.report))
     optimizers = [
         cls
         for cls in vars(opt_module).values()
@@ -58,7 +59,7 @@ def install_snapshot(patcher: Patcher) -> None:
     if not optimizers:
         raise AttributeError("megatron.core.optimizer defines no optimizer class with a step")
     for cls in optimizers:
-        patcher.wrap(cls, "step", _snapshot.around("megatron@optimizer_step"))
+        patcher.wrap(cls, "step", around("megatron@optimizer_step", _label.report))
     training = sys.modules.get("megatron.training.training")
     if training is not None and hasattr(training, "train_step"):
-        patcher.wrap(training, "train_step", _snapshot.around("megatron@train_step"))
+        patcher.wrap(training, "train_step", around("megatron@train_step", _label.report))

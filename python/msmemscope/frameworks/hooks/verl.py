@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _snapshot
+from ...snapshot.pickles import around
+from . import _label
 
 if TYPE_CHECKING:
     from ._patch import Patcher
@@ -35,4 +36,6 @@ def install_snapshot(patcher: Patcher) -> None:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     for method, phase, pickles in PHASES:
-        patcher.wrap(RayPPOTrainer, method, _snapshot.around(f"verl@{phase}", pickle_calls=pickles))
+        patcher.wrap(
+            RayPPOTrainer, method, around(f"verl@{phase}", _label.report, pickle_calls=pickles)
+        )

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _label, _snapshot
+from ...snapshot.pickles import around
+from . import _label
 
 if TYPE_CHECKING:
     from ._patch import Patcher
@@ -60,4 +61,4 @@ def install_snapshot(patcher: Patcher) -> None:
     worker = _worker_cls()
     for method, phase in PHASES:
         pickles = 1 if method == "execute_model" else None
-        patcher.wrap(worker, method, _snapshot.around(f"vllm@{phase}", pickle_calls=pickles))
+        patcher.wrap(worker, method, around(f"vllm@{phase}", _label.report, pickle_calls=pickles))

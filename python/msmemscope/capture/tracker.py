@@ -1,4 +1,4 @@
-"""The interface both PyTorch captures offer the rest of the package.
+"""The interface both PyTorch captures offer the rest of the package, and the one they call.
 
 :mod:`.torch_tracker` installs one tracker per process: the native capture's
 :class:`~.native_tracker.NativeTracker`, or the dispatch-mode fallback ``torch_tracker._Tracker``.
@@ -6,6 +6,9 @@ Code that works with either (the owner hooks, the memory block watch, the watche
 lookups) uses only the members of :class:`Tracker` below. Members that only one capture has
 (``live``/``used`` of the fallback; ``live_block``, ``usage``, ``configure``, ``start``/``stop``
 of the native capture) are not part of it: callers look those up on the concrete class.
+
+:class:`OpWatch` is what a tracker runs around each op while something is watched: the memory
+block watch (:mod:`msmemscope.watch`) implements it, so the capture never imports the watch.
 
 This module is for type checkers: it imports nothing at runtime beyond :mod:`typing`.
 """
@@ -17,15 +20,31 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import collections
     import threading
+    from collections.abc import Mapping, Sequence
     from types import ModuleType
 
     import torch
 
     from .native_tracker import _Freed
-    from .torch_tracker import _Config
-    from .watch import Watch
+    from .torch_tracker import _Config, _OpInfo
 
-__all__ = ["Tracker"]
+__all__ = ["OpWatch", "Tracker"]
+
+
+class OpWatch(Protocol):
+    """What a tracker calls around each op it sees while its :attr:`Tracker.watch` is set: the
+    memory block watch (``msmemscope.watch.state.Watch``), which sets and clears that attribute
+    itself. Neither call raises."""
+
+    def before(self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+        """Before the op runs, with its arguments."""
+        ...
+
+    def after(
+        self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
+    ) -> None:
+        """After the op returned ``out``."""
+        ...
 
 
 class Tracker(Protocol):
@@ -49,7 +68,7 @@ class Tracker(Protocol):
     """Guards the tracker's shared state; held while reading :attr:`freed` of the fallback,
     which weakref callbacks (FREEs) may update from any thread."""
 
-    watch: Watch | None
+    watch: OpWatch | None
     """The memory block watch run around each op, or None while nothing is watched (the watch
     sets it)."""
 

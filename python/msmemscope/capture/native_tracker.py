@@ -37,14 +37,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import owners, sites
+from . import extensions, owners, sites
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
 
     from .torch_tracker import _Config, _OpInfo
-    from .tracker import Tracker
-    from .watch import Watch
+    from .tracker import OpWatch, Tracker
 
 __all__ = ["NativeTracker", "load_library"]
 
@@ -181,19 +180,18 @@ class NativeTracker:
         lib.msmemscope_torch_skip_prefixes("\n".join(_SKIP_DIRS).encode())
         lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(_SKIP_DIRS)).encode())
         owners.attach_native(lib)
-        self._watch: Watch | None = None
+        self._watch: OpWatch | None = None
         self.watch_mode: _WatchMode | None = None
-        from .watch import WATCH
-
-        self.watch = WATCH.attach(self)
+        attach_watch = extensions.attach_watch  # msmemscope.watch
+        self.watch = attach_watch(self) if attach_watch is not None else None
 
     # --- watch: a dispatch mode only while something is watched -----------------------------------
     @property
-    def watch(self) -> Watch | None:
+    def watch(self) -> OpWatch | None:
         return self._watch
 
     @watch.setter
-    def watch(self, value: Watch | None) -> None:
+    def watch(self, value: OpWatch | None) -> None:
         self._watch = value
         mode = self.watch_mode
         if value is not None and mode is None:

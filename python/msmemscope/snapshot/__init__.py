@@ -6,13 +6,22 @@ A SNAPSHOT row carries ``reserved``, ``max_reserved``, ``allocated``, ``max_allo
 ``allocated``/``max_allocated`` are the PyTorch tracker's live tensor bytes and their peak
 (0 when the tracker is not running), ``reserved``/``max_reserved`` the process's resident and
 peak resident memory (VmRSS, VmHWM), ``total``/``free`` the machine's MemTotal and MemAvailable.
+
+The folder: :func:`take_snapshot` here (``msmemscope.take_snapshot``), and :mod:`.pickles`, the
+snapshots that framework hooks take around a framework's key functions (these rows, and on CUDA
+the caching allocator's own snapshot as a pickle for PyTorch's memory viewer).
+
+May import: :mod:`msmemscope.capture` (``cuda_allocator``'s device totals; the running tracker's
+CPU figures are looked up in ``sys.modules``, never imported) and the bottom modules
+(``msmemscope._runtime``). Not :mod:`msmemscope.watch`, :mod:`msmemscope.frameworks` (whose
+hooks use this folder, handing :mod:`.pickles` their error reporter) nor the public modules.
 """
 
 from __future__ import annotations
 
 import sys
 
-from ._runtime import native as _native_runtime
+from .._runtime import native as _native_runtime
 
 
 def _proc_kb(path: str, key: str) -> int:
@@ -27,7 +36,7 @@ def _proc_kb(path: str, key: str) -> int:
 
 
 def _cpu_stats() -> dict[str, int]:
-    tracker = sys.modules.get("msmemscope.frameworks.torch_tracker")
+    tracker = sys.modules.get("msmemscope.capture.torch_tracker")
     state = getattr(tracker, "_tracker", None) if tracker else None
     if state is not None and hasattr(state, "usage"):  # the native capture
         allocated, max_allocated = state.usage("cpu")
@@ -51,7 +60,7 @@ def _cuda_stats(index: int) -> dict[str, int]:
 
     stats = torch.cuda.memory_stats(index)
     # --- device totals from NVML when present (issue 11): no CUDA context needed ---
-    from .frameworks.cuda_allocator import device_memory
+    from ..capture.cuda_allocator import device_memory
 
     nvml = device_memory(index)
     free, total = (nvml[1], nvml[0]) if nvml else torch.cuda.mem_get_info(index)

@@ -7,6 +7,22 @@ version), and cached under ``$MSMEMSCOPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/msm
 at once (the ranks of a job) wait on one lock and one build. A compiler or headers that are
 missing raise :class:`Unavailable` with what is missing; the tracker then falls back to the
 Python dispatch mode.
+
+Why not ``torch.utils.cpp_extension.load``, which also compiles sources against the imported
+torch and caches the result (read in torch 2.15's ``torch/utils/cpp_extension.py``):
+
+- it builds only through ninja (``_jit_compile`` -> ``_write_ninja_file_and_build_library`` ->
+  ``verify_ninja_availability()``: "Ninja is required to load C++ extensions"), and torch does
+  not depend on ninja: the project's own ``.venv`` (torch 2.15) has none
+  (``cpp_extension.is_ninja_available()`` is False), so there the native capture would never
+  be built and every run would fall back. Here the one compiler call needs only a C++ compiler;
+- it keeps no record of a failed build: each process (every rank of a job) would compile again
+  and fail again, where ``build.failed`` below makes later processes fall back at once, without
+  a compiler run (``test_without_a_compiler_the_fallback_records_and_one_line_says_why``);
+- it builds a Python extension (``-DTORCH_API_INCLUDE_EXTENSION_H``, linked with ``-ltorch`` and
+  ``-ltorch_python`` besides ``c10`` and ``torch_cpu``) and loads it itself
+  (``torch.ops.load_library``); the capture is a plain library that links ``c10`` and
+  ``torch_cpu`` only and that :mod:`.native_tracker` loads with ctypes.
 """
 
 from __future__ import annotations
@@ -139,7 +155,7 @@ def library(torch: Any, notice: Callable[[str], None] | None = None) -> Path:
 
 
 def main() -> int:
-    """``python -m msmemscope.frameworks.native_build``: builds (or finds) the library."""
+    """``python -m msmemscope.capture.native_build``: builds (or finds) the library."""
     import torch
 
     try:

@@ -3,6 +3,9 @@
 The PyTorch tracker calls :meth:`Watch.before` and :meth:`Watch.after` around every op it sees,
 but only while ``tracker.watch`` is not None, which is the case while something is watched:
 ``--watch``/``config(watch=...)`` is set, or ``msmemscope.watcher.watch`` registered a block.
+:class:`Watch` is the capture's ``OpWatch`` (:mod:`msmemscope.capture.tracker`); the package's
+``__init__`` plugs :meth:`Watch.attach` into the capture, which calls it from each tracker's
+constructor.
 
 What is watched:
 
@@ -57,8 +60,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     import torch
 
-    from .torch_tracker import _OpInfo
-    from .tracker import Tracker
+    from ..capture.torch_tracker import _OpInfo
+    from ..capture.tracker import Tracker
 
 MAX_NAME = 64
 # Change lines printed on stderr at exit; the summary file has up to _MAX_CHANGES.

@@ -58,15 +58,14 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from . import owners, sites
+from . import extensions, owners, sites
 
 if TYPE_CHECKING:
     from _typeshed import ProfileFunction
     from torch._ops import OpOverload
 
     from .native_tracker import NativeTracker
-    from .tracker import Tracker
-    from .watch import Watch
+    from .tracker import OpWatch, Tracker
 
 __all__ = ["install", "installed", "reload_config", "uninstall"]
 
@@ -227,10 +226,9 @@ class _Tracker:
         self.free_cb = self._on_storage_dead
         self.E = nat.EVENT_MALLOC, nat.EVENT_FREE, nat.EVENT_ACCESS, nat.EVENT_OP_LAUNCH
         self.T = nat.TYPE_PTA, nat.TYPE_READ, nat.TYPE_WRITE, nat.TYPE_ATEN_START, nat.TYPE_ATEN_END
-        # Memory block watch (frameworks/watch.py): None unless a block or an op range is watched.
-        from .watch import WATCH
-
-        self.watch: Watch | None = WATCH.attach(self)
+        # Memory block watch (msmemscope.watch): None unless a block or an op range is watched.
+        attach_watch = extensions.attach_watch
+        self.watch: OpWatch | None = attach_watch(self) if attach_watch is not None else None
 
     def report(self, exc: BaseException) -> None:
         report_once(self, exc)
@@ -592,7 +590,7 @@ class MemscopeDispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         except Exception as exc:
             tr.report(exc)
             return func(*args, **kwargs)
-        w = tr.watch  # memory block watch: checksums before the op (frameworks/watch.py)
+        w = tr.watch  # memory block watch: checksums before the op (msmemscope.watch)
         if w is not None:
             w.before(info, args, kwargs)
         try:
@@ -696,14 +694,10 @@ def reload_config() -> None:
 
 def _framework_hooks(decompose: bool) -> None:
     """The frameworks' decompose hooks (FSDP, vLLM...), registered lazily: each activates only
-    once its framework is imported."""
-    try:
-        from . import hooks
-    except ImportError:
-        return
-    toggle = getattr(hooks, "auto_register" if decompose else "auto_unregister", None)
+    once its framework is imported (msmemscope.frameworks.hooks, plugged in as an extension)."""
+    toggle = extensions.framework_decompose_hooks
     if toggle is not None:
-        toggle()
+        toggle(decompose)
 
 
 CAPTURE_VARIABLE = "MSMEMSCOPE_TORCH_CAPTURE"
@@ -758,9 +752,9 @@ def _leaks_support() -> None:
         nat = native()
         if "leaks" not in json.loads(nat.current_config()).get("analysis", []):
             return
-        from .. import holders
-
-        holders.search_at_exit()
+        search_at_exit = extensions.leaks_at_exit  # msmemscope.holders
+        if search_at_exit is not None:
+            search_at_exit()
         if _optimizer_hook is None:
             first: list[int] = []
 
