@@ -1,0 +1,7 @@
+//! Host leak detection (`--analysis=host-leaks`), read back from the written overviews with
+//! `util::host_leak`.
+
+mod known_leaks;
+mod many_windows;
+mod session;
+mod tricky_programs;
