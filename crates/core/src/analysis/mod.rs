@@ -10,8 +10,10 @@ pub mod fast_map;
 pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;
+pub mod live_blocks;
 pub mod myers;
 pub mod oom_summary;
+pub mod oom_watch;
 pub mod rank_summary;
 
 use crate::config::Analysis as Requested;

@@ -123,7 +123,7 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
         _ => None,
     });
     if let Ok(mut watch) = p.oom.lock() {
-        *watch = k.map(oom::OomWatch::new);
+        *watch = k.map(oom::watch);
     }
     OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
     FOLLOWED.store(config.job.is_some(), Ordering::Relaxed);
