@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use crate::args::{ApiEnvKind, ApiEnvRequest};
-use crate::launcher::runtime_library;
+use crate::install::runtime_library;
 
 /// Set by `bin/msmemscope` when it was sourced.
 const SOURCED: &str = "MSMEMSCOPE_SOURCED";

@@ -20,20 +20,8 @@ use msmemscope_core::config::{Level, RunConfig};
 use msmemscope_core::events::reader::{self, ReadError};
 use msmemscope_core::run_dir;
 
+use crate::failure::Failure;
 use crate::progress::Unit;
-
-/// Why the comparison stopped: the message, and whether the user's input is to blame.
-struct Failure {
-    message: String,
-    usage: bool,
-}
-
-impl Failure {
-    fn exit(self) -> ExitCode {
-        eprintln!("msmemscope: {}", self.message);
-        ExitCode::from(if self.usage { 2 } else { 1 })
-    }
-}
 
 pub fn run(config: &RunConfig, inputs: &[PathBuf; 2]) -> ExitCode {
     match compare_files(config, inputs) {

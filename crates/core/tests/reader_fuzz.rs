@@ -482,9 +482,16 @@ proptest! {
                 }
             }
         }
-        let complete = HEADER.split(',').all(|c| columns.iter().any(|(n, _)| n == c));
+        let has = |c: &str| columns.iter().any(|(n, _)| n == c);
+        let complete = HEADER.split(',').all(has);
+        // The original tool's dumps may lack the call-stack columns: such a table is read in
+        // its dialect (events::original), which needs every other column.
+        let originals = HEADER
+            .split(',')
+            .filter(|c| !c.starts_with("Call Stack"))
+            .all(has);
         let (_, error) = read_all(&path);
-        if !complete {
+        if !complete && !originals {
             let message = error.map(|e| e.to_string()).unwrap_or_default();
             prop_assert!(message.contains("lacks column"), "{}", message);
         }

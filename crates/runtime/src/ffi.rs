@@ -100,7 +100,11 @@ pub unsafe extern "C" fn msmemscope_configure(config_json: StrRef) -> i32 {
     // SAFETY: the caller's string lives for the call.
     let text = unsafe { config_json.as_str() };
     guarded(|| {
-        // API mode: the first start()/config() opens the control channel.
+        // API mode: the first start()/config() opens the control channel, which the exit
+        // handler closes.
+        if !crate::process::is_forked_child() {
+            crate::lifecycle::ensure_exit_handler();
+        }
         crate::control::start();
         let Ok(config) = RunConfig::from_json(text) else {
             return INVALID;
@@ -134,11 +138,12 @@ pub unsafe extern "C" fn msmemscope_current_config(buf: *mut u8, cap: usize) -> 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_start() -> i32 {
     guarded(|| {
-        crate::control::start();
         if !crate::process::is_forked_child() {
-            // The run's end (its report, the dump's last rows) happens at exit.
+            // The run's end (its report, the dump's last rows) happens at exit, and the
+            // control channel is closed then.
             crate::lifecycle::ensure_exit_handler();
         }
+        crate::control::start();
         match session::start() {
             Ok(_) => OK,
             Err(session::StartError::WindowOpen(_)) => WINDOW_OPEN,
@@ -284,7 +289,7 @@ pub unsafe extern "C" fn msmemscope_leak_suspects(buf: *mut u8, cap: usize) -> i
 /// GOT and find whatever `malloc` the process uses, ours or not.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_host_hooks_active() -> i32 {
-    catch_unwind(crate::hooks::active).map_or(0, i32::from)
+    catch_unwind(crate::forward::is_process_malloc).map_or(0, i32::from)
 }
 
 /// For producers that only need a string view (tests).

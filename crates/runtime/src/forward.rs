@@ -26,6 +26,25 @@ use libc::{c_int, c_void, size_t};
 
 use crate::libc_heap;
 
+/// Whether this library's `malloc` is the process's `malloc` (the hooks are in force). Compares
+/// the objects the two functions live in: taking our own `malloc`'s address would go through the
+/// GOT and find whatever `malloc` the process uses, ours or not.
+pub fn is_process_malloc() -> bool {
+    fn object_of(address: *const libc::c_void) -> Option<usize> {
+        // SAFETY: `Dl_info` is a C struct of four raw pointers, for which all-zero bytes (null
+        // pointers) are a valid value.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+        (unsafe { libc::dladdr(address, &mut info) } != 0).then_some(info.dli_fbase as usize)
+    }
+    // A private function: its address is ours whatever the process interposes.
+    fn here() {}
+    // SAFETY: dlsym of a libc symbol name.
+    let resolved = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+    let ours = object_of(here as *const libc::c_void);
+    ours.is_some() && object_of(resolved) == ours
+}
+
 type MallocFn = unsafe extern "C" fn(size_t) -> *mut c_void;
 type CallocFn = unsafe extern "C" fn(size_t, size_t) -> *mut c_void;
 type ReallocFn = unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void;

@@ -14,6 +14,8 @@ mod guard;
 pub mod hashing;
 pub mod hooks;
 pub mod host_leak;
+// The launched run's beginning, from the launcher's environment.
+mod launch;
 mod libc_heap;
 mod lifecycle;
 mod log;
@@ -31,8 +33,6 @@ mod raw_thread;
 mod spare_fd;
 // The one owner of the run state and of configure/start/stop/step/finish.
 pub mod session;
-// Terminating signals end the run (window report, dump analyses) before they take effect.
-pub mod signals;
 // Stream-race sanitizer: sanitizer-op marks and intercepted synchronization calls.
 pub mod sanitizer;
 pub mod unwind;

@@ -189,7 +189,7 @@ pub fn start() -> Result<Started, StartError> {
     if let Some(ledger) = window::active() {
         return Err(StartError::WindowOpen(ledger.stage));
     }
-    if !crate::hooks::active() {
+    if !crate::forward::is_process_malloc() {
         return Err(StartError::NoHostHooks);
     }
     // The report is written at close: a directory that cannot be made is said now.

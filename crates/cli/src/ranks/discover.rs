@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Failure;
+use crate::failure::Failure;
 
 /// How deep below a given directory run directories are looked for (`out/rank0/msmemscope_…`
 /// is two levels down).

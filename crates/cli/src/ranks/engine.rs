@@ -9,11 +9,12 @@ use std::process::{Command, Stdio};
 use msmemscope_core::events::parquet::export::{export, Exported, Source};
 use msmemscope_core::run_dir::RunDir;
 
-use crate::launcher::{python_package_root, Layout};
+use crate::install::{python_package_root, Layout};
 
 use super::discover::Dump;
 use super::table::Row;
-use super::{Engine, Failure};
+use super::Engine;
+use crate::failure::Failure;
 
 /// The table's rows from `engine`, in the order of `dumps`.
 pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<Vec<Row>, Failure> {

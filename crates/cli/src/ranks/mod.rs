@@ -146,7 +146,7 @@ pub fn parse(rest: &[OsString]) -> Result<Options, UsageError> {
 }
 
 /// Why `ranks` could not make its table: one line, and whether it was the user's input.
-pub use crate::report::Failure;
+use crate::failure::Failure;
 
 /// Runs `ranks` and prints its table.
 pub fn run(options: &Options) -> ExitCode {

@@ -9,7 +9,7 @@ use msmemscope_core::events::reader;
 
 use super::discover::Dump;
 use super::table::Row;
-use super::Failure;
+use crate::failure::Failure;
 use crate::progress::{Bar, Unit};
 
 /// The table's rows, in the order of `dumps`, outliers marked against `threshold_pct`.

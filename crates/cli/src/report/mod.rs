@@ -19,6 +19,7 @@ mod torch_snapshot;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::failure::Failure;
 use msmemscope_core::events::reader::{self, ReadError};
 use msmemscope_core::events::EventRow;
 use serde_json::{json, Value};
@@ -27,43 +28,6 @@ pub use torch_snapshot::export as export_torch_snapshot;
 
 /// The page's file name inside the run directory.
 pub const REPORT_FILE: &str = "msmemscope_report.html";
-
-/// Why a report could not be made: the message, and whether the user's input is to blame.
-#[derive(Debug)]
-pub struct Failure {
-    pub message: String,
-    pub usage: bool,
-}
-
-impl Failure {
-    pub(crate) fn input(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            usage: true,
-        }
-    }
-
-    pub(crate) fn io(message: impl Into<String>) -> Failure {
-        Failure {
-            message: message.into(),
-            usage: false,
-        }
-    }
-
-    pub fn exit(self) -> ExitCode {
-        eprintln!("msmemscope: {}", self.message);
-        ExitCode::from(if self.usage { 2 } else { 1 })
-    }
-}
-
-impl From<ReadError> for Failure {
-    fn from(e: ReadError) -> Failure {
-        Failure {
-            usage: !matches!(e, ReadError::Io { .. }),
-            message: e.to_string(),
-        }
-    }
-}
 
 /// Whether `dir` is one run's directory (what the launcher or the Python API creates).
 fn is_run_dir(dir: &Path) -> bool {

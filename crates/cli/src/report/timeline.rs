@@ -1,8 +1,8 @@
 //! One dump file's memory over time, reduced to a few thousand time buckets in one streaming
 //! pass, so a 10-million-row dump becomes a page of a few hundred kilobytes.
 //!
-//! Allocated bytes are the sum of the live blocks' sizes (MALLOC adds a block keyed by pool and
-//! Ptr, the FREE with the same key removes it). Each bucket keeps the minimum and maximum of
+//! Allocated bytes are the sum of the live blocks' sizes (the analyses' live-block rules: a
+//! MALLOC adds a block keyed by device, pool and Ptr, the FREE with the same key removes it). Each bucket keeps the minimum and maximum of
 //! that sum within it, so the page's peak is the dump's peak exactly whatever the zoom; the
 //! bytes by owner are taken at the moment the bucket's maximum was reached, so the stacked
 //! areas add up to the maximum line. Reserved bytes are the largest `total` Attr in the bucket.
@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use msmemscope_core::analysis::leaks::is_pool;
+use msmemscope_core::analysis::live_blocks::{is_pool, BlockKey, LiveBlocks};
 use msmemscope_core::events::{Event, EventRow, EventType};
 use serde_json::{json, Value};
 
@@ -153,7 +153,7 @@ pub struct Timeline {
     t0: Option<u64>,
     width_ns: u64,
     buckets: Vec<Bucket>,
-    live: FastMap<(EventType, u64), LiveBlock>,
+    live: LiveBlocks<LiveBlock>,
     allocated: u64,
     owners: Vec<String>,
     owner_index: FastMap<String, u16>,
@@ -186,7 +186,7 @@ impl Timeline {
             t0: None,
             width_ns: FIRST_WIDTH_NS,
             buckets: Vec::new(),
-            live: FastMap::default(),
+            live: LiveBlocks::new(),
             allocated: 0,
             owners: Vec::new(),
             owner_index: FastMap::default(),
@@ -301,7 +301,14 @@ impl Timeline {
                 let Some(ptr) = row.ptr else { return };
                 let size = row.attr_u64("size").unwrap_or(0);
                 let owner = self.owner_id(row.attr_str("owner").unwrap_or(pool.as_str()));
-                if let Some(old) = self.live.insert((pool, ptr), LiveBlock { size, owner }) {
+                let key = BlockKey {
+                    device: row.device,
+                    pool,
+                    ptr,
+                };
+                let block = LiveBlock { size, owner };
+                let allocation_id = row.attr_u64("allocation_id");
+                if let Some(old) = self.live.allocate(key, allocation_id, block) {
                     // A MALLOC over a live block: the dump missed its FREE; replace it.
                     self.allocated -= old.size;
                     self.owner_bytes[old.owner as usize] -= old.size;
@@ -334,7 +341,12 @@ impl Timeline {
                 let Some(ptr) = row.ptr else { return };
                 self.frees += 1;
                 let reserved = row.attr_u64("total");
-                match self.live.remove(&(pool, ptr)) {
+                let key = BlockKey {
+                    device: row.device,
+                    pool,
+                    ptr,
+                };
+                match self.live.free(key, row.attr_u64("allocation_id")) {
                     Some(block) => {
                         self.allocated -= block.size;
                         self.owner_bytes[block.owner as usize] -= block.size;
@@ -388,10 +400,14 @@ impl Timeline {
         let owner = owner.to_owned();
         // The block's pool is the owner's first label (`PTA@weight`), as decompose reads it.
         let pool = EventType::parse(owner.split('@').next().unwrap_or_default());
-        let Some(key) = pool.map(|pool| (pool, ptr)) else {
+        let Some(key) = pool.map(|pool| BlockKey {
+            device: row.device,
+            pool,
+            ptr,
+        }) else {
             return;
         };
-        if !self.live.contains_key(&key) {
+        if self.live.get(&key).is_none() {
             return;
         }
         let new_owner = self.owner_id(&owner);
@@ -484,6 +500,8 @@ mod tests {
     fn relabel(ptr: u64, owner: &str, ts_ns: u64) -> EventRow {
         let mut row = EventRow::new(Event::System, EventType::Owner, owner);
         row.ts_ns = ts_ns;
+        // The tracker writes OWNER rows with the block's device.
+        row.device = DeviceId::Cuda(0);
         row.ptr = Some(ptr);
         row.attrs_json = Some(format!(r#"{{"allocation_id":1,"owner":"{owner}"}}"#));
         row

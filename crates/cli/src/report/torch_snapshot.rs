@@ -22,8 +22,9 @@ use std::path::{Path, PathBuf};
 
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
+use super::dump_files;
 use super::pickle::Pickler;
-use super::{dump_files, Failure};
+use crate::failure::Failure;
 
 /// The snapshot's file name inside the run directory.
 pub const SNAPSHOT_FILE: &str = "torch_snapshot.pickle";

@@ -34,8 +34,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::fast_map::FastMap;
-use super::leaks::{block_attrs, is_pool, mb, BlockKey};
+use super::leaks::{block_attrs, mb};
+use super::live_blocks::{BlockKey, LiveBlocks};
 use crate::events::reader::{self, ReadError};
 use crate::events::row::format_ptr;
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -100,7 +100,7 @@ pub fn check_leaks(
     let mut found = 0usize;
     let mut marks = [0u64; 3];
     // Live blocks allocated between A and B.
-    let mut live: FastMap<BlockKey, LiveBlock> = FastMap::default();
+    let mut live: LiveBlocks<LiveBlock> = LiveBlocks::new();
     let mut rows = reader::open_rows(path)?;
     while let Some(row) = rows.next_row()? {
         match (row.event, row.event_type) {
@@ -112,10 +112,8 @@ pub fn check_leaks(
                 }
                 found += 1;
                 if found == need {
-                    let mut leaks: Vec<LeakedBlock> = live
-                        .into_iter()
-                        .map(|(key, block)| block.leaked(key))
-                        .collect();
+                    let mut leaks: Vec<LeakedBlock> =
+                        live.drain().map(|(key, block)| block.leaked(key)).collect();
                     leaks.sort_by_key(|l| l.row_id);
                     let console = render(&marks, &leaks);
                     return Ok(CheckLeaksResult {
@@ -125,26 +123,12 @@ pub fn check_leaks(
                     });
                 }
             }
-            (Event::Malloc, pool) if is_pool(pool) && found == start_index + 1 => {
-                if let Some(ptr) = row.ptr {
-                    live.insert(
-                        BlockKey {
-                            device: row.device,
-                            pool,
-                            ptr,
-                        },
-                        LiveBlock::of(row),
-                    );
-                }
+            // Blocks allocated between A and B, and freed before B's match.
+            (Event::Malloc, _) if found == start_index + 1 => {
+                live.apply(row, || LiveBlock::of(row));
             }
-            (Event::Free, pool) if is_pool(pool) && found > start_index && !live.is_empty() => {
-                if let Some(ptr) = row.ptr {
-                    live.remove(&BlockKey {
-                        device: row.device,
-                        pool,
-                        ptr,
-                    });
-                }
+            (Event::Free, _) if found > start_index && !live.is_empty() => {
+                live.apply(row, || LiveBlock::of(row));
             }
             _ => {}
         }

@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::fast_map::FastMap;
-use super::leaks::is_pool;
+use super::live_blocks::{is_pool, BlockChange, BlockKey, LiveBlocks};
 use super::{Analysis, AnalysisOutput};
 use crate::events::reader::{self, ReadError};
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -45,10 +45,13 @@ struct PoolKey {
     pool: EventType,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct BlockKey {
-    pool: PoolKey,
-    ptr: u64,
+impl PoolKey {
+    fn of(key: BlockKey) -> PoolKey {
+        PoolKey {
+            device: key.device,
+            pool: key.pool,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -118,7 +121,7 @@ pub struct OwnerBytes {
 pub struct Decompose {
     owners: Vec<String>,
     owner_ids: FastMap<String, usize>,
-    blocks: FastMap<BlockKey, Block>,
+    blocks: LiveBlocks<Block>,
     pools: BTreeMap<PoolKey, PoolState>,
     step: u64,
     /// The ended steps' lines, in step order.
@@ -152,36 +155,30 @@ impl Decompose {
         state
     }
 
-    fn malloc(&mut self, row: &EventRow, pool: EventType) {
-        let Some(ptr) = row.ptr else { return };
+    /// A MALLOC or FREE row of a pool (live_blocks' rules: a MALLOC replaces a block whose
+    /// FREE was lost).
+    fn malloc_or_free(&mut self, row: &EventRow) {
         let size = row.attr_u64("size").unwrap_or(0);
-        let owner = owner_of(row).unwrap_or_else(|| pool.as_str().to_string());
-        let owner = self.owner_id(&owner);
-        let key = BlockKey {
-            pool: PoolKey {
-                device: row.device,
-                pool,
-            },
-            ptr,
+        let owner = match row.event {
+            Event::Malloc => {
+                let owner = owner_of(row).unwrap_or_else(|| row.event_type.as_str().to_string());
+                Some(self.owner_id(&owner))
+            }
+            _ => None,
         };
-        // A block whose FREE was lost: the new MALLOC replaces it.
-        if let Some(old) = self.blocks.insert(key, Block { owner, size }) {
-            self.pool(key.pool).remove(old.owner, old.size);
+        let block = || Block {
+            owner: owner.unwrap_or_default(),
+            size,
+        };
+        let Some((change, gone)) = self.blocks.apply(row, block) else {
+            return;
+        };
+        if let Some(old) = gone {
+            self.pool(PoolKey::of(change.key()))
+                .remove(old.owner, old.size);
         }
-        self.pool(key.pool).add(owner, size);
-    }
-
-    fn free(&mut self, row: &EventRow, pool: EventType) {
-        let Some(ptr) = row.ptr else { return };
-        let key = BlockKey {
-            pool: PoolKey {
-                device: row.device,
-                pool,
-            },
-            ptr,
-        };
-        if let Some(block) = self.blocks.remove(&key) {
-            self.pool(key.pool).remove(block.owner, block.size);
+        if let (BlockChange::Malloc(key), Some(owner)) = (change, owner) {
+            self.pool(PoolKey::of(key)).add(owner, size);
         }
     }
 
@@ -195,27 +192,21 @@ impl Decompose {
             return;
         };
         let key = BlockKey {
-            pool: PoolKey {
-                device: row.device,
-                pool,
-            },
+            device: row.device,
+            pool,
             ptr,
         };
-        let Some(block) = self.blocks.get(&key).copied() else {
+        let Some(&block) = self.blocks.get(&key) else {
             return;
         };
         let new_owner = self.owner_id(&owner);
         if new_owner == block.owner {
             return;
         }
-        self.blocks.insert(
-            key,
-            Block {
-                owner: new_owner,
-                size: block.size,
-            },
-        );
-        let state = self.pool(key.pool);
+        if let Some(live) = self.blocks.get_mut(&key) {
+            live.owner = new_owner;
+        }
+        let state = self.pool(PoolKey::of(key));
         state.remove(block.owner, block.size);
         state.add(new_owner, block.size);
     }
@@ -291,8 +282,7 @@ impl Analysis for Decompose {
                 self.step = row.name.trim().parse().unwrap_or(self.step + 1);
             }
             (Event::System, EventType::Owner) => self.relabel(row),
-            (Event::Malloc, pool) if is_pool(pool) => self.malloc(row, pool),
-            (Event::Free, pool) if is_pool(pool) => self.free(row, pool),
+            (Event::Malloc | Event::Free, _) => self.malloc_or_free(row),
             _ => {}
         }
     }

@@ -31,7 +31,8 @@
 
 use std::collections::BTreeMap;
 
-use super::leaks::{block_attrs, is_pool};
+use super::leaks::block_attrs;
+use super::live_blocks::is_pool;
 use super::{Analysis, AnalysisOutput};
 use crate::events::{DeviceId, Event, EventRow, EventType};
 

@@ -51,13 +51,12 @@
 //! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
 //! it writes nothing (the caller may render them with [`render_csv`]).
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use super::base_index::BaseIndex;
-use super::fast_map::FastMap;
+use super::live_blocks::{BlockKey, LiveBlocks};
 use super::{Analysis, AnalysisOutput};
 use crate::events::reader::{self, ReadError};
 use crate::events::row::format_ptr;
@@ -247,39 +246,28 @@ impl OpsWith {
     }
 }
 
-/// A live block: 48 bytes, the optional values' presence packed into `flags`, since at a few
+/// A live block: 40 bytes, the optional values' presence packed into `flags`, since at a few
 /// hundred thousand live blocks every lookup is a cache miss and a smaller entry is fewer.
 struct Block {
     id: u64,
     size: u64,
     alloc_op: u64,
-    allocation_id: u64,
     last_access: u64,
     flags: u8,
 }
 
 impl Block {
-    const HAS_ALLOCATION_ID: u8 = 1;
     const ACCESSED: u8 = 2;
     const IDLE: u8 = 4;
 
-    fn new(id: u64, size: u64, allocation_id: Option<u64>, alloc_op: u64) -> Block {
+    fn new(id: u64, size: u64, alloc_op: u64) -> Block {
         Block {
             id,
             size,
             alloc_op,
-            allocation_id: allocation_id.unwrap_or(0),
             last_access: 0,
-            flags: if allocation_id.is_some() {
-                Block::HAS_ALLOCATION_ID
-            } else {
-                0
-            },
+            flags: 0,
         }
-    }
-
-    fn allocation_id(&self) -> Option<u64> {
-        (self.flags & Block::HAS_ALLOCATION_ID != 0).then_some(self.allocation_id)
     }
 
     /// The op of the latest access.
@@ -306,9 +294,9 @@ impl Block {
 struct DeviceState {
     /// ATEN_START rows of this device (rows without a device are counted in `shared_ops`).
     ops: u64,
-    /// Live blocks by Ptr. Most accesses name a block's own Ptr and are found in the hash
-    /// map; `bases` finds the block an inner pointer falls in.
-    blocks: FastMap<u64, Block>,
+    /// Live blocks (live_blocks' rules). Most accesses name a block's own Ptr and are found
+    /// in its hash map; `bases` finds the block an inner pointer falls in.
+    blocks: LiveBlocks<Block>,
     bases: BaseIndex,
     frees: OpsWith,
     mallocs: OpsWith,
@@ -350,9 +338,14 @@ impl Inefficient {
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
         dev.mallocs.record(op);
+        let key = BlockKey {
+            device: row.device,
+            pool: row.event_type,
+            ptr,
+        };
         let replaced = dev
             .blocks
-            .insert(ptr, Block::new(row.id, size, allocation_id, op));
+            .allocate(key, allocation_id, Block::new(row.id, size, op));
         if replaced.is_none() {
             dev.bases.added(ptr, dev.blocks.len());
         }
@@ -363,20 +356,20 @@ impl Inefficient {
         let shared = self.shared_ops;
         let dev = device_state(&mut self.devices, row.device);
         let op = shared + dev.ops;
-        // One lookup: the entry is removed only when the FREE is the live block's.
-        let freed = match dev.blocks.entry(ptr) {
-            Entry::Occupied(entry)
-                if !matches!(
-                    (entry.get().allocation_id(), allocation_id),
-                    (Some(x), Some(y)) if x != y
-                ) =>
-            {
-                Some(entry.remove())
-            }
-            _ => None,
+        let key = BlockKey {
+            device: row.device,
+            pool: row.event_type,
+            ptr,
         };
-        if let Some(block) = freed {
-            dev.bases.removed(ptr, dev.blocks.len());
+        if let Some(block) = dev.blocks.free(key, allocation_id) {
+            // The base stays while a block of the other pool lives there.
+            if dev
+                .blocks
+                .key_at_address(row.device, ptr, &TENSOR_POOLS)
+                .is_none()
+            {
+                dev.bases.removed(ptr, dev.blocks.len());
+            }
             if let Some(last) = block.last_access() {
                 if dev.mallocs.between(last, op) {
                     self.marks.push(mark(
@@ -398,18 +391,24 @@ impl Inefficient {
         let op = shared + dev.ops;
         // Most accesses name the block's own Ptr: one lookup finds it. An inner pointer costs
         // a search of the bases and a second lookup.
-        let (base, block) = match dev.blocks.get_mut(&ptr) {
-            Some(block) => (ptr, block),
+        let device = row.device;
+        let key = match dev.blocks.key_at_address(device, ptr, &TENSOR_POOLS) {
+            Some(key) => key,
             None => {
                 let blocks = &dev.blocks;
-                let Some(base) = dev.bases.at_or_below(ptr, || blocks.keys().copied()) else {
+                let live = || blocks.iter().map(|(key, _)| key.ptr).collect::<Vec<u64>>();
+                let Some(base) = dev.bases.at_or_below(ptr, live) else {
                     return;
                 };
-                match dev.blocks.get_mut(&base) {
-                    Some(block) => (base, block),
+                match dev.blocks.key_at_address(device, base, &TENSOR_POOLS) {
+                    Some(key) => key,
                     None => return,
                 }
             }
+        };
+        let base = key.ptr;
+        let Some(block) = dev.blocks.get_mut(&key) else {
+            return;
         };
         if ptr - base >= block.size.max(1) {
             return;
@@ -459,8 +458,11 @@ fn size_and_id(row: &EventRow) -> (u64, Option<u64>) {
     )
 }
 
+/// The pools whose blocks tensors live in, in the order an address is looked up in.
+const TENSOR_POOLS: [EventType; 2] = [EventType::Pta, EventType::Host];
+
 fn is_tensor_block(t: EventType) -> bool {
-    matches!(t, EventType::Pta | EventType::Host)
+    TENSOR_POOLS.contains(&t)
 }
 
 impl Analysis for Inefficient {

@@ -45,6 +45,7 @@ pub mod sites;
 use std::collections::BTreeMap;
 
 use super::fast_map::FastMap;
+use super::live_blocks::{BlockChange, BlockKey, LiveBlocks};
 use super::{Analysis, AnalysisOutput};
 use crate::events::row::format_ptr;
 use crate::events::{DeviceId, Event, EventRow, EventType};
@@ -72,33 +73,6 @@ pub fn block_attrs(row: &EventRow) -> BlockAttrs {
 /// Bytes as the seed's `Mb(s)`: bytes / 1024 / 1024 with 3 decimals.
 pub fn mb(bytes: u64) -> String {
     format!("{:.3}", bytes as f64 / (1024.0 * 1024.0))
-}
-
-/// The memory pools blocks live in (the MALLOC/FREE Event Types).
-pub fn is_pool(t: EventType) -> bool {
-    matches!(t, EventType::Pta | EventType::Hal | EventType::Host)
-}
-
-/// A live block's identity: its device, pool and Ptr.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct BlockKey {
-    pub(crate) device: DeviceId,
-    pub(crate) pool: EventType,
-    pub(crate) ptr: u64,
-}
-
-impl std::hash::Hash for BlockKey {
-    /// One word: the Ptr with the device and pool folded into its top bits, which real
-    /// addresses leave clear (equal words of different keys only share a bucket). The maps
-    /// of live blocks hash one on every MALLOC and FREE row.
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let device = match self.device {
-            DeviceId::None => 0,
-            DeviceId::Cpu => 1,
-            DeviceId::Cuda(index) => 2 + u64::from(index),
-        };
-        state.write_u64(self.ptr ^ (device << 8 | self.pool as u64) << 48);
-    }
 }
 
 /// A live block: 40 bytes, since a run keeps hundreds of thousands and every lookup in a map
@@ -166,7 +140,7 @@ pub struct Leaks {
     /// Launches without a device (they count for every device).
     launches_anywhere: u64,
     launches: FastMap<DeviceId, u64>,
-    live: FastMap<BlockKey, Block>,
+    live: LiveBlocks<Block>,
     /// Blocks allocated in the current / the previous step (step ≥ 2), with their row IDs.
     this_step: Vec<(BlockKey, u64)>,
     last_step: Vec<(BlockKey, u64)>,
@@ -307,56 +281,32 @@ impl Analysis for Leaks {
                     *self.launches.entry(row.device).or_insert(0) += 1;
                 }
             }
-            (Event::Malloc, pool) if is_pool(pool) => {
-                let Some(ptr) = row.ptr else { return };
-                let key = BlockKey {
-                    device: row.device,
-                    pool,
-                    ptr,
-                };
-                let block = Block {
+            (Event::Malloc | Event::Free, _) => {
+                let (step, launches) = (self.step, self.launches_of(row.device));
+                let sites = &mut self.sites;
+                let Some((change, gone)) = self.live.apply(row, || Block {
                     size: block_attrs(row).size.unwrap_or(0),
-                    step: self.step,
-                    launches: self.launches_of(row.device),
+                    step,
+                    launches,
                     row_id: row.id,
-                    site: self.sites.site_of(row, pool),
+                    site: sites.site_of(row, row.event_type),
                     candidate: false,
+                }) else {
+                    return;
                 };
-                if let Some(old) = self.live.insert(key, block) {
-                    if old.candidate {
-                        self.sites.candidate_freed(old.site, old.size);
-                    }
+                if let Some(old) = gone.filter(|old| old.candidate) {
+                    self.sites.candidate_freed(old.site, old.size);
                 }
-                if self.step >= 2 {
-                    self.this_step.push((key, row.id));
-                }
-            }
-            (Event::Free, pool) if is_pool(pool) => {
-                if let Some(ptr) = row.ptr {
-                    let key = BlockKey {
-                        device: row.device,
-                        pool,
-                        ptr,
-                    };
-                    if let Some(old) = self.live.remove(&key) {
-                        if old.candidate {
-                            self.sites.candidate_freed(old.site, old.size);
-                        }
+                if let BlockChange::Malloc(key) = change {
+                    if self.step >= 2 {
+                        self.this_step.push((key, row.id));
                     }
                 }
             }
             (Event::System, EventType::Holder) => {
                 let Some(ptr) = row.ptr else { return };
-                let held = [EventType::Pta, EventType::Host, EventType::Hal]
-                    .into_iter()
-                    .find_map(|pool| {
-                        self.live.get(&BlockKey {
-                            device: row.device,
-                            pool,
-                            ptr,
-                        })
-                    });
-                if let Some(block) = held {
+                let pools = [EventType::Pta, EventType::Host, EventType::Hal];
+                if let Some((_, block)) = self.live.at_address(row.device, ptr, &pools) {
                     self.sites.holder(block.site, row.name.trim());
                 }
             }
@@ -370,7 +320,7 @@ impl Analysis for Leaks {
             .live
             .iter()
             .filter(|(k, b)| k.pool == EventType::Hal && !b.candidate)
-            .map(|(k, b)| (*k, *b))
+            .map(|(k, b)| (k, *b))
             .collect();
         hal.sort_by_key(|(_, b)| b.row_id);
         self.hal_at_exit = hal.into_iter().map(|(key, b)| b.leak(key, false)).collect();

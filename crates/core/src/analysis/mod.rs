@@ -10,11 +10,13 @@ pub mod fast_map;
 pub mod fluctuation;
 pub mod inefficient;
 pub mod leaks;
+pub mod live_blocks;
 pub mod myers;
 pub mod oom_summary;
+pub mod oom_watch;
 pub mod rank_summary;
 
-use crate::config::{Analysis as Requested, RunConfig};
+use crate::config::Analysis as Requested;
 use crate::events::EventRow;
 
 /// What an analysis produced when its input ended.
@@ -41,11 +43,11 @@ pub trait Analysis: Send {
     }
 }
 
-/// The analyses a run asked for that run online, in the writer.
-pub fn online_for(config: &RunConfig) -> Vec<Box<dyn Analysis>> {
+/// The analyses a run asked for (`RunConfig::analysis`) that run online, in the writer.
+pub fn online_for(requested: &[Requested]) -> Vec<Box<dyn Analysis>> {
     #[allow(unused_mut)] // each analysis pushes itself in the match below as it is built
     let mut analyses: Vec<Box<dyn Analysis>> = Vec::new();
-    for requested in &config.analysis {
+    for requested in requested {
         match requested {
             // Each online analysis registers itself here as it is built.
             Requested::Inefficient => analyses.push(Box::new(inefficient::Inefficient::new(

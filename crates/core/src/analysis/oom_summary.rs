@@ -3,8 +3,8 @@
 //! largest sites live at that moment.
 //!
 //! # Rules
-//! - Live blocks: `MALLOC`/`FREE` rows of every pool, keyed by (Device Id, Ptr), each with its
-//!   site (the `site` Attr, else the first Python frame) and owner.
+//! - Live blocks: `MALLOC`/`FREE` rows of every pool (live_blocks' rules), each with its site
+//!   (the `site` Attr, else the first Python frame) and owner.
 //! - A failure is an `OOM_DETAIL OOM_TRIGGER` row (`req_size`, `func`, `error`, `site`). One
 //!   failed tensor allocation often gives two triggers: the `malloc` hook's (`func` a libc
 //!   function) and the tensor allocator's (`func` the op): triggers of the same device and size
@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use super::fast_map::FastMap;
 use super::leaks::findings::{human, source_of};
 use super::leaks::sites::{owner_category, row_site};
+use super::live_blocks::LiveBlocks;
 use super::{Analysis, AnalysisOutput};
 use crate::events::{DeviceId, Event, EventRow, EventType};
 
@@ -47,8 +48,8 @@ pub struct Failure {
 
 #[derive(Default)]
 pub struct OomSummary {
-    /// (device, Ptr) -> (size, index into `origins`).
-    live: FastMap<(DeviceId, u64), (u64, u32)>,
+    /// (size, index into `origins`) of each live block.
+    live: LiveBlocks<(u64, u32)>,
     origins: Vec<(Option<String>, Option<String>)>,
     origin_ids: HashMap<(Option<String>, Option<String>), u32>,
     failures: Vec<Failure>,
@@ -118,8 +119,8 @@ impl OomSummary {
         }
         let mut by_origin: FastMap<u32, (u64, u64)> = FastMap::default();
         let (mut live_bytes, mut live_blocks) = (0u64, 0u64);
-        for (&(device, _), &(size, origin)) in &self.live {
-            if row.device != DeviceId::None && device != row.device {
+        for (key, &(size, origin)) in self.live.iter() {
+            if row.device != DeviceId::None && key.device != row.device {
                 continue;
             }
             live_bytes += size;
@@ -219,17 +220,13 @@ impl Analysis for OomSummary {
 
     fn feed(&mut self, row: &EventRow) {
         match (row.event, row.event_type) {
-            (Event::Malloc, _) => {
-                if let Some(ptr) = row.ptr {
-                    let size = row.attr_u64("size").unwrap_or(0);
-                    let origin = self.origin_of(row);
-                    self.live.insert((row.device, ptr), (size, origin));
-                }
+            (Event::Malloc, _) if row.ptr.is_some() => {
+                let size = row.attr_u64("size").unwrap_or(0);
+                let origin = self.origin_of(row);
+                self.live.apply(row, || (size, origin));
             }
             (Event::Free, _) => {
-                if let Some(ptr) = row.ptr {
-                    self.live.remove(&(row.device, ptr));
-                }
+                self.live.apply(row, || (0, 0));
             }
             (Event::OomDetail, EventType::OomTrigger) => self.trigger(row),
             _ => {}

@@ -23,6 +23,7 @@
 use super::fast_map::FastMap;
 
 use super::leaks::Leaks;
+use super::live_blocks::LiveBlocks;
 use super::Analysis;
 use crate::events::{DeviceId, Event, EventRow, EventType};
 
@@ -39,36 +40,41 @@ pub struct RankSummary {
     pub top_owner: Option<(String, u64)>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-struct BlockKey {
-    device: DeviceId,
-    ptr: u64,
-}
-
 struct Live {
     size: u64,
     owner: Option<usize>,
-    allocation_id: Option<u64>,
 }
 
 /// Computes a [`RankSummary`] from a dump's rows, fed in order.
-#[derive(Default)]
 pub struct RankSummarizer {
     leaks: Leaks,
     step: u64,
     summary: RankSummary,
-    /// Live `PTA` blocks, and where each allocation id lives.
-    live: FastMap<BlockKey, Live>,
-    by_allocation: FastMap<u64, BlockKey>,
+    /// Live `PTA` blocks, found by their allocation ids too.
+    live: LiveBlocks<Live>,
     /// Owner names, and the live bytes of each (same index).
     owners: Vec<String>,
     owner_index: FastMap<String, usize>,
     owner_bytes: Vec<u64>,
 }
 
+impl Default for RankSummarizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RankSummarizer {
     pub fn new() -> RankSummarizer {
-        RankSummarizer::default()
+        RankSummarizer {
+            leaks: Leaks::default(),
+            step: 0,
+            summary: RankSummary::default(),
+            live: LiveBlocks::with_allocation_index(),
+            owners: Vec::new(),
+            owner_index: FastMap::default(),
+            owner_bytes: Vec::new(),
+        }
     }
 
     pub fn feed(&mut self, row: &EventRow) {
@@ -81,29 +87,15 @@ impl RankSummarizer {
             (Event::System, EventType::Owner) => self.relabel(row),
             (Event::Malloc, EventType::Pta) => {
                 self.note_reserved(row);
-                let Some(ptr) = row.ptr else { return };
-                let key = BlockKey {
-                    device: row.device,
-                    ptr,
-                };
-                self.end_block(key);
                 let owner = row.attr_str("owner").map(|o| self.owner_id(o));
                 let size = row.attr_u64("size").unwrap_or(0);
+                let Some((_, gone)) = self.live.apply(row, || Live { size, owner }) else {
+                    return;
+                };
+                self.end_block(gone);
                 if let Some(owner) = owner {
                     self.owner_bytes[owner] += size;
                 }
-                let allocation_id = row.attr_u64("allocation_id");
-                if let Some(id) = allocation_id {
-                    self.by_allocation.insert(id, key);
-                }
-                self.live.insert(
-                    key,
-                    Live {
-                        size,
-                        owner,
-                        allocation_id,
-                    },
-                );
                 if let Some(used) = row.attr_u64("used") {
                     if self.summary.peak_allocated.is_none_or(|peak| used > peak) {
                         self.summary.peak_allocated = Some(used);
@@ -114,11 +106,11 @@ impl RankSummarizer {
             }
             (Event::Free, EventType::Pta) => {
                 self.note_reserved(row);
-                if let Some(ptr) = row.ptr {
-                    self.end_block(BlockKey {
-                        device: row.device,
-                        ptr,
-                    });
+                if let Some((_, gone)) = self.live.apply(row, || Live {
+                    size: 0,
+                    owner: None,
+                }) {
+                    self.end_block(gone);
                 }
             }
             _ => {}
@@ -154,17 +146,14 @@ impl RankSummarizer {
         id
     }
 
-    /// The block at `key` stops living (freed, or its address allocated again).
-    fn end_block(&mut self, key: BlockKey) {
-        if let Some(block) = self.live.remove(&key) {
-            if let Some(owner) = block.owner {
-                self.owner_bytes[owner] -= block.size;
-            }
-            if let Some(id) = block.allocation_id {
-                if self.by_allocation.get(&id) == Some(&key) {
-                    self.by_allocation.remove(&id);
-                }
-            }
+    /// A block stopped living (freed, or its address allocated again).
+    fn end_block(&mut self, gone: Option<Live>) {
+        if let Some(Live {
+            size,
+            owner: Some(owner),
+        }) = gone
+        {
+            self.owner_bytes[owner] -= size;
         }
     }
 
@@ -173,11 +162,8 @@ impl RankSummarizer {
         let (Some(id), Some(owner)) = (row.attr_u64("allocation_id"), row.attr_str("owner")) else {
             return;
         };
-        let Some(&key) = self.by_allocation.get(&id) else {
-            return;
-        };
         let owner = self.owner_id(owner);
-        if let Some(block) = self.live.get_mut(&key) {
+        if let Some((_, block)) = self.live.by_allocation_id(id) {
             if let Some(old) = block.owner {
                 self.owner_bytes[old] -= block.size;
             }

@@ -18,6 +18,9 @@
 //! parent's socket.
 
 pub use msmemscope_core::control_frame as frame;
+// Terminating signals end the run (window report, dump analyses) before they take effect;
+// the service thread reads their pipe.
+pub mod signals;
 pub mod socket;
 
 use std::io::Read;
@@ -31,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use msmemscope_core::held_fd::{self, Identity};
 
-use crate::guard::Entered;
 use crate::host_leak::window;
 use crate::session::{self, StartError, Started, Stopped};
 use crate::{log, pipeline};
@@ -71,7 +73,8 @@ exit                       end the session";
 /// programs whose behaviour depends on their own thread count.
 pub use msmemscope_core::control_socket::ENV_NO_CONTROL;
 
-/// Starts the listener once per process. Failures are logged; the program runs on without it.
+/// Starts the listener once per process; the caller has registered the exit handler
+/// (`lifecycle::ensure_exit_handler`), which calls [`shutdown`]. Failures are logged; the program runs on without it.
 /// The same thread serves the signal pipe (`signals`). Without a listener (switched off for
 /// programs that count their threads, or its socket refused) no thread is added at all, and
 /// terminating signals keep their plain default.
@@ -126,10 +129,7 @@ fn bind_listener() -> Option<Held<UnixListener>> {
             // Held (high number, identity) here, before the program's code runs: the service
             // thread may start after the program has closed and reused the number.
             let _ = listener.set_nonblocking(true);
-            let listener = Held::new(listener)?;
-            // SAFETY: registering a plain extern "C" function with libc.
-            unsafe { libc::atexit(at_exit) };
-            Some(listener)
+            Held::new(listener)
         }
         Err(e) => {
             log::error(&format!("control channel not started: {e}"));
@@ -156,8 +156,9 @@ fn spawn_service(listener: Held<UnixListener>) -> std::io::Result<()> {
     crate::raw_thread::spawn(THREAD_NAME, Box::new(move || serve(listener)))
 }
 
-/// At exit: wait for a command in progress, stop serving, remove the socket. Never in a
-/// forked child: the socket is the parent's.
+/// At exit (lifecycle's one exit handler, which every caller of [`start`] has registered):
+/// wait for a command in progress, stop serving, remove the socket. Never in a forked child:
+/// the socket is the parent's.
 pub fn shutdown() {
     if crate::process::is_forked_child() || !STARTED.load(Ordering::Acquire) {
         return;
@@ -175,13 +176,6 @@ pub fn shutdown() {
         }
     };
     remove_socket();
-}
-
-extern "C" fn at_exit() {
-    let Some(_entered) = Entered::try_enter() else {
-        return;
-    };
-    shutdown();
 }
 
 fn remove_socket() {
@@ -209,7 +203,7 @@ fn serve(mut listener: Held<UnixListener>) {
                 None => return serve_signals_only(),
             }
         }
-        let signal_fd = crate::signals::service_fd();
+        let signal_fd = signals::service_fd();
         fds.clear();
         fds.push(libc::pollfd {
             fd: listener.socket.as_raw_fd(),
@@ -246,7 +240,7 @@ fn serve(mut listener: Held<UnixListener>) {
             continue;
         }
         // A signal taken while the pipe was not ours is still pending: seen here too.
-        crate::signals::on_service_ready(fds[1].revents != 0);
+        signals::on_service_ready(fds[1].revents != 0);
         // The connections' bytes first: a request that came in while a command ran is served
         // even if its deadline passed meanwhile.
         let mut index = 2;
@@ -347,7 +341,7 @@ fn rebind(lost: Held<UnixListener>) -> Option<Held<UnixListener>> {
 /// Without a listener: the signal pipe alone, until the process ends.
 fn serve_signals_only() {
     loop {
-        let fd = crate::signals::service_fd();
+        let fd = signals::service_fd();
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -355,7 +349,7 @@ fn serve_signals_only() {
         };
         // SAFETY: one valid pollfd (a negative fd is ignored).
         unsafe { libc::poll(&mut pfd, 1, IDENTITY_CHECK_MS) };
-        crate::signals::on_service_ready(pfd.revents != 0);
+        signals::on_service_ready(pfd.revents != 0);
     }
 }
 

@@ -31,10 +31,11 @@ pub(super) fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
 }
 
 /// Before the runtime's constructor (a linked library's constructor allocating): begins the
-/// launched run now, so this block and the ones after it are accounted.
+/// launched run now, so this block and the ones after it are accounted. The module scans the
+/// run makes carry the hooks' own work from the first one on.
 #[inline(always)]
 fn begin_run_now() -> Option<&'static crate::host_leak::ledger::Ledger> {
-    crate::lifecycle::begin_on_first_allocation();
+    crate::launch::begin_on_first_allocation(super::loader::ride_along);
     window::active()
 }
 

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use msmemscope_core::config::{Device, EventKind, Level, RunConfig};
+use msmemscope_core::config::{
+    Analysis as Requested, DataFormat, Device, EventKind, Level, RunConfig,
+};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 use msmemscope_core::run_dir::RunDir;
 
@@ -79,9 +81,8 @@ impl Filter {
 pub type RunDirSource = fn() -> Result<Arc<RunDir>, String>;
 
 struct Pipeline {
-    /// The configuration in force, as its owner (`session`) last applied it: the writer's
-    /// format and online analyses come from it.
-    config: RwLock<RunConfig>,
+    /// What the writer starts with, from the configuration its owner (`session`) last applied.
+    plan: RwLock<WriterPlan>,
     run_dir: RwLock<Option<RunDirSource>>,
     filter: RwLock<Filter>,
     tracing: AtomicBool,
@@ -102,7 +103,7 @@ fn pipeline() -> &'static Pipeline {
         let config = RunConfig::default();
         Pipeline {
             filter: RwLock::new(Filter::from_config(&config)),
-            config: RwLock::new(config),
+            plan: RwLock::new(WriterPlan::of(&config)),
             run_dir: RwLock::new(None),
             tracing: AtomicBool::new(false),
             step: AtomicU64::new(0),
@@ -122,27 +123,44 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
         _ => None,
     });
     if let Ok(mut watch) = p.oom.lock() {
-        *watch = k.map(oom::OomWatch::new);
+        *watch = k.map(oom::watch);
     }
     OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
     FOLLOWED.store(config.job.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
         *f = Filter::from_config(config);
     }
-    if let Ok(mut c) = p.config.write() {
-        *c = config.clone();
+    if let Ok(mut plan) = p.plan.write() {
+        *plan = WriterPlan::of(config);
     }
     if let Ok(mut source) = p.run_dir.write() {
         *source = Some(run_dir);
     }
 }
 
-fn config() -> RunConfig {
-    pipeline()
-        .config
+/// The part of the configuration the writer needs when it starts: the configuration itself
+/// has one owner, the session.
+#[derive(Clone)]
+struct WriterPlan {
+    format: DataFormat,
+    analyses: Vec<Requested>,
+}
+
+impl WriterPlan {
+    fn of(config: &RunConfig) -> WriterPlan {
+        WriterPlan {
+            format: config.format,
+            analyses: config.analysis.clone(),
+        }
+    }
+}
+
+fn writer_plan() -> WriterPlan {
+    let p = pipeline();
+    p.plan
         .read()
-        .map(|c| c.clone())
-        .unwrap_or_default()
+        .map(|plan| plan.clone())
+        .unwrap_or_else(|_| WriterPlan::of(&RunConfig::default()))
 }
 
 fn run_dir() -> Result<Arc<RunDir>, String> {
@@ -368,14 +386,10 @@ fn ensure_writer() -> bool {
         return true;
     }
     let started = run_dir().and_then(|dir| {
-        let config = config();
-        let analyses = msmemscope_core::analysis::online_for(&config);
-        Writer::start(
-            sinks::Sinks::new(&dir, config.format),
-            analyses,
-            dir.clone(),
-        )
-        .ok_or_else(|| "cannot start the writer thread".to_string())
+        let plan = writer_plan();
+        let analyses = msmemscope_core::analysis::online_for(&plan.analyses);
+        Writer::start(sinks::Sinks::new(&dir, plan.format), analyses, dir.clone())
+            .ok_or_else(|| "cannot start the writer thread".to_string())
     });
     match started {
         Ok(w) => {

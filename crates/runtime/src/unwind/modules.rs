@@ -9,9 +9,9 @@
 
 use std::ffi::CStr;
 use std::ops::{Deref, Range};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder};
@@ -88,6 +88,26 @@ pub fn refresh(force: bool) -> bool {
     refresh_holding(&serial, force)
 }
 
+/// Work of a layer above that rides along a scan of the loaded modules, so the loader's list is
+/// walked once: the hooks' GOT survey, then the search for a CPython (hooks::loader).
+pub trait ScanPass {
+    /// For each loaded object, from inside `dl_iterate_phdr`'s callback.
+    fn visit(&mut self, info: &libc::dl_phdr_info, path: &Path);
+    /// After the scan's snapshot is published.
+    fn finish(self: Box<Self>);
+}
+
+/// Begins one scan's [`ScanPass`] (`None`: nothing rides along this one).
+pub type StartPass = fn() -> Option<Box<dyn ScanPass>>;
+
+/// Starts the pass of each scan; set once, before the run's first scan.
+static RIDER: OnceLock<StartPass> = OnceLock::new();
+
+/// Has `start` begin a pass for every scan from now on. False when one was set already.
+pub fn ride_along(start: StartPass) -> bool {
+    RIDER.set(start).is_ok()
+}
+
 /// [`refresh`] by the thread that holds the refresh lock.
 fn refresh_holding(_serial: &std::sync::MutexGuard<'_, ()>, force: bool) -> bool {
     if !force {
@@ -98,7 +118,7 @@ fn refresh_holding(_serial: &std::sync::MutexGuard<'_, ()>, force: bool) -> bool
         }
     }
     let mut scanned = scan();
-    let got = scanned.got.take();
+    let pass = scanned.pass.take();
     let mut unwinder = ProcessUnwinder::new();
     let mut ranges = Vec::with_capacity(scanned.modules.len());
     let tool_ranges = scanned
@@ -133,11 +153,9 @@ fn refresh_holding(_serial: &std::sync::MutexGuard<'_, ()>, force: bool) -> bool
         tool_ranges,
     });
     CURRENT.store(Box::into_raw(snapshot), Ordering::Release);
-    if let Some(got) = got {
-        got.finish();
+    if let Some(pass) = pass {
+        pass.finish();
     }
-    // A CPython among the objects (the executable, or a libpython loaded since).
-    crate::python::detect();
     true
 }
 
@@ -248,8 +266,8 @@ struct Scan {
     modules: Vec<ScannedModule>,
     adds: u64,
     subs: u64,
-    /// The GOT survey that rides along (hooks::got).
-    got: Option<crate::hooks::got::Survey>,
+    /// What rides along this scan ([`ride_along`]).
+    pass: Option<Box<dyn ScanPass>>,
 }
 
 fn scan() -> Scan {
@@ -257,7 +275,7 @@ fn scan() -> Scan {
         modules: Vec::new(),
         adds: 0,
         subs: 0,
-        got: crate::hooks::got::Survey::begin(),
+        pass: RIDER.get().and_then(|start| start()),
     };
     // SAFETY: the callback only reads the phdr info the loader hands it, during the call.
     unsafe {
@@ -298,8 +316,8 @@ unsafe extern "C" fn visit(
         return 0;
     }
     let path = module_path(info);
-    if let Some(got) = scan.got.as_mut() {
-        got.visit(info, &path);
+    if let Some(pass) = scan.pass.as_mut() {
+        pass.visit(info, &path);
     }
     let mut sections = ExplicitModuleSectionInfo {
         base_svma: 0,

@@ -152,7 +152,7 @@ pub fn install() {
     let Some(real) = real_sigaction().filter(|_| write_end >= 0) else {
         return;
     };
-    if !crate::control::signal_service_running() {
+    if !super::signal_service_running() {
         return;
     }
     // SAFETY: getpid has no preconditions.
