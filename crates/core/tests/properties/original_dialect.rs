@@ -11,10 +11,13 @@ use msmemscope_core::analysis::compare::{write_csv, OpCollector};
 use msmemscope_core::analysis::decompose::check_decompose;
 use msmemscope_core::analysis::inefficient::{check_inefficient, Options};
 use msmemscope_core::config::Level;
-use msmemscope_core::events::csv::{write_row, HEADER};
+use msmemscope_core::events::csv::HEADER;
 use msmemscope_core::events::reader;
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+
+use crate::util::csv_of;
 
 /// What a generated step does: an op, allocating and freeing blocks; marks between ops.
 #[derive(Clone, Debug)]
@@ -142,15 +145,6 @@ fn dump_of(acts: &[Act]) -> Vec<EventRow> {
     rows
 }
 
-/// Our CSV text of `rows`.
-fn ours(rows: &[EventRow]) -> String {
-    let mut text = format!("{HEADER}\n");
-    for row in rows {
-        write_row(&mut text, row);
-    }
-    text
-}
-
 /// `{"a":1,"b":"x"}` as the original writes it: `{a:1,b:x}`; no Attr at all as nothing.
 fn unquoted(json: &str) -> String {
     let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).unwrap();
@@ -171,7 +165,7 @@ fn unquoted(json: &str) -> String {
 /// its block's FREE (a block never freed: at the end), START_TRACE and STOP_TRACE last, then
 /// the rows moved by `swaps` (pairs of positions).
 fn original(rows: &[EventRow], swaps: &[(usize, usize)]) -> String {
-    let ours = ours(rows);
+    let ours = csv_of(rows);
     let mut lines: Vec<Vec<String>> = csv::Reader::from_reader(ours.as_bytes())
         .records()
         .map(|r| r.unwrap().iter().map(str::to_string).collect())
@@ -252,7 +246,15 @@ fn all_rows(path: &Path) -> Vec<EventRow> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    // Failures saved beside this file (`original_dialect.proptest-regressions`): the default,
+    // `SourceParallel`, would look in `tests/proptest-regressions/` since `main.rs` is here.
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions"
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn a_dump_in_the_original_dialect_reads_and_analyses_as_ours(
@@ -262,7 +264,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let rows = dump_of(&acts);
         let (ours_path, theirs_path) = (dir.path().join("ours.csv"), dir.path().join("theirs.csv"));
-        std::fs::write(&ours_path, ours(&rows)).unwrap();
+        std::fs::write(&ours_path, csv_of(&rows)).unwrap();
         std::fs::write(&theirs_path, original(&rows, &swaps)).unwrap();
         prop_assert_eq!(all_rows(&theirs_path), all_rows(&ours_path));
         prop_assert_eq!(results(&theirs_path), results(&ours_path));

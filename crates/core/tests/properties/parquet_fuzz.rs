@@ -3,76 +3,13 @@
 //! where it refuses them), and any damage to a Parquet file (bytes changed, the file cut) is
 //! read to an error of one line, never a panic or a row over the cap.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use msmemscope_core::events::csv::{write_row, HEADER};
 use msmemscope_core::events::parquet::writer::{ParquetWriter, WriteError};
-use msmemscope_core::events::reader::{self, ReadError, MAX_ROW_BYTES};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
-
-/// A file of its own for one case, removed with it.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn scratch(ext: &str) -> Scratch {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("msmemscope-pqfuzz-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir.join(format!("{n}.{ext}")))
-}
-
-fn read_all(path: &Path) -> (Vec<EventRow>, Option<ReadError>) {
-    let one_line = |e: &ReadError| {
-        let text = e.to_string();
-        assert!(!text.contains('\n') && !text.contains('\r'), "{text:?}");
-    };
-    let rows = match reader::open(path) {
-        Ok(rows) => rows,
-        Err(e) => {
-            one_line(&e);
-            return (Vec::new(), Some(e));
-        }
-    };
-    let mut good = Vec::new();
-    let mut error = None;
-    for row in rows {
-        assert!(error.is_none(), "a row after the error {error:?}");
-        match row {
-            Ok(row) => {
-                let len = row.name.len()
-                    + row.python_stack.len()
-                    + row.c_stack.len()
-                    + row.attrs_json.as_ref().map_or(0, String::len);
-                assert!(len <= MAX_ROW_BYTES, "a row of {len} bytes");
-                good.push(row);
-            }
-            Err(e) => {
-                one_line(&e);
-                error = Some(e);
-            }
-        }
-    }
-    (good, error)
-}
+use crate::util::{config, csv_of, read_all, scratch};
 
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -170,11 +107,7 @@ fn write_parquet(path: &Path, rows: &[EventRow]) -> bool {
 }
 
 fn write_csv(path: &Path, rows: &[EventRow]) {
-    let mut text = format!("{HEADER}\n");
-    for row in rows {
-        write_row(&mut text, row);
-    }
-    std::fs::write(path, text).unwrap();
+    std::fs::write(path, csv_of(rows)).unwrap();
 }
 
 proptest! {
@@ -182,12 +115,12 @@ proptest! {
 
     #[test]
     fn parquet_reads_back_what_csv_reads(rows in rows()) {
-        let parquet = scratch("parquet");
-        prop_assume!(write_parquet(&parquet.0, &rows));
-        let csv = scratch("csv");
-        write_csv(&csv.0, &rows);
-        let (want, want_error) = read_all(&csv.0);
-        let (got, got_error) = read_all(&parquet.0);
+        let parquet = scratch("rows.parquet");
+        prop_assume!(write_parquet(&parquet, &rows));
+        let csv = scratch("rows.csv");
+        write_csv(&csv, &rows);
+        let (want, want_error) = read_all(&csv);
+        let (got, got_error) = read_all(&parquet);
         prop_assert_eq!(got, want);
         prop_assert_eq!(
             got_error.is_some(),
@@ -204,9 +137,9 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in proptest::option::of(any::<prop::sample::Index>()),
     ) {
-        let parquet = scratch("parquet");
-        prop_assume!(write_parquet(&parquet.0, &rows));
-        let mut bytes = std::fs::read(&parquet.0).unwrap();
+        let parquet = scratch("rows.parquet");
+        prop_assume!(write_parquet(&parquet, &rows));
+        let mut bytes = std::fs::read(&parquet).unwrap();
         for (at, value) in flips {
             let i = at.index(bytes.len());
             bytes[i] = value;
@@ -214,8 +147,8 @@ proptest! {
         if let Some(cut) = cut {
             bytes.truncate(cut.index(bytes.len()));
         }
-        std::fs::write(&parquet.0, &bytes).unwrap();
+        std::fs::write(&parquet, &bytes).unwrap();
         // No panic, one-line errors, no row over the cap (checked by read_all).
-        let (_, _) = read_all(&parquet.0);
+        let (_, _) = read_all(&parquet);
     }
 }

@@ -7,21 +7,11 @@ use msmemscope_core::control_frame::{
     MAX_PAYLOAD, TYPE_REQUEST, TYPE_RESPONSE,
 };
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
-fn config() -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(256),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+use crate::util::config;
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(config(256))]
 
     /// What the server does with a header: a request it may read, or one line of refusal; a
     /// length over the limit is refused before anything is read.
