@@ -5,6 +5,14 @@
 //! Rules for everything under `hooks/`: no allocation through the hooked allocator (the global
 //! allocator below calls glibc's `__libc_*` functions), a per-thread reentrancy guard, ledger
 //! removal before the real `free`/`realloc`, and no way to fail loudly.
+//!
+//! The modules in layers, each calling only the layers below it (crates/core/tests/properties/
+//! layers.rs reads the `use crate::` lines; ARCHITECTURE.md draws them):
+//! 0. clock, libc_heap, hashing, guard, spare_fd, process;
+//! 1. log, private_alloc, raw_thread, forward;
+//! 2. unwind; 3. python; 4. sanitizer; 5. pipeline, host_leak;
+//! 6. session (the one owner of a run's state); 7. launch; 8. hooks;
+//! 9. the adapters, which may call each other: ffi, control, lifecycle, marks.
 
 mod clock;
 pub mod control;

@@ -16,6 +16,10 @@
 //! Python API otherwise (not in every process of a shell that sourced `--load-api-env`).
 //! Forked children have no listener (threads do not survive a fork) and never remove the
 //! parent's socket.
+//!
+//! Layer 9, an adapter (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls session, host_leak and the bottom layers, and the other adapters (lifecycle); nothing
+//! below calls it.
 
 pub use msmemscope_core::control_frame as frame;
 // Terminating signals end the run (window report, dump analyses) before they take effect;

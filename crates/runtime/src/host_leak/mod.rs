@@ -1,4 +1,7 @@
 //! Host heap leak detection: the window, its sharded ledger, and the report at close.
+//!
+//! Layer 5 of the runtime (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls python, unwind and the bottom layers; the session opens and closes windows.
 
 pub mod aggregate;
 pub mod beats;

@@ -23,6 +23,9 @@
 //! Every entry point is wrapped by [`guarded`]: the reentrancy guard is held while recording
 //! (allocations made on the way are the runtime's, not the program's), and a panic is caught
 //! before it can cross the C boundary.
+//!
+//! Layer 9, an adapter (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls pipeline, sanitizer and the bottom layers, and lifecycle; nothing below calls it.
 
 pub mod mstx;
 pub mod nvtx;

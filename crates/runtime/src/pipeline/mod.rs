@@ -2,6 +2,10 @@
 //! rows; the pipeline stamps them (time, process, thread, C stack), filters them by the run's
 //! configuration (tracing on/off, `--events`, `--device`, `--level`, `--steps`), and queues them
 //! in per-thread buffers that the writer thread drains into the dump files.
+//!
+//! Layer 5 of the runtime (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls sanitizer, unwind and the bottom layers; it is given what it needs when tracing starts
+//! (a `WriterPlan`) and never reads the session.
 
 mod buffers;
 pub mod oom;

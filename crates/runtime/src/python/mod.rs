@@ -14,6 +14,9 @@
 //! (`frames_above_interpreter`). A frame becomes text (file, line, function) while the
 //! allocating thread runs it, so its code object is certainly alive; `RenderKey` names what the
 //! text is read from, so texts are cached without ever being given for another code object.
+//!
+//! Layer 3 of the runtime (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls unwind (module ranges) and the bottom layers only.
 
 pub mod layout;
 

@@ -1,5 +1,9 @@
 //! Call-stack capture inside allocation hooks: DWARF CFI rules cached per return address
 //! (framehop), with frame pointers only as the fallback for code without unwind tables.
+//!
+//! Layer 2 of the runtime (ARCHITECTURE.md; crates/core/tests/properties/layers.rs checks it):
+//! calls only the bottom layer (clock); what else runs during a module
+//! scan (the GOT survey, CPython detection) is registered from above as a `ScanPass`.
 
 pub mod capture;
 pub mod maps;
