@@ -286,6 +286,14 @@ def test_oom_and_watch_views(runs, browser):
         "return [...document.querySelectorAll('tr.oom-row')].map(r => r.dataset.type);"
     )
     assert shown == [r["Event Type"] for r in sorted(rows, key=_oom_order)]
+    # The OOM summary made from the dump is the one the run printed (analysis_report.txt).
+    summary = browser.execute_script(
+        "return document.querySelector('pre.oom-summary').textContent;"
+    )
+    assert summary.startswith(
+        "====== OOM: an allocation of 4.00 PiB (4503599627370496 bytes) failed on device cpu"
+    )
+    assert summary in (run / "analysis_report.txt").read_text()
 
     _assert_quiet(_open(browser, page, "watch", "watch"))
     (path,) = glob.glob(str(run / "watch_dump" / "watch_dump_data_check_sum_*.csv"))

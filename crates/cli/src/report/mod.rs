@@ -119,7 +119,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let mut timelines: Vec<timeline::Timeline> =
         dumps.iter().map(|_| timeline::Timeline::new()).collect();
     let mut leaks = sections::LeakSection::new();
-    let mut oom = sections::OomSection::default();
+    let mut oom = sections::OomSection::new();
     let mut decompose = sections::DecomposeSection::new();
     // The files are merged by row ID, the writer's global numbering: each timeline sees its
     // own file's rows, and the run-wide analyses see every row once, in the order the online
@@ -171,7 +171,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         "config": config,
         "timelines": timelines,
         "leaks": if dumps.is_empty() { Value::Null } else { sections::leaks_json(leaks) },
-        "oom": oom.to_json(),
+        "oom": oom.finish(),
         "decompose": decompose.finish(),
         "compare": sections::compare_json(run).map_err(Failure::input)?,
         "watch": sections::watch_json(run).map_err(Failure::input)?,

@@ -417,6 +417,8 @@ function oomView(view) {
   }
   const groups = [["OOM_TRIGGER", "Triggers"], ["OOM_RECENT_ALLOC", "Most recent live blocks"], ["OOM_TOP_ALLOC", "Largest live blocks"]];
   const parts = [];
+  // The OOM summary made from the dump: each failure, its op and line, the largest live sites.
+  if (DATA.oom.summary) parts.push(el("pre", { class: "oom-summary" }, DATA.oom.summary));
   for (const [type, title] of groups) {
     const mine = rows.filter((r) => r.type === type);
     if (!mine.length) continue;

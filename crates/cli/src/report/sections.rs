@@ -1,11 +1,13 @@
 //! The report's views besides the timeline, each from what the run directory already holds:
-//! the `leaks` analysis re-run over the dump (core's implementation), OOM_DETAIL rows, the
-//! compare CSVs, the watch checksums and the host-leak sites file.
+//! the `leaks` analysis re-run over the dump (core's implementation), OOM_DETAIL rows with the
+//! OOM summary re-run over the dump (core's too), the compare CSVs, the watch checksums and the
+//! host-leak sites file.
 
 use std::path::Path;
 
 use msmemscope_core::analysis::decompose::{Decompose, OwnerBytes};
 use msmemscope_core::analysis::leaks::{self, Leak, Leaks};
+use msmemscope_core::analysis::oom_summary::OomSummary;
 use msmemscope_core::analysis::Analysis;
 use msmemscope_core::events::row::format_ptr;
 use msmemscope_core::events::{Event, EventRow};
@@ -182,15 +184,26 @@ pub fn leaks_json(outcome: LeakOutcome) -> Value {
     })
 }
 
-/// OOM_DETAIL rows: triggers, then the recent and largest live blocks written with them.
-#[derive(Default)]
+/// OOM_DETAIL rows: triggers, then the recent and largest live blocks written with them; and
+/// the OOM summary (`--analysis=oom`'s text: each failure, the op, the user's line, the largest
+/// live sites) made offline from every row, as the runtime makes it online.
 pub struct OomSection {
     rows: Vec<Value>,
     dropped: u64,
+    summary: OomSummary,
 }
 
 impl OomSection {
+    pub fn new() -> OomSection {
+        OomSection {
+            rows: Vec::new(),
+            dropped: 0,
+            summary: OomSummary::new().with_source(msmemscope_core::source_line::read),
+        }
+    }
+
     pub fn feed(&mut self, row: &EventRow) {
+        self.summary.feed(row);
         if row.event != Event::OomDetail {
             return;
         }
@@ -213,8 +226,9 @@ impl OomSection {
         }));
     }
 
-    pub fn to_json(&self) -> Value {
-        json!({"rows": self.rows, "dropped": self.dropped})
+    pub fn finish(mut self) -> Value {
+        let summary = self.summary.finish().console;
+        json!({"rows": self.rows, "dropped": self.dropped, "summary": summary})
     }
 }
 
