@@ -150,7 +150,7 @@ fn print_event_results(dir: &Path, verbose: bool) {
 
 fn print_host_leak_reports(dir: &Path, verbose: bool) {
     let host = dir.join("host_leak");
-    for name in crate::launcher::overviews_in(&host) {
+    for name in overviews_in(&host) {
         let overview = host.join(name);
         if verbose {
             if let Ok(text) = std::fs::read_to_string(&overview) {
@@ -262,4 +262,25 @@ fn job_table(
         ));
     }
     out
+}
+
+/// The names of the `leak_overview_{stage}.txt` files in `dir`, by stage number (so `_10` comes after `_9`).
+pub(crate) fn overviews_in(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let stage = name
+                .to_str()?
+                .strip_prefix("leak_overview_")?
+                .strip_suffix(".txt")?
+                .parse()
+                .ok()?;
+            Some((stage, PathBuf::from(name)))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, path)| path).collect()
 }

@@ -332,7 +332,7 @@ fn report_host_leaks(
     status: &std::process::ExitStatus,
     program: &std::ffi::OsStr,
 ) {
-    let overviews = overviews_in(&run.resolved().join("host_leak"));
+    let overviews = crate::job::overviews_in(&run.resolved().join("host_leak"));
     if overviews.is_empty() {
         let why = crate::why_empty::reason(run, program, status);
         eprintln!(
@@ -361,27 +361,6 @@ fn report_host_leaks(
             Err(e) => eprintln!("msmemscope: cannot read {}: {e}", path.display()),
         }
     }
-}
-
-/// The names of the `leak_overview_{stage}.txt` files in `dir`, by stage number (so `_10` comes after `_9`).
-pub(crate) fn overviews_in(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
-            let stage = name
-                .to_str()?
-                .strip_prefix("leak_overview_")?
-                .strip_suffix(".txt")?
-                .parse()
-                .ok()?;
-            Some((stage, PathBuf::from(name)))
-        })
-        .collect();
-    found.sort();
-    found.into_iter().map(|(_, path)| path).collect()
 }
 
 /// The longest path below the output directory that a run writes (run directory, device

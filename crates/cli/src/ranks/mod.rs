@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::args::UsageError;
+use crate::failure::UsageError;
 
 pub const USAGE: &str = "usage: msmemscope ranks DIR... [--engine native|duckdb|spark] \
     [--output-format table|csv|json] [--threshold PCT]";

@@ -4,7 +4,10 @@
 //! - `crates/core/src/events` (its `mod.rs` lists the layers): no exception.
 //! - `crates/runtime/src` (ARCHITECTURE.md lists the layers): no exception; the adapters of the
 //!   top layer (ffi, control, lifecycle, marks) may call each other.
+//! - `crates/core/src` and `crates/cli/src`, their top-level modules: no two name each other,
+//!   directly or through others (no circle).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The layer of a module of `events`, by its path below `events/` (first match wins).
@@ -243,4 +246,83 @@ fn runtime_modules_import_only_from_lower_layers() {
         "imports from a layer not below:\n{}",
         upward.join("\n")
     );
+}
+
+/// The top-level modules of the crate in `src` and the top-level modules each one's code
+/// names (the crate root, which declares them all, left out).
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let top = |m: &str| m.split('/').next().unwrap_or("").to_string();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let module = module_of(file.strip_prefix(src).unwrap());
+        let own = top(&module);
+        if matches!(own.as_str(), "lib" | "main") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        let named = graph.entry(own.clone()).or_default();
+        for dependency in dependencies_with(&module, &text, &["crate::"]) {
+            let theirs = top(&dependency);
+            if theirs != own && !theirs.is_empty() {
+                named.insert(theirs);
+            }
+        }
+    }
+    graph
+}
+
+/// A circle of modules that name each other, if the graph has one.
+fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut found = path[at..].to_vec();
+            found.push(node.to_string());
+            return Some(found);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(found) = visit(next, graph, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn core_and_cli_modules_form_no_circle() {
+    // The check itself: a circle of three is found.
+    let example: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a")]
+        .into_iter()
+        .map(|(from, to)| (from.to_string(), BTreeSet::from([to.to_string()])))
+        .collect();
+    assert_eq!(circle(&example).unwrap(), ["a", "b", "c", "a"]);
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for src in [manifest.join("src"), manifest.join("../cli/src")] {
+        let graph = module_graph(&src);
+        assert!(graph.len() > 10, "{graph:?}");
+        if let Some(found) = circle(&graph) {
+            panic!(
+                "{}: modules in a circle: {}",
+                src.display(),
+                found.join(" -> ")
+            );
+        }
+    }
 }
