@@ -5,7 +5,7 @@
 //! venv has torch, a real CPU training loop (tests/fixtures/train_steps.py) too.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use msmemscope_core::analysis::check_leaks::{check_leaks, CheckLeaksError};
 use msmemscope_core::events::reader;
@@ -121,8 +121,10 @@ fn check_leaks_errors() {
     );
 }
 
-fn run_cli(scratch: &Scratch, options: &[&str], program: &[&std::ffi::OsStr]) -> Output {
-    launch_ok(options, &scratch.0.join("out"), program)
+/// `msmemscope-cli OPTIONS -o SCRATCH/out PROGRAM...`, checked to succeed; the launcher's stderr.
+fn run_cli(scratch: &Scratch, options: &[&str], program: &[&std::ffi::OsStr]) -> String {
+    let out = launch_ok(options, &scratch.0.join("out"), program);
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The run directory the CLI made under `scratch`.
@@ -173,8 +175,7 @@ Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed
 #[test]
 fn online_leak_report_on_the_launchers_stderr() {
     let scratch = Scratch::new("online");
-    let out = run_cli(&scratch, &[], &[producer().as_os_str(), "leak".as_ref()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = run_cli(&scratch, &[], &[producer().as_os_str(), "leak".as_ref()]);
     let report = format!("{ONLINE_LEAKS}{FEW_STEPS}{ONLINE_GAPS}");
     assert!(stderr.ends_with(&report), "stderr:\n{stderr}");
     let run = run_dir(&scratch);
@@ -198,12 +199,11 @@ fn online_leak_report_on_the_launchers_stderr() {
 #[test]
 fn online_run_without_the_leak_reports_none() {
     let scratch = Scratch::new("noleak");
-    let out = run_cli(
+    let stderr = run_cli(
         &scratch,
         &["--format", "db"],
         &[producer().as_os_str(), "noleak".as_ref()],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("leak of"), "stderr:\n{stderr}");
     assert!(!stderr.contains("ERROR"), "stderr:\n{stderr}");
     // Every step allocates 65536 + 4096*s bytes and frees them all.
@@ -253,12 +253,11 @@ fn torch_python() -> Option<PathBuf> {
 /// Runs tests/fixtures/train_steps.py in `mode` under the CLI; (stderr, the run's cpu dump).
 fn train(scratch: &Scratch, python: &Path, mode: &str) -> (String, PathBuf) {
     let script = repo().join("tests/fixtures/train_steps.py");
-    let out = run_cli(
+    let stderr = run_cli(
         scratch,
         &[],
         &[python.as_os_str(), script.as_os_str(), mode.as_ref()],
     );
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         !stderr.contains("PyTorch tracking is off"),
         "stderr:\n{stderr}"

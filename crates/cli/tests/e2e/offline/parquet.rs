@@ -7,13 +7,14 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use msmemscope_core::analysis::{check_leaks::check_leaks, inefficient};
 use msmemscope_core::events::{reader, EventRow};
 
 use crate::util::{
-    self, cli, dump_files, dump_fixture, launch_ok, only_run_dir, stderr, stdout, Scratch, BIN,
+    self, cli, dump_files, dump_fixture, launch_ok, launch_sleeping_producer, only_run_dir, stderr,
+    stdout, Scratch, BIN,
 };
 
 /// Launches `producer mode` with `options`; returns the run directory and the launcher's output.
@@ -105,29 +106,11 @@ fn a_parquet_launch_holds_the_rows_of_a_csv_launch() {
 fn a_sigkilled_target_leaves_its_flushed_rows_in_parquet() {
     let scratch = Scratch::new("pq-sigkill");
     let out_dir = scratch.path().join("out");
-    let mut child = Command::new(BIN)
-        .args(["--format=parquet", "--analysis=none", "-o"])
-        .arg(&out_dir)
-        .arg(util::producer("emit_events"))
-        .arg("sleep")
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut seen = String::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !seen.contains("waiting") {
-        assert!(Instant::now() < deadline, "target never got ready");
-        let mut buf = [0u8; 64];
-        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    let launcher = child.id();
-    let children =
-        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap();
-    let target: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let (child, target) = launch_sleeping_producer(
+        &["--format=parquet", "--analysis=none"],
+        &out_dir,
+        Stdio::piped(),
+    );
     // Both rows are more than a second old when the target dies without a word.
     std::thread::sleep(Duration::from_millis(1200));
     let journal = dump_dir_files(&only_run_dir(&out_dir));

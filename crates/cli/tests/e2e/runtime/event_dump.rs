@@ -4,10 +4,10 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
-use crate::util::{self, launch_ok, parse_csv, Scratch, BIN};
+use crate::util::{self, launch_ok, parse_csv, Scratch};
 
 fn producer() -> PathBuf {
     util::producer("emit_events")
@@ -66,6 +66,19 @@ fn rows_of(path: &Path) -> Vec<Row> {
                 r[9].clone(),
             )
         })
+        .collect()
+}
+
+/// The rows of the first dump file of `device` in the scratch's runs.
+fn dump_rows(scratch: &Scratch, device: &str) -> Vec<Row> {
+    rows_of(&device_dumps(scratch, device)[0])
+}
+
+/// The Attr of every MALLOC row (`{"size":N}`), in order.
+fn malloc_attrs(rows: &[Row]) -> Vec<&str> {
+    rows.iter()
+        .filter(|r| r.0 == "MALLOC")
+        .map(|r| r.5.as_str())
         .collect()
 }
 
@@ -130,7 +143,7 @@ fn default_dump_has_allocs_frees_launches_and_steps() {
     want.push(system("STOP_TRACE", "N/A"));
     assert_eq!(rows_of(&cpu[0]), want);
     // The CUDA rows go to device_0, with the rows that have no device.
-    let cuda = rows_of(&device_dumps(&scratch, "device_0")[0]);
+    let cuda = dump_rows(&scratch, "device_0");
     let mallocs: Vec<&Row> = cuda.iter().filter(|r| r.0 == "MALLOC").collect();
     assert_eq!(mallocs.len(), 4);
     assert_eq!(
@@ -166,7 +179,7 @@ fn events_option_selects_rows() {
         &["--analysis=none", "--events=alloc，free,launch,access"],
         &["steps"],
     );
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
+    let rows = dump_rows(&scratch, "device_cpu");
     let access: Vec<&Row> = rows.iter().filter(|r| r.0 == "ACCESS").collect();
     assert_eq!(access.len(), 8);
     assert_eq!(
@@ -184,7 +197,7 @@ fn events_option_selects_rows() {
 
     let scratch = Scratch::new("alloc-only");
     run(&scratch, &["--analysis=none", "--events=alloc"], &["steps"]);
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
+    let rows = dump_rows(&scratch, "device_cpu");
     let kinds: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.0.as_str()).collect();
     assert_eq!(kinds, ["MALLOC", "SYSTEM"].into_iter().collect());
     assert_eq!(rows.iter().filter(|r| r.0 == "MALLOC").count(), 4);
@@ -202,7 +215,7 @@ fn device_option_keeps_one_device() {
         device_dumps(&scratch, "device_cpu").is_empty(),
         "no CPU rows, so no CPU file"
     );
-    let rows = rows_of(&device_dumps(&scratch, "device_0")[0]);
+    let rows = dump_rows(&scratch, "device_0");
     assert_eq!(rows.iter().filter(|r| r.0 == "MALLOC").count(), 4);
     assert_eq!(rows.iter().filter(|r| r.0 == "FREE").count(), 0);
     assert_eq!(rows.first(), Some(&system("START_TRACE", "N/A")));
@@ -216,7 +229,7 @@ fn device_option_keeps_one_device() {
 fn steps_option_keeps_listed_steps() {
     let scratch = Scratch::new("steps");
     run(&scratch, &["--steps=2,4", "--device=cpu"], &["steps"]);
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
+    let rows = dump_rows(&scratch, "device_cpu");
     let mut want = vec![system("START_TRACE", "N/A"), system("STEP", "1")];
     want.extend(cpu_step(2));
     want.push(system("STEP", "3"));
@@ -233,19 +246,15 @@ fn deferred_mode_waits_for_start() {
         &["--analysis=none", "--collect-mode=deferred"],
         &["deferred"],
     );
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
-    let sizes: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.0 == "MALLOC")
-        .map(|r| r.5.as_str())
-        .collect();
+    let rows = dump_rows(&scratch, "device_cpu");
+    let sizes = malloc_attrs(&rows);
     assert_eq!(sizes, ["{\"size\":30}", "{\"size\":40}", "{\"size\":50}"]);
     assert_eq!(rows.first(), Some(&system("START_TRACE", "N/A")));
     assert_eq!(rows.last(), Some(&system("STOP_TRACE", "N/A")));
     // Immediate mode records from the start (the run's own START_TRACE; start() is then a no-op).
     let scratch = Scratch::new("immediate");
     run(&scratch, &["--analysis=none"], &["deferred"]);
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
+    let rows = dump_rows(&scratch, "device_cpu");
     assert_eq!(rows.iter().filter(|r| r.0 == "MALLOC").count(), 5);
 }
 
@@ -257,7 +266,7 @@ fn db_format_holds_the_same_rows() {
         &["--analysis=none", "--events=alloc,free,launch,access"],
         &["steps"],
     );
-    let csv_rows = rows_of(&device_dumps(&csv, "device_cpu")[0]);
+    let csv_rows = dump_rows(&csv, "device_cpu");
     let db = Scratch::new("db");
     run(
         &db,
@@ -303,31 +312,9 @@ fn db_format_holds_the_same_rows() {
 #[test]
 fn sigterm_leaves_a_readable_dump() {
     let scratch = Scratch::new("sigterm");
-    let mut child = Command::new(BIN)
-        .args(["--analysis=none", "-o"])
-        .arg(scratch.0.join("out"))
-        .arg(producer())
-        .arg("sleep")
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait for "waiting": the program has emitted both rows and sleeps.
-    let mut stdout = child.stdout.take().unwrap();
-    let mut seen = String::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !seen.contains("waiting") {
-        assert!(Instant::now() < deadline, "target never got ready");
-        let mut buf = [0u8; 64];
-        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    // The target is the launcher's only child.
-    let launcher = child.id();
-    let children =
-        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap();
-    let target: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    // The launcher's stdout said "waiting": the program has emitted both rows and sleeps.
+    let (mut child, target) =
+        util::launch_sleeping_producer(&["--analysis=none"], &scratch.0.join("out"), Stdio::null());
     std::thread::sleep(Duration::from_millis(1200));
     // SAFETY: sending SIGTERM to our own grandchild.
     unsafe { libc::kill(target, libc::SIGTERM) };
@@ -338,12 +325,8 @@ fn sigterm_leaves_a_readable_dump() {
         Some(libc::SIGTERM),
         "the launcher dies of the target's signal"
     );
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
-    let sizes: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.0 == "MALLOC")
-        .map(|r| r.5.as_str())
-        .collect();
+    let rows = dump_rows(&scratch, "device_cpu");
+    let sizes = malloc_attrs(&rows);
     // Both rows are more than a second old when the signal arrives.
     assert_eq!(sizes, ["{\"size\":100}", "{\"size\":200}"]);
 }
@@ -353,7 +336,7 @@ fn oom_analysis_dumps_recent_and_largest_blocks() {
     let scratch = Scratch::new("oom");
     let out = run(&scratch, &["--analysis=oom:2"], &["oom"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "huge malloc failed\n");
-    let rows = rows_of(&device_dumps(&scratch, "device_cpu")[0]);
+    let rows = dump_rows(&scratch, "device_cpu");
     let oom: Vec<&Row> = rows
         .iter()
         .filter(|r| r.0 == "OOM_DETAIL" || r.0 == "SNAPSHOT")

@@ -56,7 +56,8 @@ struct Pair {
 }
 
 impl Pair {
-    /// Runs `program` plainly and under `msmemscope {tool_args} -o OUT`; `env` for both.
+    /// Runs `program` plainly and under `msmemscope {tool_args} -o OUT`, `env` for both, and
+    /// checks that the tool changed nothing the program does ([`Pair::assert_unchanged`]).
     fn run(tool_args: &[&str], program: &[&str], env: &[(&str, &str)]) -> Pair {
         let scratch = Scratch::new("hostile");
         let plain_dir = scratch.path().join("plain");
@@ -81,11 +82,22 @@ impl Pair {
         }
         let plain = output_with_timeout(plain);
         let traced = output_with_timeout(traced);
-        Pair {
+        let pair = Pair {
             scratch,
             plain,
             traced,
-        }
+        };
+        pair.assert_unchanged();
+        pair
+    }
+
+    /// [`Pair::run`] of `program` alone under `--analysis=host-leaks`.
+    fn host_leaks(program: &Path) -> Pair {
+        Pair::run(
+            &["--analysis=host-leaks"],
+            &[program.to_str().unwrap()],
+            &[],
+        )
     }
 
     fn stderr(&self) -> String {
@@ -180,10 +192,8 @@ fn allocators_preloaded_after_the_runtime() {
     for lib in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"] {
         let lib = debian_library(lib);
         let env = [("LD_PRELOAD", lib.to_str().unwrap())];
-        let events = Pair::run(&["-q"], &[prog], &env);
-        events.assert_unchanged();
+        Pair::run(&["-q"], &[prog], &env);
         let host = Pair::run(&["--analysis=host-leaks"], &[prog], &env);
-        host.assert_unchanged();
         let overview = host.overview();
         assert_eq!(
             overview.h("Allocator"),
@@ -220,8 +230,7 @@ fn allocators_preloaded_after_the_runtime() {
 fn allocators_ahead_of_the_runtime_are_named() {
     let dir = Scratch::new("ahead-bin");
     let own = build(dir.path(), "own_malloc.c", &[]);
-    let run = Pair::run(&["--analysis=host-leaks"], &[own.to_str().unwrap()], &[]);
-    run.assert_unchanged();
+    let run = Pair::host_leaks(&own);
     let overview = run.overview();
     assert_eq!(
         overview.h("Allocator"),
@@ -244,10 +253,8 @@ fn allocators_ahead_of_the_runtime_are_named() {
             lib.display(),
             mixed.display()
         );
-        let events = Pair::run(&["-q"], &["sh", "-c", &script], &[]);
-        events.assert_unchanged();
+        Pair::run(&["-q"], &["sh", "-c", &script], &[]);
         let run = Pair::run(&["--analysis=host-leaks"], &["sh", "-c", &script], &[]);
-        run.assert_unchanged();
         assert_eq!(
             run.overview().h("Allocator"),
             format!(
@@ -267,7 +274,6 @@ fn glibc_semantics_are_the_hosts() {
     let prog = prog.to_str().unwrap();
     for mode in [&["-q"][..], &["-q", "--analysis=host-leaks"][..]] {
         let run = Pair::run(mode, &[prog], &[]);
-        run.assert_unchanged();
         let text = String::from_utf8_lossy(&run.traced.stdout);
         // glibc 2.36 rounds a non-power-of-two alignment up in aligned_alloc.
         assert!(
@@ -297,7 +303,6 @@ fn descriptors_closed_and_reused_by_the_program() {
     let prog = prog.to_str().unwrap();
     for ending in ["exit", "sigterm", "sighup"] {
         let events = Pair::run(&[], &[prog, ending], &[]);
-        events.assert_unchanged();
         let stdout = String::from_utf8_lossy(&events.traced.stdout);
         assert!(stdout.contains("pipe gave 4 bytes: 1 2 15 42"), "{stdout}");
         assert!(
@@ -310,7 +315,6 @@ fn descriptors_closed_and_reused_by_the_program() {
         assert_eq!(dump, 1, "{}", events.stderr());
 
         let host = Pair::run(&["--analysis=host-leaks"], &[prog, ending], &[]);
-        host.assert_unchanged();
         let overview = host.overview();
         assert_eq!(
             overview.expect_function("leak_after_close_range").0,
@@ -438,8 +442,7 @@ fn a_full_disk_during_the_event_dump() {
 fn programs_the_loader_keeps_the_runtime_out_of() {
     let dir = Scratch::new("loader-bin");
     let exe = build(dir.path(), "plain_hello.c", &["-static"]);
-    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
+    let run = Pair::host_leaks(&exe);
     assert!(
         run.stderr().contains(&format!(
             "no host leak report was written for the target: {} is statically linked",
@@ -470,7 +473,6 @@ fn programs_the_loader_keeps_the_runtime_out_of() {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let run = Pair::run(&[], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
     assert!(
         run.stderr().contains(&format!(
             "no events were recorded: {} is setuid/setgid, so the loader ignores LD_PRELOAD",
@@ -607,10 +609,8 @@ fn a_program_without_pie_that_takes_free_s_address() {
         &["-no-pie", "-fno-pie", "-Wl,-z,lazy"],
     );
     let exe = exe.to_str().unwrap();
-    let events = Pair::run(&["-q"], &[exe], &[]);
-    events.assert_unchanged();
+    Pair::run(&["-q"], &[exe], &[]);
     let host = Pair::run(&["--analysis=host-leaks"], &[exe], &[]);
-    host.assert_unchanged();
     assert_eq!(String::from_utf8_lossy(&host.traced.stdout), "done\n");
     assert_eq!(
         host.overview().expect_function("leak_without_pie").0,
@@ -628,8 +628,7 @@ fn a_program_without_pie_that_takes_free_s_address() {
 fn memory_pressure_never_ends_the_program() {
     let dir = Scratch::new("pressure-bin");
     let exe = build(dir.path(), "memory_pressure.c", &[]);
-    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
+    let run = Pair::host_leaks(&exe);
     assert_eq!(
         String::from_utf8_lossy(&run.traced.stdout),
         "exhausted: 1, recovered\n"
@@ -662,10 +661,8 @@ fn a_program_that_uses_every_pthread_key() {
     let dir = Scratch::new("keys-bin");
     let exe = build(dir.path(), "all_tls_keys.c", &["-lpthread"]);
     let exe = exe.to_str().unwrap();
-    let events = Pair::run(&["-q"], &[exe], &[]);
-    events.assert_unchanged();
+    Pair::run(&["-q"], &[exe], &[]);
     let host = Pair::run(&["--analysis=host-leaks"], &[exe], &[]);
-    host.assert_unchanged();
     assert_eq!(
         host.overview().expect_function("leak_with_no_keys_left").0,
         (2, 1400)
@@ -679,7 +676,6 @@ fn events_before_an_exec_reach_the_dump() {
     let dir = Scratch::new("exec-bin");
     let exe = build_with_mstx(dir.path(), "marks_then_exec.c");
     let run = Pair::run(&["-q"], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
     assert_eq!(run.dump_lines_with("before exec "), 500, "{}", run.stderr());
 }
 
@@ -698,7 +694,6 @@ fn pytorch_with_jemalloc_preloaded() {
     let program = [python.to_str().unwrap(), "-c", script];
     for mode in [&["-q"][..], &["-q", "--analysis=host-leaks"][..]] {
         let run = Pair::run(mode, &program, &env);
-        run.assert_unchanged();
         assert_eq!(
             String::from_utf8_lossy(&run.traced.stdout),
             "16777216.0\n",
@@ -721,7 +716,6 @@ fn fork_in_a_signal_handler_with_no_runtime_thread() {
         &[exe.to_str().unwrap()],
         &[("MSMEMSCOPE_NO_CONTROL", "1")],
     );
-    run.assert_unchanged();
     assert_eq!(
         String::from_utf8_lossy(&run.traced.stdout),
         "survived the signals: 1\n"
@@ -738,15 +732,10 @@ fn fork_in_a_signal_handler_with_no_runtime_thread() {
 fn allocations_on_a_fiber_stack_keep_their_frames() {
     let dir = Scratch::new("fiber-bin");
     let exe = build(dir.path(), "fiber_stack.c", &[]);
-    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
+    let run = Pair::host_leaks(&exe);
     let overview = run.overview();
     assert_eq!(overview.expect_function("leak_on_the_fiber").0, (3, 4500));
-    let site = overview
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "leak_on_the_fiber")
-        .unwrap();
+    let site = overview.expect_site("leak_on_the_fiber");
     assert!(
         site.frames[1].starts_with("fiber ") && site.frames[1].contains("fiber_stack.c:15"),
         "{:?}",
@@ -760,8 +749,7 @@ fn allocations_on_a_fiber_stack_keep_their_frames() {
 fn a_program_out_of_descriptors() {
     let dir = Scratch::new("nofd-bin");
     let exe = build(dir.path(), "no_fds_left.c", &[]);
-    let run = Pair::run(&["--analysis=host-leaks"], &[exe.to_str().unwrap()], &[]);
-    run.assert_unchanged();
+    let run = Pair::host_leaks(&exe);
     assert_eq!(
         String::from_utf8_lossy(&run.traced.stdout),
         "out of descriptors: 1\n"
@@ -827,6 +815,5 @@ fn python_marks_before_os_execv_reach_the_dump() {
                   print('exec now', flush=True)\n\
                   os.execv('/bin/true', ['true'])\n";
     let run = Pair::run(&["-q"], &[python.to_str().unwrap(), "-c", script], &[]);
-    run.assert_unchanged();
     assert_eq!(run.dump_lines_with("python mark "), 300, "{}", run.stderr());
 }

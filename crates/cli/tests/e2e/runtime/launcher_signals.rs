@@ -5,37 +5,26 @@
 //! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
 //! and gcc on PATH.
 
-use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::OnceLock;
-use std::thread::JoinHandle;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use crate::util::host_leak::*;
-use crate::util::{build_dir, fixture_src, gcc, runtime_lib, Scratch, BIN, RUN_TIMEOUT};
+use crate::util::{built_once, spawn_collecting, Readers, Scratch, BIN, RUN_TIMEOUT};
 
 /// A signalled program must be gone within this long (it waits 30 s on its own).
 const PROMPT: Duration = Duration::from_secs(10);
 
-fn target() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        runtime_lib();
-        let prog = build_dir("launcher-signals").join("signals_target");
-        let src = fixture_src("signals/target.c");
-        // -O0 keeps `leak` a frame of its own in the reports.
-        gcc(&[
-            "-O0",
-            "-g",
-            src.to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-            "-ldl",
-        ]);
-        prog
-    })
+fn target() -> PathBuf {
+    // -O0 keeps `leak` a frame of its own in the reports.
+    built_once(
+        "launcher-signals",
+        "signals/target.c",
+        "signals_target",
+        &["-O0", "-g"],
+        &["-ldl"],
+    )
 }
 
 /// The CLI running the target: `tool_args` before it, `-o SCRATCH/out`, the host-leak knobs
@@ -53,9 +42,6 @@ fn cli(scratch: &Scratch, tool_args: &[&str], target_args: &[&str]) -> Command {
     cmd
 }
 
-/// A thread collecting one output stream.
-type Reader = JoinHandle<Vec<u8>>;
-
 /// A launcher started in the background, its output collected while the test signals it.
 struct Launched {
     /// Handed to the finished [`Run`].
@@ -64,7 +50,7 @@ struct Launched {
     /// The process group to kill when the test gives up (the launcher's own group).
     group: i32,
     ready: PathBuf,
-    readers: Option<(Reader, Reader)>,
+    readers: Option<Readers>,
     /// The target's pid once it said it is ready (killed on drop if it outlived the test).
     target_pid: Option<i32>,
 }
@@ -81,29 +67,14 @@ impl Launched {
         let scratch = Scratch::new("signals");
         let ready = scratch.path().join("ready");
         let mut cmd = cli(&scratch, tool_args, &[mode, ready.to_str().unwrap()]);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
         setup(&mut cmd);
-        let mut child = cmd.spawn().expect("spawn the CLI");
-        let mut out = child.stdout.take().unwrap();
-        let mut err = child.stderr.take().unwrap();
-        let t_out = std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = out.read_to_end(&mut v);
-            v
-        });
-        let t_err = std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = err.read_to_end(&mut v);
-            v
-        });
+        let (child, readers) = spawn_collecting(&mut cmd);
         Launched {
             scratch: Some(scratch),
             group: child.id() as i32,
             child,
             ready,
-            readers: Some((t_out, t_err)),
+            readers: Some(readers),
             target_pid: None,
         }
     }
@@ -161,12 +132,7 @@ impl Launched {
                 "the target {pid} outlived the launcher (status {status:?})"
             );
         }
-        let (t_out, t_err) = self.readers.take().unwrap();
-        let out = Output {
-            status,
-            stdout: t_out.join().unwrap(),
-            stderr: t_err.join().unwrap(),
-        };
+        let out = self.readers.take().unwrap().output(status);
         let scratch = self.scratch.take().unwrap();
         (Run { scratch, out }, took)
     }
@@ -497,17 +463,13 @@ fn overviews_of_closed_windows_are_printed_when_the_program_is_killed() {
 
 #[test]
 fn abort_is_named_as_a_signal_not_as_skipped_exit_handlers() {
-    let plain = fixture_src("host_leaks.c");
-    let prog = build_dir("launcher-signals-abort").join("host_leaks");
-    gcc(&[
-        "-O2",
-        "-g",
-        "-pthread",
-        plain.to_str().unwrap(),
-        "-o",
-        prog.to_str().unwrap(),
-        "-ldl",
-    ]);
+    let prog = built_once(
+        "launcher-signals-abort",
+        "host_leaks.c",
+        "host_leaks",
+        &["-O2", "-g", "-pthread"],
+        &["-ldl"],
+    );
     let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &["abort"]);
     assert_killed_by(&run, libc::SIGABRT, "abort");
     report_or_signal_named(&run, libc::SIGABRT, "SIGABRT");

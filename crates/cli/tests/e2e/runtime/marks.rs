@@ -14,12 +14,11 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::util::{
-    build_dir, fixture_src, gcc, msmemscope_runs, output_within, parse_csv, repo, runtime_lib,
-    venv_python, Scratch, BIN,
+    built_once, msmemscope_runs, output_within, parse_csv, repo, runtime_lib, venv_python, Scratch,
+    BIN,
 };
 
 const HEADER: &str = "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,Call Stack(Python),Call Stack(C)";
@@ -30,26 +29,22 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 // Fixtures, runs
 
 /// tests/fixtures/mstx_marks.c, built once per test process.
-fn mstx_program() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        let prog = build_dir("marks").join("mstx_marks");
-        let include = repo().join("crates/runtime/include");
-        let src = fixture_src("mstx_marks.c");
-        gcc(&[
+fn mstx_program() -> PathBuf {
+    let include = repo().join("crates/runtime/include");
+    built_once(
+        "marks",
+        "mstx_marks.c",
+        "mstx_marks",
+        &[
             "-O1",
             "-Wall",
             "-Werror",
             "-DMSMEMSCOPE_MSTX_WEAK",
             "-I",
             include.to_str().unwrap(),
-            src.to_str().unwrap(),
-            "-pthread",
-            "-o",
-            prog.to_str().unwrap(),
-        ]);
-        prog
-    })
+        ],
+        &["-pthread"],
+    )
 }
 
 /// Runs `cmd` to completion, killing it after [`RUN_TIMEOUT`].

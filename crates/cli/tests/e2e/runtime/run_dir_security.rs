@@ -10,28 +10,18 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::util::{
-    build_dir, fixture_src, gcc, msmemscope_runs, producer, runtime_lib, Scratch, BIN,
-};
+use crate::util::{built_once, launch_ok, msmemscope_runs, producer, Scratch, BIN};
 
-fn waiter() -> &'static PathBuf {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        runtime_lib();
-        let prog = build_dir("run-dir").join("wait_then_leak");
-        let src = fixture_src("run_dir/wait_then_leak.c");
-        gcc(&[
-            "-O1",
-            "-g",
-            src.to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-        ]);
-        prog
-    })
+fn waiter() -> PathBuf {
+    built_once(
+        "run-dir",
+        "run_dir/wait_then_leak.c",
+        "wait_then_leak",
+        &["-O1", "-g"],
+        &[],
+    )
 }
 
 fn mode(path: &Path) -> u32 {
@@ -173,18 +163,10 @@ fn directories_in_the_run_directory_have_its_mode() {
     let out = scratch.path().join("out");
     let go = scratch.path().join("go");
     std::fs::write(&go, "").unwrap();
-    let run = Command::new(BIN)
-        .arg("--analysis=host-leaks")
-        .arg("-o")
-        .arg(&out)
-        .arg(waiter())
-        .arg(&go)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    launch_ok(
+        &["--analysis=host-leaks"],
+        &out,
+        &[waiter().as_os_str(), go.as_os_str()],
     );
     let dir = only_msmemscope_run(&out);
     assert_eq!(mode(&dir), 0o750);
@@ -194,17 +176,10 @@ fn directories_in_the_run_directory_have_its_mode() {
 
     // The event dump with the default analysis: device_cpu/, its dump/ and leaks/.
     let out = scratch.path().join("events");
-    let run = Command::new(BIN)
-        .arg("-o")
-        .arg(&out)
-        .arg(producer("emit_leaks"))
-        .arg("leak")
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
+    launch_ok(
+        &[],
+        &out,
+        &[producer("emit_leaks").as_os_str(), "leak".as_ref()],
     );
     let dir = only_msmemscope_run(&out);
     for sub in [

@@ -8,36 +8,27 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use msmemscope_core::config::{Analysis, RunConfig};
 
-use super::{build_dir, fixture_src, gcc, runtime_lib, Scratch, BIN};
+use super::{built_once, runtime_lib, Scratch, BIN};
 
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Builds the fixture once per test process, in a directory `nobody` can read (the security
 /// test's client runs as nobody).
-pub fn fixture() -> &'static Path {
-    static F: OnceLock<PathBuf> = OnceLock::new();
-    F.get_or_init(|| {
-        runtime_lib();
-        let dir = build_dir("attach");
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let prog = dir.join("attach_target");
-        let src = fixture_src("attach_target.c");
-        gcc(&[
-            "-O2",
-            "-fomit-frame-pointer",
-            "-g",
-            src.to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-            "-ldl",
-        ]);
-        prog
-    })
+pub fn fixture() -> PathBuf {
+    let prog = built_once(
+        "attach",
+        "attach_target.c",
+        "attach_target",
+        &["-O2", "-fomit-frame-pointer", "-g"],
+        &["-ldl"],
+    );
+    let dir = prog.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    prog
 }
 
 /// Our effective uid.
@@ -176,6 +167,21 @@ impl Drop for Target {
 /// `msmemscope-cli --pid PID --command WORDS`: (exit code, stdout, stderr).
 pub fn attach(pid: i32, words: &str) -> (i32, String, String) {
     client(Command::new(BIN), pid, Some(words))
+}
+
+/// `msmemscope-cli --pid PID`: the interactive session, its stdin and stdout piped, its stderr
+/// to `stderr`.
+pub fn session(pid: i32, stderr: Stdio) -> Child {
+    Command::new(BIN)
+        .arg("--pid")
+        .arg(pid.to_string())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("run the interactive client")
 }
 
 /// `cmd --pid PID [--command WORDS]`: (exit code, stdout, stderr).

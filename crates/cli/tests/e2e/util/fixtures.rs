@@ -2,10 +2,11 @@
 //! CLI, the project's Python; and building them with gcc (or g++) into a directory of this test
 //! process.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::{release_dir, repo, BIN};
 
@@ -91,4 +92,29 @@ pub fn compile(compiler: &str, args: &[&str]) {
 
 pub fn gcc(args: &[&str]) {
     compile("gcc", args);
+}
+
+/// `gcc FLAGS tests/fixtures/{src} -o {build_dir(dir)}/{out} LIBS`, once per test process (the
+/// first caller builds, any other waits for it); checks first that the runtime library is where
+/// the CLI looks for it. Returns the built file.
+pub fn built_once(dir: &str, src: &str, out: &str, flags: &[&str], libs: &[&str]) -> PathBuf {
+    type Built = Mutex<BTreeMap<PathBuf, Arc<OnceLock<PathBuf>>>>;
+    static BUILT: Built = Mutex::new(BTreeMap::new());
+    let prog = build_dir(dir).join(out);
+    let once = BUILT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(prog.clone())
+        .or_default()
+        .clone();
+    once.get_or_init(|| {
+        runtime_lib();
+        let src = fixture_src(src);
+        let mut args = flags.to_vec();
+        args.extend([src.to_str().unwrap(), "-o", prog.to_str().unwrap()]);
+        args.extend_from_slice(libs);
+        gcc(&args);
+        prog.clone()
+    })
+    .clone()
 }

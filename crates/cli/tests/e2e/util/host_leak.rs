@@ -2,7 +2,7 @@
 //! with a hang timeout, and parses the written overview (every section the tests check).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use super::{msmemscope_runs, output_with_timeout, Scratch, BIN};
@@ -105,6 +105,14 @@ pub fn run_tool_cmd(tool_args: &[&str], env: &[(&str, &str)], prog: &str, target
     }
     let out = output_with_timeout(cmd);
     Run { scratch, out }
+}
+
+/// `prog args...` on its own, without the tool (and without `LD_PRELOAD`), with the hang
+/// timeout.
+pub fn run_plain_cmd(prog: &Path, args: &[&str]) -> Output {
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env_remove("LD_PRELOAD");
+    output_with_timeout(cmd)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -372,6 +380,14 @@ impl Overview {
 
     pub fn expect_function(&self, function: &str) -> SiteTotals {
         self.by_function(function)
+            .unwrap_or_else(|| panic!("no site with first frame {function} in:\n{}", self.text))
+    }
+
+    /// The first listed site whose first frame is `function`.
+    pub fn expect_site(&self, function: &str) -> &Site {
+        self.sites
+            .iter()
+            .find(|s| s.first_function() == function)
             .unwrap_or_else(|| panic!("no site with first frame {function} in:\n{}", self.text))
     }
 

@@ -17,10 +17,8 @@ mod run;
 pub use fixtures::*;
 pub use run::*;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
 
 // ------------------------------------------------------------------------------------------
 // Where things are
@@ -80,31 +78,16 @@ impl Drop for Scratch {
 /// Builds `tests/fixtures/{name}.c`, a producer linked against the runtime library next to the
 /// CLI (once per test process).
 pub fn producer(name: &str) -> PathBuf {
-    static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    let built = built.get_or_insert_with(HashMap::new);
-    if let Some(prog) = built.get(name) {
-        return prog.clone();
-    }
-    runtime_lib();
-    let prog = build_dir("producers").join(name);
     let include = repo().join("crates/runtime/include");
-    let src = fixture_src(&format!("{name}.c"));
     let libs = format!("-L{}", release_dir().display());
     let rpath = format!("-Wl,-rpath,{}", release_dir().display());
-    gcc(&[
-        "-O2",
-        "-I",
-        include.to_str().unwrap(),
-        src.to_str().unwrap(),
-        "-o",
-        prog.to_str().unwrap(),
-        &libs,
-        "-lmsmemscope_runtime",
-        &rpath,
-    ]);
-    built.insert(name.to_string(), prog.clone());
-    prog
+    built_once(
+        "producers",
+        &format!("{name}.c"),
+        name,
+        &["-O2", "-I", include.to_str().unwrap()],
+        &[&libs, "-lmsmemscope_runtime", &rpath],
+    )
 }
 
 /// Copies a CSV dump's rows into a new SQLite dump, as `--format db` writes them.

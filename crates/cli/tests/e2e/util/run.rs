@@ -4,10 +4,11 @@ use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::BIN;
+use super::{producer, BIN};
 
 /// Every run under [`output_with_timeout`] is killed (and the test fails) after this long.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -66,23 +67,8 @@ pub fn output_with_timeout(cmd: Command) -> Output {
 
 /// [`output_with_timeout`] with another limit.
 pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
     cmd.process_group(0);
-    let mut child = cmd.spawn().expect("spawn");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
+    let (mut child, readers) = spawn_collecting(&mut cmd);
     let start = Instant::now();
     let status: ExitStatus = loop {
         if let Some(st) = child.try_wait().expect("wait") {
@@ -96,11 +82,76 @@ pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
+    readers.output(status)
+}
+
+/// The two threads reading a child's stdout and stderr to their ends.
+pub struct Readers {
+    stdout: JoinHandle<Vec<u8>>,
+    stderr: JoinHandle<Vec<u8>>,
+}
+
+impl Readers {
+    /// The child's whole output, once it ended with `status`.
+    pub fn output(self, status: ExitStatus) -> Output {
+        Output {
+            status,
+            stdout: self.stdout.join().unwrap(),
+            stderr: self.stderr.join().unwrap(),
+        }
     }
+}
+
+/// Spawns `cmd` with stdin from /dev/null and its stdout and stderr read on two threads (so
+/// that neither pipe fills while the test waits on it).
+pub fn spawn_collecting(cmd: &mut Command) -> (Child, Readers) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = pipe.read_to_end(&mut v);
+            v
+        })
+    }
+    let stdout = read_all(child.stdout.take().unwrap());
+    let stderr = read_all(child.stderr.take().unwrap());
+    (child, Readers { stdout, stderr })
+}
+
+/// `msmemscope-cli OPTIONS -o OUT emit_events sleep` without `LD_PRELOAD`, its stderr to
+/// `stderr`, waited on until the producer says "waiting" (it has emitted both its rows and
+/// sleeps until killed). Returns the launcher (its stdout still piped) and the target's pid:
+/// the launcher's only child.
+pub fn launch_sleeping_producer(options: &[&str], out: &Path, stderr: Stdio) -> (Child, i32) {
+    let mut child = Command::new(BIN)
+        .args(options)
+        .arg("-o")
+        .arg(out)
+        .arg(producer("emit_events"))
+        .arg("sleep")
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !seen.contains("waiting") {
+        assert!(Instant::now() < deadline, "target never got ready");
+        let mut buf = [0u8; 64];
+        let n = stdout.read(&mut buf).unwrap();
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    child.stdout = Some(stdout);
+    let launcher = child.id();
+    let children =
+        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).unwrap();
+    let target: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    (child, target)
 }
 
 // ------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use msmemscope_core::config::RunConfig;
 
 use crate::util::attach_target::{
-    attach, client, euid, fixture, header, read_frame, request, Target, WAIT,
+    attach, client, euid, fixture, header, read_frame, request, session, Target, WAIT,
 };
 use crate::util::{msmemscope_runs, runtime_lib, Scratch, BIN, RUNTIME_LIB};
 
@@ -273,16 +273,7 @@ fn start_and_stop_words_drive_an_api_env_process() {
 #[test]
 fn the_interactive_session_reads_words_until_exit() {
     let t = launched();
-    let mut child = Command::new(BIN)
-        .arg("--pid")
-        .arg(t.pid.to_string())
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = session(t.pid, Stdio::piped());
     child
         .stdin
         .take()
@@ -502,16 +493,7 @@ fn prechecks_name_what_is_missing() {
 #[test]
 fn ctrl_c_ends_the_client_with_130() {
     let t = launched();
-    let mut child = Command::new(BIN)
-        .arg("--pid")
-        .arg(t.pid.to_string())
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = session(t.pid, Stdio::null());
     // Wait for the prompt, then interrupt the session waiting for a line.
     let mut stdout = child.stdout.take().unwrap();
     let mut seen = Vec::new();

@@ -8,66 +8,45 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::Output;
 
 use crate::util::host_leak::*;
-use crate::util::{build_dir, fixture_src, gcc, output_with_timeout, parse_csv, runtime_lib};
+use crate::util::{built_once, parse_csv};
 
 // ------------------------------------------------------------------------------------------
 // Fixture builds
 
-struct Fixtures {
-    prog: PathBuf,
-    dl_lib: PathBuf,
+/// tests/fixtures/host_leaks.c, built once per test process.
+fn prog() -> PathBuf {
+    built_once(
+        "host-leaks",
+        "host_leaks.c",
+        "host_leaks",
+        &["-O2", "-g", "-fomit-frame-pointer", "-pthread"],
+        &["-ldl"],
+    )
 }
 
-/// Builds the fixtures once per test process (tests run in parallel threads; the OnceLock
-/// serialises the build) and checks that the runtime library is where the CLI looks for it.
-fn fixtures() -> &'static Fixtures {
-    static F: OnceLock<Fixtures> = OnceLock::new();
-    F.get_or_init(|| {
-        runtime_lib();
-        let dir = build_dir("host-leaks");
-        let prog = dir.join("host_leaks");
-        let dl_lib = dir.join("libdl_leaker.so");
-        let src = fixture_src("host_leaks.c");
-        let dl_src = fixture_src("dl_leaker.c");
-        gcc(&[
-            "-O2",
-            "-g",
-            "-fomit-frame-pointer",
-            "-pthread",
-            src.to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-            "-ldl",
-        ]);
-        gcc(&[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-fomit-frame-pointer",
-            "-g",
-            dl_src.to_str().unwrap(),
-            "-o",
-            dl_lib.to_str().unwrap(),
-        ]);
-        Fixtures { prog, dl_lib }
-    })
+/// tests/fixtures/dl_leaker.c, the library the fixture opens with dlopen.
+fn dl_lib() -> PathBuf {
+    built_once(
+        "host-leaks",
+        "dl_leaker.c",
+        "libdl_leaker.so",
+        &["-shared", "-fPIC", "-O2", "-fomit-frame-pointer", "-g"],
+        &[],
+    )
 }
 
 /// The fixture program on its own, without the tool.
 fn run_plain(args: &[&str]) -> Output {
-    let mut cmd = Command::new(&fixtures().prog);
-    cmd.args(args).env_remove("LD_PRELOAD");
-    output_with_timeout(cmd)
+    run_plain_cmd(&prog(), args)
 }
 
 /// Runs the fixture with `tool_args` before it and `env` set (the MSMEMSCOPE_HOST_* knobs
 /// are cleared first, then MSMEMSCOPE_HOST_TOP_N=1024 unless `env` sets it).
 fn run_tool(tool_args: &[&str], env: &[(&str, &str)], target: &[&str]) -> Run {
-    run_tool_cmd(tool_args, env, fixtures().prog.to_str().unwrap(), target)
+    run_tool_cmd(tool_args, env, prog().to_str().unwrap(), target)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -162,11 +141,7 @@ fn every_leak_site_is_reported_exactly() {
         assert_eq!(n, 1, "{function} must be one site in:\n{text}");
     }
     // Frames carry file:line of the fixture for the program's own functions.
-    let table = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "leak_table_at_start")
-        .unwrap();
+    let table = ov.expect_site("leak_table_at_start");
     assert!(
         table.frames[0].contains("host_leaks.c:"),
         "frame {:?}",
@@ -771,7 +746,7 @@ fn fork_child_exiting_with_underscore_exit_writes_no_report() {
 
 #[test]
 fn dlopened_library_leak_is_named() {
-    let lib = fixtures().dl_lib.to_str().unwrap().to_string();
+    let lib = dl_lib().to_str().unwrap().to_string();
     let run = run_tool(&[], &[], &["dlopen", &lib]);
     assert_exited(&run.out, 0, "tool run");
     assert_eq!(run.stdout(), "dlopen done\n");
@@ -780,11 +755,7 @@ fn dlopened_library_leak_is_named() {
         ov.expect_function("dl_leaker_alloc"),
         ((6, 25926), (6, 25926), (0, 0))
     );
-    let site = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "dl_leaker_alloc")
-        .unwrap();
+    let site = ov.expect_site("dl_leaker_alloc");
     assert!(
         site.frames[0].contains("dl_leaker.c:"),
         "frames {:?}",
@@ -875,20 +846,12 @@ fn lsi_separates_leaks_from_caches_and_rings() {
         ov.text
     );
 
-    let table = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "lsi_table_at_start")
-        .unwrap();
+    let table = ov.expect_site("lsi_table_at_start");
     assert!(table.resident, "{}", ov.text);
     assert_eq!(table.class, "resident/early");
     assert_eq!(table.factors["Growth"], "0.00");
 
-    let ring = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "lsi_ring_entry")
-        .unwrap();
+    let ring = ov.expect_site("lsi_ring_entry");
     assert_eq!(ring.unfreed, (32, 4096));
     assert_eq!(ring.allocated, (2000, 256_000));
     assert!(
@@ -929,11 +892,7 @@ fn a_three_second_window_classifies_with_the_adaptive_beat() {
     assert!((2.9..4.0).contains(&window), "{series}");
     assert!(rest.starts_with("beats of 1000 ms, series="), "{series}");
 
-    let leak = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "short_steady_leak")
-        .unwrap_or_else(|| panic!("no steady leak row in:\n{}", ov.text));
+    let leak = ov.expect_site("short_steady_leak");
     assert_eq!(leak.class, "suspected_leak", "{}", ov.text);
     assert!(!leak.factors.contains_key("degraded"), "{}", ov.text);
     assert_eq!(leak.unfreed, (300, 300_000));
@@ -948,11 +907,7 @@ fn a_three_second_window_classifies_with_the_adaptive_beat() {
     let fitted = num(&leak.factors["beats"]);
     assert!((30..=37).contains(&fitted), "{}", ov.text);
 
-    let table = ov
-        .sites
-        .iter()
-        .find(|s| s.first_function() == "short_table_at_start")
-        .unwrap_or_else(|| panic!("no table row in:\n{}", ov.text));
+    let table = ov.expect_site("short_table_at_start");
     assert!(table.resident, "{}", ov.text);
     assert_eq!(table.class, "resident/early", "{}", ov.text);
     assert!(!table.factors.contains_key("degraded"), "{}", ov.text);

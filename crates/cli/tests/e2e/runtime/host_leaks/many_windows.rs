@@ -7,11 +7,10 @@
 //! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
 //! and gcc on PATH.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::PathBuf;
 
+use crate::util::built_once;
 use crate::util::host_leak::*;
-use crate::util::{build_dir, fixture_src, gcc, runtime_lib};
 
 /// As in the fixture.
 const WINDOWS: u64 = 50;
@@ -26,23 +25,14 @@ const LEAKS: u64 = 3;
 /// each, ~1.2 MB in all) and allocator noise: 0.7 to 2.1 MB measured.
 const RSS_GROWTH_BOUND_KB: u64 = 10 * 1024;
 
-fn many_windows() -> &'static Path {
-    static PROG: OnceLock<PathBuf> = OnceLock::new();
-    PROG.get_or_init(|| {
-        runtime_lib();
-        let dir = build_dir("many-windows");
-        let prog = dir.join("many_windows");
-        gcc(&[
-            "-O2",
-            "-g",
-            "-pthread",
-            fixture_src("windows/many_windows.c").to_str().unwrap(),
-            "-o",
-            prog.to_str().unwrap(),
-            "-ldl",
-        ]);
-        prog
-    })
+fn many_windows() -> PathBuf {
+    built_once(
+        "many-windows",
+        "windows/many_windows.c",
+        "many_windows",
+        &["-O2", "-g", "-pthread"],
+        &["-ldl"],
+    )
 }
 
 /// `label=N kB` on the program's stdout.

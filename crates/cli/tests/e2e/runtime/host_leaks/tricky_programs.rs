@@ -15,7 +15,7 @@ use std::process::Command;
 
 use crate::util::attach_target::euid;
 use crate::util::host_leak::*;
-use crate::util::{fixture_src, gcc, output_with_timeout, runtime_lib, Scratch};
+use crate::util::{fixture_src, gcc, runtime_lib, Scratch};
 
 fn program_src(name: &str) -> PathBuf {
     fixture_src("programs").join(name)
@@ -38,12 +38,6 @@ fn build_c(dir: &Path, src: &str, out: &str, extra: &[&str]) -> PathBuf {
     args.extend_from_slice(extra);
     gcc(&args);
     prog
-}
-
-fn run_plain(prog: &Path, args: &[&str]) -> std::process::Output {
-    let mut cmd = Command::new(prog);
-    cmd.args(args).env_remove("LD_PRELOAD");
-    output_with_timeout(cmd)
 }
 
 fn pre_window_frees(ov: &Overview) -> (u64, u64) {
@@ -108,7 +102,7 @@ fn rust_binary_finishes_and_reports_its_leak() {
 fn first_allocation_inside_pthread_getattr_np_does_not_hang() {
     let scratch = Scratch::new("getattr");
     let prog = build_c(scratch.path(), "getattr_np.c", "getattr_np", &[]);
-    let plain = run_plain(&prog, &[]);
+    let plain = run_plain_cmd(&prog, &[]);
     assert_exited(&plain, 0, "plain run");
     let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[]);
     assert_exited(&run.out, 0, "tool run");
@@ -183,7 +177,7 @@ fn deepbind(mode: &str, link: &[&str]) {
         "{dynamic}"
     );
     let n = N.to_string();
-    let plain = run_plain(&prog, &[mode, &n]);
+    let plain = run_plain_cmd(&prog, &[mode, &n]);
     assert_exited(&plain, 0, "plain run");
     let run = run_tool_cmd(&[], &[], prog.to_str().unwrap(), &[mode, &n]);
     assert_exited(
