@@ -18,6 +18,11 @@ pub struct Queued {
 #[derive(Default)]
 pub struct ThreadBuffer {
     rows: Mutex<Vec<Queued>>,
+    /// The writer's half of a double buffer: an empty vector with the capacity of an earlier
+    /// batch, swapped in for `rows` at each drain. The producer so keeps writing into memory
+    /// already paged in, and the writer copies the batch out after letting go of `rows`, never
+    /// while the producer waits.
+    spare: Mutex<Vec<Queued>>,
 }
 
 static REGISTRY: Mutex<Vec<Arc<ThreadBuffer>>> = Mutex::new(Vec::new());
@@ -62,25 +67,28 @@ pub fn push(row: EventRow, c_frames: Vec<u64>) {
     }
 }
 
-/// Takes every row queued so far, from every thread.
-pub fn drain() -> Vec<Queued> {
+/// Moves every row queued so far, from every thread, to the end of `out`.
+pub fn drain_into(out: &mut Vec<Queued>) {
     let buffers: Vec<Arc<ThreadBuffer>> = match REGISTRY.lock() {
         Ok(registry) => registry.clone(),
-        Err(_) => return Vec::new(),
+        Err(_) => return,
     };
-    let mut all = Vec::new();
     if let Ok(mut orphans) = ORPHANS.lock() {
-        all.append(&mut orphans);
+        out.append(&mut orphans);
     }
     for buffer in &buffers {
+        let Ok(mut batch) = buffer.spare.lock() else {
+            continue;
+        };
         if let Ok(mut rows) = buffer.rows.lock() {
-            all.append(&mut rows);
+            std::mem::swap(&mut *rows, &mut *batch);
         }
+        // Leaves `batch` empty with its capacity: the next drain's swap hands it back.
+        out.append(&mut batch);
     }
     drop(buffers);
     // Buffers only the registry still holds belong to exited threads and are now empty.
     if let Ok(mut registry) = REGISTRY.lock() {
         registry.retain(|b| Arc::strong_count(b) > 1 || b.rows.lock().is_ok_and(|r| !r.is_empty()));
     }
-    all
 }

@@ -259,7 +259,7 @@ fn thread_cpu_seconds() -> f64 {
 
 /// Drains the buffers and writes what is old enough (everything when `all`).
 fn write_batch(state: &mut State, all: bool) {
-    state.pending.append(&mut buffers::drain());
+    buffers::drain_into(&mut state.pending);
     if state.pending.is_empty() {
         if all {
             if let Err(e) = state.sinks.flush(true) {
