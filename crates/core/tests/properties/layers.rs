@@ -10,6 +10,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// The layer of `module` in `table` (prefix, layer): the first prefix that is the module or a
+/// folder above it.
+fn layer_in(table: &[(&str, u32)], module: &str) -> Option<u32> {
+    table
+        .iter()
+        .find(|(prefix, _)| module == *prefix || module.starts_with(&format!("{prefix}/")))
+        .map(|(_, layer)| *layer)
+}
+
 /// The layer of a module of `events`, by its path below `events/` (first match wins).
 fn layer(module: &str) -> Option<u32> {
     const LAYERS: [(&str, u32); 14] = [
@@ -29,10 +38,7 @@ fn layer(module: &str) -> Option<u32> {
         ("", 7),
         ("lib", 7),
     ];
-    LAYERS
-        .iter()
-        .find(|(prefix, _)| module == *prefix || module.starts_with(&format!("{prefix}/")))
-        .map(|(_, layer)| *layer)
+    layer_in(&LAYERS, module)
 }
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -127,30 +133,33 @@ fn dependencies_with(module: &str, text: &str, prefixes: &[&str]) -> Vec<String>
     found
 }
 
-#[test]
-fn events_modules_import_only_from_lower_layers() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/events");
+/// Every import below `root` (paths starting with one of `prefixes`) that `is_upward` refuses:
+/// `module (layer own) -> dependency (layer theirs)`, sorted. A module's own submodules and the
+/// items of its own folder are its own; modules outside the table are not checked.
+fn upward_imports(
+    root: &Path,
+    min_files: usize,
+    prefixes: &[&str],
+    layer: fn(&str) -> Option<u32>,
+    is_upward: fn(&str, u32, u32) -> bool,
+) -> Vec<String> {
     let mut files = Vec::new();
-    sources(&root, &mut files);
-    assert!(files.len() > 20, "{files:?}");
-    // The check itself: a file that imports upward is found.
-    let upward_example = dependencies("row", "use crate::events::reader::open;\n");
-    assert_eq!(upward_example, ["reader"]);
+    sources(root, &mut files);
+    assert!(files.len() > min_files, "{files:?}");
+    let top = |m: &str| m.split('/').next().unwrap_or("").to_string();
     let mut upward = Vec::new();
     for file in &files {
-        let module = module_of(file.strip_prefix(&root).unwrap());
-        let own = layer(&module).unwrap();
+        let module = module_of(file.strip_prefix(root).unwrap());
+        let own = layer(&module).unwrap_or_else(|| panic!("no layer for {module}"));
         let text = std::fs::read_to_string(file).unwrap();
-        for dependency in dependencies(&module, &text) {
-            // A module's own submodules and the items of its own folder are its own.
-            let top = |m: &str| m.split('/').next().unwrap_or("").to_string();
+        for dependency in dependencies_with(&module, &text, prefixes) {
             if top(&dependency) == top(&module) || dependency.is_empty() {
                 continue;
             }
             let Some(theirs) = layer(&dependency) else {
                 continue;
             };
-            if theirs >= own && module != "mod" {
+            if is_upward(&module, own, theirs) {
                 upward.push(format!(
                     "{module} (layer {own}) -> {dependency} (layer {theirs})"
                 ));
@@ -159,6 +168,21 @@ fn events_modules_import_only_from_lower_layers() {
     }
     upward.sort();
     upward.dedup();
+    upward
+}
+
+#[test]
+fn events_modules_import_only_from_lower_layers() {
+    // The check itself: a file that imports upward is found.
+    let upward_example = dependencies("row", "use crate::events::reader::open;\n");
+    assert_eq!(upward_example, ["reader"]);
+    let upward = upward_imports(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/events"),
+        20,
+        &["crate::events::", "msmemscope_core::events::"],
+        layer,
+        |module, own, theirs| theirs >= own && module != "mod",
+    );
     assert!(
         upward.is_empty(),
         "imports from a layer not below:\n{}",
@@ -200,18 +224,11 @@ fn runtime_layer(module: &str) -> Option<u32> {
         ("main", 10),
         ("build", 10),
     ];
-    LAYERS
-        .iter()
-        .find(|(prefix, _)| module == *prefix || module.starts_with(&format!("{prefix}/")))
-        .map(|(_, layer)| *layer)
+    layer_in(&LAYERS, module)
 }
 
 #[test]
 fn runtime_modules_import_only_from_lower_layers() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/src");
-    let mut files = Vec::new();
-    sources(&root, &mut files);
-    assert!(files.len() > 40, "{files:?}");
     // The check itself: grouped imports and `super::` paths are read.
     assert_eq!(
         dependencies_with(
@@ -221,26 +238,14 @@ fn runtime_modules_import_only_from_lower_layers() {
         ),
         ["guard", "session", "ffi"]
     );
-    let mut upward = Vec::new();
-    for file in &files {
-        let module = module_of(file.strip_prefix(&root).unwrap());
-        let own = runtime_layer(&module).unwrap_or_else(|| panic!("no layer for {module}"));
-        let text = std::fs::read_to_string(file).unwrap();
-        for dependency in dependencies_with(&module, &text, &["crate::"]) {
-            let top = |m: &str| m.split('/').next().unwrap_or("").to_string();
-            if top(&dependency) == top(&module) || dependency.is_empty() {
-                continue;
-            }
-            let Some(theirs) = runtime_layer(&dependency) else {
-                continue;
-            };
-            if theirs > own || (theirs == own && own < 9) {
-                upward.push(format!("{module} -> {}", top(&dependency)));
-            }
-        }
-    }
-    upward.sort();
-    upward.dedup();
+    // The adapters (layer 9) may call each other; below them a layer calls only lower ones.
+    let upward = upward_imports(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../runtime/src"),
+        40,
+        &["crate::"],
+        runtime_layer,
+        |_, own, theirs| theirs > own || (theirs == own && own < 9),
+    );
     assert!(
         upward.is_empty(),
         "imports from a layer not below:\n{}",
