@@ -112,6 +112,17 @@ pub fn dump_files(run: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
     Ok(files)
 }
 
+/// Whether the run's configuration (config.json) has the OOM analysis among its analyses
+/// (`"oom"`, or `{"oom": K}`). Without the file (a dump from elsewhere), yes.
+fn asks_for_oom(config: &Value) -> bool {
+    match config.get("analysis").and_then(Value::as_array) {
+        Some(analyses) => analyses
+            .iter()
+            .any(|a| a.as_str() == Some("oom") || a.get("oom").is_some()),
+        None => true,
+    }
+}
+
 /// Reads one run and writes its page; returns the page's path.
 pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let dumps =
@@ -119,7 +130,10 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let mut timelines: Vec<timeline::Timeline> =
         dumps.iter().map(|_| timeline::Timeline::new()).collect();
     let mut leaks = sections::LeakSection::new();
-    let mut oom = sections::OomSection::new();
+    let config: Value = read_config(&run.join("config.json"))
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let mut oom = sections::OomSection::new(asks_for_oom(&config));
     let mut decompose = sections::DecomposeSection::new();
     // The files are merged by row ID, the writer's global numbering: each timeline sees its
     // own file's rows, and the run-wide analyses see every row once, in the order the online
@@ -162,9 +176,6 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
         })
         .collect();
     let leaks = leaks.finish();
-    let config: Value = read_config(&run.join("config.json"))
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
     let data = json!({
         "run": run.file_name().map(|n| n.to_string_lossy().into_owned()),
         "generated_by": crate::args::version_text(),

@@ -190,20 +190,25 @@ pub fn leaks_json(outcome: LeakOutcome) -> Value {
 pub struct OomSection {
     rows: Vec<Value>,
     dropped: u64,
-    summary: OomSummary,
+    /// None when the run did not ask for the OOM analysis: then it wrote no trigger, and
+    /// following every block for an empty summary would cost a third of the report's time.
+    summary: Option<OomSummary>,
 }
 
 impl OomSection {
-    pub fn new() -> OomSection {
+    pub fn new(oom_analysis: bool) -> OomSection {
         OomSection {
             rows: Vec::new(),
             dropped: 0,
-            summary: OomSummary::new().with_source(msmemscope_core::source_line::read),
+            summary: oom_analysis
+                .then(|| OomSummary::new().with_source(msmemscope_core::source_line::read)),
         }
     }
 
     pub fn feed(&mut self, row: &EventRow) {
-        self.summary.feed(row);
+        if let Some(summary) = &mut self.summary {
+            summary.feed(row);
+        }
         if row.event != Event::OomDetail {
             return;
         }
@@ -227,7 +232,7 @@ impl OomSection {
     }
 
     pub fn finish(mut self) -> Value {
-        let summary = self.summary.finish().console;
+        let summary = self.summary.as_mut().map(|s| s.finish().console);
         json!({"rows": self.rows, "dropped": self.dropped, "summary": summary})
     }
 }
