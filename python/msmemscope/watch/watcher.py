@@ -205,6 +205,17 @@ def _address_block(addr: int, length: int, name: str, dump_nums: int | None) -> 
     return state.Block(name, 0, "cpu", length, addr=addr, dumps=dump_nums)
 
 
+def _address_and_length(target: object, length: object) -> tuple[int, int]:
+    """The block given as ``(address, length=...)``: the first argument must be an int."""
+    checked = _check_length(length)
+    if not _is_int(target):
+        raise TypeError(
+            "with length=, the block is given by its address: the first argument must be "
+            f"an int address (a data_ptr()), not {type(target).__name__}"
+        )
+    return target, checked
+
+
 def watch(
     target: torch.Tensor | int,
     *,
@@ -219,13 +230,8 @@ def watch(
     name = _check_name(name)
     dump_nums = _check_dump_nums(dump_nums)
     if length is not None:
-        length = _check_length(length)
-        if not _is_int(target):
-            raise TypeError(
-                "with length=, the block is given by its address: the first argument must be "
-                f"an int address (a data_ptr()), not {type(target).__name__}"
-            )
-        block = _address_block(target, length, name, dump_nums)
+        addr, size = _address_and_length(target, length)
+        block = _address_block(addr, size, name, dump_nums)
     elif _is_tensor(target):
         block = _tensor_block(target, name, dump_nums)
     elif _is_int(target):
@@ -256,13 +262,7 @@ def remove(
         state.WATCH.remove(block)
         return
     if length is not None:
-        length = _check_length(length)
-        if not _is_int(target):
-            raise TypeError(
-                "with length=, the block is given by its address: the first argument must be "
-                f"an int address, not {type(target).__name__}"
-            )
-        addr = target
+        addr, length = _address_and_length(target, length)
     elif _is_tensor(target):
         span = state.tensor_span(target)
         if span is None:
