@@ -33,6 +33,8 @@ COLUMNS = [
     ("Name", "name"),
     ("Device Id", "device_id"),
     ("Ptr", "ptr"),
+    ("Attr", "attr"),
+    ("Call Stack(Python)", "python_stack"),
     ("size", "size"),
     ("allocation_id", "allocation_id"),
     ("owner", "owner"),

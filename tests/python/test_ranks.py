@@ -126,6 +126,66 @@ def test_native_duckdb_and_spark_give_identical_tables(job: Path) -> None:
     assert table(job, "spark") == native
 
 
+def _written_dump(root: Path) -> Path:
+    """A run whose leaks need the site rule: line 1 keeps one block a step (a leak), line 2's
+    block of step 3 is freed one step late (it outlived its step once: no leak), line 3's block
+    is made once and kept (resident), a site known only by its Python stack grows too, and a
+    HAL block lives to the end. The leaks are line 1's blocks of steps 2, 3 and (live at the
+    end) 4, the stack site's two and the HAL block: 6 blocks of 1,000 + 100 * 3 + 2 * 30."""
+    dump = root / "msmemscope_7_20260101000000" / "device_cpu" / "dump"
+    dump.mkdir(parents=True)
+    rows = []
+
+    def add(event: str, kind: str, ptr: int | None, attr: str = "{}", stack: str = "") -> None:
+        attr_cell = '"' + attr.replace('"', '""') + '"'
+        pointer = "N/A" if ptr is None else f"0x{ptr:016x}"
+        device = "N/A" if ptr is None else "cpu"
+        name = "N/A"
+        if kind == "STEP":
+            name = str(sum(1 for r in rows if ",STEP," in r) + 1)
+        rows.append(
+            f"{len(rows) + 1},{event},{kind},{name},{1000 + len(rows)},7,7,{device},{pointer},"
+            f'{attr_cell},"{stack}",'
+        )
+
+    def malloc(ptr: int, size: int, line: int, pool: str = "PTA") -> None:
+        attr = f'{{"size":{size},"site":"t.py:{line} (f)","op":"aten::empty"}}'
+        add("MALLOC", pool, ptr, attr)
+
+    add("MALLOC", "HAL", 0x90, '{"size":1000}')
+    add("SYSTEM", "STEP", None)
+    add("SYSTEM", "STEP", None)
+    malloc(0x10, 100, 1)
+    malloc(0x20, 50, 2)
+    malloc(0x30, 70, 3)
+    add("MALLOC", "PTA", 0x40, '{"size":30}', "s.py(9): g")
+    add("SYSTEM", "STEP", None)  # starts step 3
+    malloc(0x11, 100, 1)
+    malloc(0x21, 50, 2)
+    add("MALLOC", "PTA", 0x41, '{"size":30}', "s.py(9): g")
+    add("SYSTEM", "STEP", None)  # step 2's blocks are candidates
+    add("FREE", "PTA", 0x20)
+    malloc(0x12, 100, 1)
+    add("SYSTEM", "STEP", None)  # step 3's: only lines 1 and s.py:9 reach a new high
+    malloc(0x13, 100, 1)
+    add("FREE", "PTA", 0x21)
+    header = (
+        "ID,Event,Event Type,Name,Timestamp(ns),Process Id,Thread Id,Device Id,Ptr,Attr,"
+        "Call Stack(Python),Call Stack(C)"
+    )
+    (dump / "memscope_dump_20260101000000.csv").write_text("\n".join([header, *rows]) + "\n")
+    return root
+
+
+def test_every_engine_counts_the_blocks_of_growing_sites_as_leaks(tmp_path: Path) -> None:
+    root = _written_dump(tmp_path / "job")
+    native = table(root, "native")
+    ((row,),) = [native["rows"]]
+    assert (row["leaked_blocks"], row["leaked_bytes"]) == (6, 1_360)
+    assert table(root, "duckdb") == native
+    assert table(root, "spark") == native
+
+
 def test_csv_output_and_the_rank_from_config_json(job: Path) -> None:
     done = ranks(job / "rank1", "--output-format", "csv")
     assert done.returncode == 0, done.stderr

@@ -1,8 +1,9 @@
 -- msmemscope ranks: one line per dump (one rank's run on one device), for DuckDB and Spark alike
 -- (only SQL both accept). The rules are those of the native engine, rank_summary.rs in
 -- msmemscope_core; the runner (msmemscope/ranks_sql.py) provides two views:
---   dump(rank, run, device, dump, id, event, event_type, name, device_id, ptr,
---        size, allocation_id, owner, used, total)   every row of every dump's Parquet file;
+--   dump(rank, run, device, dump, id, event, event_type, name, device_id, ptr, attr,
+--        python_stack, size, allocation_id, owner, used, total)   every row of every dump's
+--        Parquet file;
 --        (run, device, dump) names a file
 --   params(factor)   a line stands out above median * factor
 WITH
@@ -26,10 +27,16 @@ stepped AS (
     LEFT JOIN step_rows s
         ON s.run = n.run AND s.device = n.device AND s.dump = n.dump AND s.seg = n.seg
 ),
+last_segs AS (
+    -- the seg of each file's last step
+    SELECT run, device, dump, MAX(seg) AS last_seg
+    FROM step_rows
+    GROUP BY run, device, dump
+),
 block_events AS (
     -- a block lives from its MALLOC to the next MALLOC or FREE of its (Device Id, pool, Ptr)
-    SELECT run, device, dump, id, event, event_type AS pool, size, allocation_id, owner, used,
-           step, seg,
+    SELECT run, device, dump, id, event, event_type AS pool, device_id, attr, python_stack,
+           size, allocation_id, owner, used, step, seg,
            LEAD(id) OVER (PARTITION BY run, device, dump, device_id, event_type, ptr
                           ORDER BY id) AS next_id
     FROM stepped
@@ -38,21 +45,63 @@ block_events AS (
 mallocs AS (
     SELECT * FROM block_events WHERE event = 'MALLOC'
 ),
-step_leaks AS (
-    -- the leaks analysis's candidates (no site verdict): a block allocated in step >= 2 still
-    -- live when the step after its own ends (at the STEP row that starts the one after that;
-    -- the end of the dump ends no step)
-    SELECT m.run, m.device, m.dump, m.id, COALESCE(m.size, 0) AS size
+candidates AS (
+    -- the leaks analysis's candidates (the seed's rule): a block allocated in step >= 2 still
+    -- live when the step after its own ends (at the STEP row that starts the one after that:
+    -- at_id), or allocated in the step before the last and live at the end of the dump (at_id
+    -- NULL: the end of the dump ends no step). Each with its allocation site as the analysis
+    -- keys it: the Attr's site (else the first line of the Python stack), frame and op. Text up
+    -- to an escaped quote stands for the whole value: both engines' regexp_extract read it so.
+    SELECT m.run, m.device, m.dump, m.id, m.pool, m.device_id, COALESCE(m.size, 0) AS size,
+           m.next_id, checked.id AS at_id,
+           CASE WHEN m.attr LIKE '%"site":"%'
+                THEN regexp_extract(m.attr, '"site":"([^"]*)"', 1)
+                ELSE regexp_extract(m.python_stack, '^[^' || CHR(10) || ']*', 0) END AS site,
+           regexp_extract(m.attr, '"frame":"([^"]*)"', 1) AS frame,
+           regexp_extract(m.attr, '"op":"([^"]*)"', 1) AS op
     FROM mallocs m
+    JOIN last_segs l ON l.run = m.run AND l.device = m.device AND l.dump = m.dump
     LEFT JOIN step_rows checked
         ON checked.run = m.run AND checked.device = m.device AND checked.dump = m.dump
        AND checked.seg = m.seg + 2
     WHERE m.step >= 2
-      AND checked.id IS NOT NULL AND (m.next_id IS NULL OR m.next_id > checked.id)
+      AND ((checked.id IS NOT NULL AND (m.next_id IS NULL OR m.next_id > checked.id))
+           OR (checked.id IS NULL AND m.seg = l.last_seg - 1 AND m.next_id IS NULL))
+),
+site_ends AS (
+    -- each site's live candidate bytes at each step end the program marked
+    SELECT c.run, c.device, c.dump, c.pool, c.device_id, c.site, c.frame, c.op,
+           e.id AS end_id, SUM(c.size) AS bytes
+    FROM candidates c
+    JOIN step_rows e
+        ON e.run = c.run AND e.device = c.device AND e.dump = c.dump
+       AND e.id >= c.at_id AND (c.next_id IS NULL OR c.next_id > e.id)
+    GROUP BY c.run, c.device, c.dump, c.pool, c.device_id, c.site, c.frame, c.op, e.id
+),
+site_highs AS (
+    SELECT s.*,
+           MAX(bytes) OVER (PARTITION BY run, device, dump, pool, device_id, site, frame, op
+                            ORDER BY end_id
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS high_before
+    FROM site_ends s
+),
+leak_sites AS (
+    -- a site leaks when its live candidate bytes reach a new high at two step ends or more
+    SELECT run, device, dump, pool, device_id, site, frame, op
+    FROM site_highs
+    WHERE bytes > 0 AND (high_before IS NULL OR bytes > high_before)
+    GROUP BY run, device, dump, pool, device_id, site, frame, op
+    HAVING COUNT(*) >= 2
 ),
 leaks AS (
-    -- and HAL blocks still live at the end
-    SELECT run, device, dump, id, size FROM step_leaks
+    -- the candidates of leaking sites, every HAL candidate, and HAL blocks live at the end
+    SELECT c.run, c.device, c.dump, c.id, c.size
+    FROM candidates c
+    JOIN leak_sites l
+        ON l.run = c.run AND l.device = c.device AND l.dump = c.dump AND l.pool = c.pool
+       AND l.device_id = c.device_id AND l.site = c.site AND l.frame = c.frame AND l.op = c.op
+    UNION
+    SELECT run, device, dump, id, size FROM candidates WHERE pool = 'HAL'
     UNION
     SELECT run, device, dump, id, COALESCE(size, 0) AS size
     FROM mallocs

@@ -173,20 +173,6 @@ impl Leaks {
         &self.leaks
     }
 
-    /// Every block that outlived the step after its own at a step end the program marked (the
-    /// seed's candidates, whatever their site's verdict; not those found only at the end of the
-    /// input) and the HAL blocks live at the end, in the order found (once `finish` has run).
-    pub fn outlived(&self) -> Vec<Leak> {
-        let mut all: Vec<Leak> = self
-            .candidates
-            .iter()
-            .filter(|c| !c.late)
-            .cloned()
-            .collect();
-        all.extend(self.hal_at_exit.iter().cloned());
-        all
-    }
-
     /// The findings by site (once `finish` has run).
     pub fn findings(&self) -> &findings::Findings {
         &self.findings
