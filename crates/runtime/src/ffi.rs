@@ -8,7 +8,7 @@ use msmemscope_core::config::RunConfig;
 use msmemscope_core::events::abi::{
     EventRecord, StrRef, ABI_VERSION, ATTRS_CHECKED, DEVICE_CPU, DEVICE_CUDA, WANT_C_STACK,
 };
-use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
+use msmemscope_core::events::{DeviceId, Event, EventType};
 
 use crate::guard::Entered;
 use crate::{pipeline, session};
@@ -60,13 +60,12 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
                 r.python_stack.as_str(),
             )
         };
-        let mut row = EventRow::new(event, event_type, name);
-        row.device = match r.device_kind {
+        let device = match r.device_kind {
             DEVICE_CPU => DeviceId::Cpu,
             DEVICE_CUDA => DeviceId::Cuda(r.device_index),
             _ => DeviceId::None,
         };
-        row.ptr = (r.has_ptr != 0).then_some(r.ptr);
+        let mut attrs_json = None;
         if !attrs.is_empty() {
             // Checked (an object, well formed) without building it: the writer copies the text.
             let trimmed = attrs.trim();
@@ -77,10 +76,16 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
             {
                 return INVALID;
             }
-            row.attrs_json = Some(trimmed.to_string());
+            attrs_json = Some(trimmed);
         }
-        row.python_stack = python_stack.to_string();
-        pipeline::emit(row, r.want_c_stack & WANT_C_STACK != 0);
+        let texts = pipeline::Texts {
+            name,
+            attrs_json,
+            python_stack,
+        };
+        let ptr = (r.has_ptr != 0).then_some(r.ptr);
+        let want_c_stack = r.want_c_stack & WANT_C_STACK != 0;
+        pipeline::emit_borrowed(event, event_type, device, ptr, &texts, want_c_stack);
         OK
     })
 }

@@ -331,6 +331,28 @@ impl EventRow {
         }
     }
 
+    /// Makes this row a bare one of `event`/`event_type`, as [`EventRow::new`] with an empty
+    /// name does, keeping its strings' capacity: a producer of many rows reuses rows instead
+    /// of allocating each one's strings. `attrs_json` becomes `None` (take it first to reuse
+    /// its string).
+    pub fn reset(&mut self, event: Event, event_type: EventType) {
+        self.id = 0;
+        self.event = event;
+        self.event_type = event_type;
+        self.name.clear();
+        self.ts_ns = 0;
+        self.pid = 0;
+        self.tid = 0;
+        self.device = DeviceId::None;
+        self.ptr = None;
+        self.attrs.clear();
+        self.attrs_json = None;
+        self.python_stack.clear();
+        self.c_stack.clear();
+        // The cache answers by the text's address and length, which a reused string keeps.
+        self.numbers = AttrNumbers::default();
+    }
+
     /// The Attr column's text.
     pub fn attrs_text(&self) -> String {
         match &self.attrs_json {

@@ -23,6 +23,7 @@ use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 use msmemscope_core::run_dir::RunDir;
 
 use crate::clock::precise_realtime_ns;
+pub use buffers::Texts;
 use writer::Writer;
 
 /// What decides whether a row is recorded, derived from the configuration.
@@ -47,8 +48,8 @@ impl Filter {
     }
 
     /// Whether a row of this kind, on this device, at this step, is recorded.
-    fn admits(&self, row: &EventRow, step: u64) -> bool {
-        let kind = match row.event {
+    fn admits(&self, event: Event, device: DeviceId, step: u64) -> bool {
+        let kind = match event {
             Event::Malloc => Some(EventKind::Alloc),
             Event::Free => Some(EventKind::Free),
             Event::OpLaunch | Event::KernelLaunch => Some(EventKind::Launch),
@@ -60,11 +61,11 @@ impl Filter {
                 return false;
             }
         }
-        match (row.event, self.level) {
+        match (event, self.level) {
             (Event::OpLaunch, Level::Kernel) | (Event::KernelLaunch, Level::Op) => return false,
             _ => {}
         }
-        let device_ok = match row.device {
+        let device_ok = match device {
             DeviceId::None => true,
             DeviceId::Cpu => self.devices.contains(&Device::Cpu),
             DeviceId::Cuda(i) => self
@@ -76,7 +77,7 @@ impl Filter {
             return false;
         }
         // `--steps`: only the listed steps (system rows always, so steps stay visible).
-        row.event == Event::System || self.steps.is_empty() || self.steps.contains(&(step as u32))
+        event == Event::System || self.steps.is_empty() || self.steps.contains(&(step as u32))
     }
 }
 
@@ -186,14 +187,15 @@ pub fn is_tracing() -> bool {
 // --- CUDA hooks (issue 11): a cheap pre-check before building a row ---
 /// Whether a row of this kind would be recorded now (tracing, `--events`, `--level`,
 /// `--steps`; the device is not known yet), so hooks skip building rows nobody keeps.
-pub fn admits(event: Event, event_type: EventType) -> bool {
+pub fn admits(event: Event) -> bool {
     if !is_tracing() {
         return false;
     }
     let p = pipeline();
     let step = p.step.load(Ordering::Acquire);
-    let probe = EventRow::new(event, event_type, "");
-    p.filter.read().is_ok_and(|f| f.admits(&probe, step))
+    p.filter
+        .read()
+        .is_ok_and(|f| f.admits(event, DeviceId::None, step))
 }
 // --- end CUDA hooks ---
 
@@ -263,14 +265,10 @@ pub fn on_range_start(message: &str) {
     }
 }
 
-/// Stamps, filters and queues a row.
-pub fn emit(mut row: EventRow, want_c_stack: bool) {
-    if row.event == Event::Free {
-        // Reused memory must not inherit the freed block's stream accesses.
-        crate::sanitizer::on_free_row(&row);
-    }
+/// Whether a row of `event` on `device` is recorded now: the C stack depth asked for, if so.
+fn admission(event: Event, device: DeviceId) -> Option<Option<u32>> {
     if !is_tracing() {
-        return;
+        return None;
     }
     if crate::private_alloc::out_of_memory_since().is_some() {
         // The runtime lives on its reserve: rows would use it up. Said once in the log.
@@ -281,35 +279,59 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
                  later events are not recorded",
             );
         }
-        return;
+        return None;
     }
     let p = pipeline();
     let step = p.step.load(Ordering::Acquire);
-    let depth = match p.filter.read() {
-        Ok(f) if f.admits(&row, step) => f.c_stack_depth,
-        _ => return,
+    match p.filter.read() {
+        Ok(f) if f.admits(event, device, step) => Some(f.c_stack_depth),
+        _ => None,
+    }
+}
+
+/// The C frames of this call, `depth` deep, handed to `f` (empty when not asked for).
+fn with_c_frames<R>(want: bool, depth: Option<u32>, f: impl FnOnce(&[u64]) -> R) -> R {
+    match (want, depth) {
+        (true, Some(depth)) if depth as usize <= crate::unwind::MAX_FRAMES => {
+            // Memoized: allocation-heavy producers ask for stacks at every row.
+            let mut frames = [0u64; crate::unwind::MAX_FRAMES];
+            let n = crate::unwind::with_stack(|stack, _| {
+                let taken = stack.as_slice().iter().take(depth as usize);
+                let mut n = 0;
+                for (slot, frame) in frames.iter_mut().zip(taken) {
+                    *slot = *frame;
+                    n += 1;
+                }
+                n
+            });
+            f(&frames[..n])
+        }
+        (true, Some(depth)) => f(&crate::unwind::capture_deep(depth as usize)),
+        _ => f(&[]),
+    }
+}
+
+/// Stamps, filters and queues a row.
+pub fn emit(mut row: EventRow, want_c_stack: bool) {
+    if row.event == Event::Free {
+        // Reused memory must not inherit the freed block's stream accesses.
+        crate::sanitizer::on_free_row(&row);
+    }
+    let Some(depth) = admission(row.event, row.device) else {
+        return;
     };
     if row.ts_ns == 0 {
         row.ts_ns = precise_realtime_ns();
     }
     row.pid = process_id();
     row.tid = thread_id();
-    let mut frames = Vec::new();
-    if let (true, Some(depth)) = (want_c_stack, depth) {
-        if depth as usize <= crate::unwind::MAX_FRAMES {
-            // Memoized: allocation-heavy producers ask for stacks at every row.
-            crate::unwind::with_stack(|stack, _| {
-                frames.extend(stack.as_slice().iter().take(depth as usize));
-            });
-        } else {
-            frames = crate::unwind::capture_deep(depth as usize);
-        }
-    }
+    let frames = with_c_frames(want_c_stack, depth, <[u64]>::to_vec);
     // The writer (and the dump file) start with the first real event: a process that only
     // starts and stops tracing, or execs another program first (a shell script, a version
     // shim), leaves no file behind.
     let system = row.event == Event::System;
     let (pid, tid) = (row.pid, row.tid);
+    let p = pipeline();
     let follow_up = if OOM_ACTIVE.load(Ordering::Relaxed) {
         p.oom
             .lock()
@@ -324,9 +346,53 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         buffers::push(extra, extra_frames);
     }
     if !system {
-        RECORDED.store(true, Ordering::Relaxed);
-        ensure_writer();
+        note_recorded();
     }
+}
+
+/// A row from a producer that hands its texts over borrowed (the C ABI): stamped, filtered and
+/// queued as [`emit`] does, without an [`EventRow`] made on this thread. Rows that the
+/// sanitizer or the OOM watch must see take [`emit`].
+pub fn emit_borrowed(
+    event: Event,
+    event_type: EventType,
+    device: DeviceId,
+    ptr: Option<u64>,
+    texts: &Texts,
+    want_c_stack: bool,
+) {
+    if (event == Event::Free && crate::sanitizer::is_active()) || OOM_ACTIVE.load(Ordering::Relaxed)
+    {
+        let mut row = EventRow::new(event, event_type, texts.name);
+        row.device = device;
+        row.ptr = ptr;
+        row.attrs_json = texts.attrs_json.map(str::to_string);
+        row.python_stack = texts.python_stack.to_string();
+        return emit(row, want_c_stack);
+    }
+    let Some(depth) = admission(event, device) else {
+        return;
+    };
+    let numbers = buffers::Numbers {
+        event,
+        event_type,
+        ts_ns: precise_realtime_ns(),
+        pid: process_id(),
+        tid: thread_id(),
+        device,
+        ptr,
+    };
+    with_c_frames(want_c_stack, depth, |frames| {
+        buffers::push_packed(numbers, texts, frames)
+    });
+    if event != Event::System {
+        note_recorded();
+    }
+}
+
+fn note_recorded() {
+    RECORDED.store(true, Ordering::Relaxed);
+    ensure_writer();
 }
 
 /// Whether a row other than the run's own SYSTEM rows was ever queued. In a process the job

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use msmemscope_core::analysis::Analysis;
+use msmemscope_core::events::EventRow;
 use msmemscope_core::symbolize::Symbolizer;
 use std::path::{Path, PathBuf};
 
@@ -21,6 +22,9 @@ use crate::clock::precise_realtime_ns;
 const TICK: Duration = Duration::from_millis(100);
 /// Rows younger than this wait for the next tick.
 const WATERMARK_NS: u64 = 50_000_000;
+/// Written rows kept for reuse: about one tick's worth of a busy PyTorch run, so that the
+/// writer makes and frees no strings per row (the memory is what the pending rows held).
+const SPARE_ROWS: usize = 32_768;
 
 #[derive(Default)]
 struct Control {
@@ -51,6 +55,8 @@ struct State {
     analyses: Vec<Box<dyn Analysis>>,
     run_dir: Arc<RunDir>,
     pending: Vec<Queued>,
+    /// Rows written, kept for the next drain to fill again (at most [`SPARE_ROWS`]).
+    spare: Vec<EventRow>,
     next_id: u64,
     symbolizer: Option<Symbolizer>,
     symbols: HashMap<u64, String>,
@@ -76,6 +82,7 @@ impl Writer {
             analyses,
             run_dir,
             pending: Vec::new(),
+            spare: Vec::new(),
             next_id: 1,
             symbolizer: None,
             symbols: HashMap::new(),
@@ -259,7 +266,7 @@ fn thread_cpu_seconds() -> f64 {
 
 /// Drains the buffers and writes what is old enough (everything when `all`).
 fn write_batch(state: &mut State, all: bool) {
-    buffers::drain_into(&mut state.pending);
+    buffers::drain_into(&mut state.pending, &mut state.spare);
     if state.pending.is_empty() {
         if all {
             if let Err(e) = state.sinks.flush(true) {
@@ -293,6 +300,9 @@ fn write_batch(state: &mut State, all: bool) {
         }
         for analysis in &mut state.analyses {
             analysis.feed(&q.row);
+        }
+        if state.spare.len() < SPARE_ROWS {
+            state.spare.push(q.row);
         }
     }
     // Rows handed to the file; a failed write or flush below loses some of them, said once.

@@ -99,7 +99,7 @@ fn malloc_row(api: &str, device: DeviceId, addr: u64, size: u64, id: u64, used: 
 
 /// Whether HAL rows of `event` are recorded now: the book is kept either way.
 fn wanted(event: Event) -> bool {
-    pipeline::admits(event, EventType::Hal)
+    pipeline::admits(event)
 }
 
 /// An allocation call returned `rc`; on success the block is `addr` of `size` bytes.
@@ -270,7 +270,7 @@ fn end_physical(book: &mut Book, handle: u64) -> Option<EventRow> {
 
 /// A kernel launch that succeeded.
 pub fn launched(layer: Layer, name: impl FnOnce() -> String, stream: u64) {
-    if !pipeline::admits(Event::KernelLaunch, EventType::KernelLaunch) {
+    if !pipeline::admits(Event::KernelLaunch) {
         return;
     }
     inside(|| {
