@@ -294,17 +294,10 @@ fn with_c_frames<R>(want: bool, depth: Option<u32>, f: impl FnOnce(&[u64]) -> R)
     match (want, depth) {
         (true, Some(depth)) if depth as usize <= crate::unwind::MAX_FRAMES => {
             // Memoized: allocation-heavy producers ask for stacks at every row.
-            let mut frames = [0u64; crate::unwind::MAX_FRAMES];
-            let n = crate::unwind::with_stack(|stack, _| {
-                let taken = stack.as_slice().iter().take(depth as usize);
-                let mut n = 0;
-                for (slot, frame) in frames.iter_mut().zip(taken) {
-                    *slot = *frame;
-                    n += 1;
-                }
-                n
-            });
-            f(&frames[..n])
+            crate::unwind::with_stack(|stack, _| {
+                let frames = stack.as_slice();
+                f(&frames[..frames.len().min(depth as usize)])
+            })
         }
         (true, Some(depth)) => f(&crate::unwind::capture_deep(depth as usize)),
         _ => f(&[]),
