@@ -52,31 +52,31 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
         else {
             return INVALID;
         };
-        // SAFETY: as above.
-        let (name, attrs, python_stack) = unsafe {
-            (
-                r.name.as_str(),
-                r.attrs_json.as_str(),
-                r.python_stack.as_str(),
-            )
-        };
         let device = match r.device_kind {
             DEVICE_CPU => DeviceId::Cpu,
             DEVICE_CUDA => DeviceId::Cuda(r.device_index),
             _ => DeviceId::None,
         };
-        let mut attrs_json = None;
-        if !attrs.is_empty() {
-            // Checked (an object, well formed) without building it: the writer copies the text.
-            let trimmed = attrs.trim();
+        // The name and the stack are copied as bytes: the writer, not the program's thread,
+        // reads them as UTF-8 (an invalid sequence becomes U+FFFD there).
+        // SAFETY: as above.
+        let (name, python_stack) = unsafe { (r.name.as_bytes(), r.python_stack.as_bytes()) };
+        let vouched = r.want_c_stack & ATTRS_CHECKED != 0;
+        let attrs_json = if vouched {
+            // One well-formed object, as the producer promised (our PyTorch capture).
+            // SAFETY: as above.
+            Some(unsafe { r.attrs_json.as_bytes() }).filter(|a| !a.is_empty())
+        } else {
+            // SAFETY: as above.
+            let attrs = unsafe { r.attrs_json.as_str() }.trim();
             // The same check the dump's readers make, so every row written can be read back.
-            let vouched = r.want_c_stack & ATTRS_CHECKED != 0;
-            if !trimmed.starts_with('{')
-                || (!vouched && msmemscope_core::events::reader::check_attrs(trimmed).is_err())
-            {
+            if !attrs.is_empty() && msmemscope_core::events::reader::check_attrs(attrs).is_err() {
                 return INVALID;
             }
-            attrs_json = Some(trimmed);
+            Some(attrs.as_bytes()).filter(|a| !a.is_empty())
+        };
+        if attrs_json.is_some_and(|a| a.first() != Some(&b'{')) {
+            return INVALID;
         }
         let texts = pipeline::Texts {
             name,

@@ -40,6 +40,18 @@ impl StrRef {
         }
     }
 
+    /// The bytes, unchecked (their reader decides what invalid UTF-8 becomes).
+    ///
+    /// # Safety
+    /// `ptr` must point at `len` bytes valid for `'a` (or be null with `len` 0).
+    pub unsafe fn as_bytes<'a>(&self) -> &'a [u8] {
+        if self.ptr.is_null() || self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the caller guarantees the bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
     /// # Safety
     /// `ptr` must point at `len` bytes valid for `'a` (or be null with `len` 0).
     pub unsafe fn as_str<'a>(&self) -> &'a str {

@@ -1,21 +1,28 @@
-//! Per-thread event buffers. A producer appends to its own thread's buffer (a lock nobody else
-//! takes except the writer, briefly, to swap the buffer out); the writer drains every buffer.
+//! Per-thread event buffers: each producing thread queues its rows in buffers of its own, and
+//! the writer thread drains every thread's.
 //!
-//! The hot producers (the PyTorch capture, through the C ABI) queue a [`Packed`] row: its
-//! numbers, and its texts copied into the batch's one byte arena. The application thread so
-//! makes no heap allocation per row, and the row's strings are made and freed by the writer,
-//! on its own thread (a string made on one thread and freed on another costs both threads a
-//! lock on the first one's malloc arena). Rarer producers (steps, marks, the OOM watch) queue
-//! a whole [`EventRow`].
+//! The hot producers (the PyTorch capture, through the C ABI) queue a packed row: its numbers,
+//! and its texts copied into the arena of the thread's current [`Chunk`]. A chunk has a fixed
+//! size and is filled by one thread only, which publishes each row with a release store of the
+//! chunk's row count; the writer reads the published rows behind it. Queueing such a row so
+//! takes no lock, no read-modify-write and no heap allocation on the program's thread: each
+//! locked instruction is a full fence, and on the thread of a busy PyTorch program the fence
+//! of a per-row lock, waiting for the row's stores, cost more than the rest of the row. The
+//! row's strings are made (and freed) on the writer's thread. A full chunk goes to the writer
+//! through the thread's hand-off lock, which also hands back the chunks the writer emptied.
+//!
+//! Rarer producers (steps, marks, the OOM watch) and rows too large for a chunk queue a whole
+//! [`EventRow`] through the hand-off lock.
 
-use std::cell::RefCell;
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::{RefCell, UnsafeCell};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
-/// A row and its global sequence number (ties between equal timestamps keep emit order).
+/// A row and its sequence number: rows with equal timestamps are written in the order of
+/// their sequence numbers, which count each thread's rows in the order it queued them.
 pub struct Queued {
     pub seq: u64,
     pub row: EventRow,
@@ -23,12 +30,25 @@ pub struct Queued {
     pub c_frames: Vec<u64>,
 }
 
-/// A row's texts, borrowed from its producer for the call.
+/// A row's texts, borrowed from its producer for the call, as bytes: they are read as UTF-8
+/// when unpacked, on the writer's thread.
 pub struct Texts<'a> {
-    pub name: &'a str,
+    pub name: &'a [u8],
     /// The Attr column as the producer rendered it (a checked JSON object), if any.
-    pub attrs_json: Option<&'a str>,
-    pub python_stack: &'a str,
+    pub attrs_json: Option<&'a [u8]>,
+    pub python_stack: &'a [u8],
+}
+
+impl Texts<'_> {
+    /// The Attr text, read as UTF-8 (invalid sequences replaced).
+    pub fn attrs_string(&self) -> Option<String> {
+        self.attrs_json
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+    }
+
+    fn len(&self) -> usize {
+        self.name.len() + self.attrs_json.map_or(0, <[u8]>::len) + self.python_stack.len()
+    }
 }
 
 /// A row's numbers, stamped.
@@ -43,187 +63,402 @@ pub struct Numbers {
     pub ptr: Option<u64>,
 }
 
-/// A row queued without its own strings: ranges into its batch's arenas.
+/// A range of a chunk's arena.
+#[derive(Clone, Copy)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+/// A row queued without its own strings: spans of its chunk's arenas.
+#[derive(Clone, Copy)]
 struct Packed {
     seq: u64,
     numbers: Numbers,
-    name: Range<u32>,
-    attrs_json: Option<Range<u32>>,
-    python_stack: Range<u32>,
-    c_frames: Range<u32>,
+    name: Span,
+    attrs_json: Option<Span>,
+    python_stack: Span,
+    c_frames: Span,
 }
 
-enum Entry {
-    Packed(Packed),
-    Row(Box<Queued>),
+/// Rows, text bytes and C frames one chunk holds: about 100 KiB, which a busy thread fills in
+/// a few milliseconds and which stays in its core's cache meanwhile.
+const CHUNK_ROWS: usize = 512;
+const CHUNK_TEXT: usize = 48 << 10;
+const CHUNK_FRAMES: usize = 2048;
+/// Emptied chunks a thread keeps for its next ones.
+const FREE_CHUNKS: usize = 8;
+
+/// A fixed block of packed rows that one thread fills (its current chunk) and the writer reads
+/// behind it. The filling thread writes a row's slot and arena bytes past everything published,
+/// then publishes the row with a release store of `len`; the writer reads only published rows
+/// (an acquire load of `len`). Once the chunk is handed over full, only the writer touches it
+/// until it hands it back empty, through the hand-off lock.
+struct Chunk {
+    rows: Box<[UnsafeCell<MaybeUninit<Packed>>]>,
+    text: Box<[UnsafeCell<u8>]>,
+    frames: Box<[UnsafeCell<u64>]>,
+    /// Rows published.
+    len: AtomicUsize,
+    /// Arena bytes and frames in use: the filling thread's (the writer's once handed over).
+    text_len: AtomicUsize,
+    frames_len: AtomicUsize,
+    /// Rows the writer has taken: the writer's.
+    taken: AtomicUsize,
 }
 
-/// One thread's rows since the last drain, with the arenas their texts and frames live in.
-#[derive(Default)]
-struct Batch {
-    entries: Vec<Entry>,
-    text: Vec<u8>,
-    frames: Vec<u64>,
+// SAFETY: the cells are written by the one thread filling the chunk, only past what `len`
+// published, and read by the writer only up to it (release/acquire on `len`); a chunk handed
+// over changes hands under the hand-off lock.
+unsafe impl Sync for Chunk {}
+
+/// A slice of `n` fresh cells, or `None` when the memory cannot be had.
+fn cells<T>(n: usize, fresh: impl Fn() -> T) -> Option<Box<[T]>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize_with(n, fresh);
+    Some(v.into_boxed_slice())
 }
 
-impl Batch {
-    /// Copies `s` into the text arena (`None` when the arena would pass 4 GiB).
-    fn text(&mut self, s: &str) -> Option<Range<u32>> {
-        let start = u32::try_from(self.text.len()).ok()?;
-        let end = u32::try_from(self.text.len() + s.len()).ok()?;
-        self.text.try_reserve(s.len()).ok()?;
-        self.text.extend_from_slice(s.as_bytes());
-        Some(start..end)
+impl Chunk {
+    fn new() -> Option<Box<Chunk>> {
+        let chunk = Chunk {
+            rows: cells(CHUNK_ROWS, || UnsafeCell::new(MaybeUninit::uninit()))?,
+            text: cells(CHUNK_TEXT, || UnsafeCell::new(0))?,
+            frames: cells(CHUNK_FRAMES, || UnsafeCell::new(0))?,
+            len: AtomicUsize::new(0),
+            text_len: AtomicUsize::new(0),
+            frames_len: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
+        };
+        let mut one = Vec::new();
+        one.try_reserve_exact(1).ok()?;
+        one.push(chunk);
+        let raw = Box::into_raw(one.into_boxed_slice()).cast::<Chunk>();
+        // SAFETY: a boxed one-element slice has the layout of a box of its element.
+        Some(unsafe { Box::from_raw(raw) })
     }
 
-    fn frames(&mut self, frames: &[u64]) -> Option<Range<u32>> {
-        let start = u32::try_from(self.frames.len()).ok()?;
-        let end = u32::try_from(self.frames.len() + frames.len()).ok()?;
-        self.frames.try_reserve(frames.len()).ok()?;
-        self.frames.extend_from_slice(frames);
-        Some(start..end)
+    /// Whether a row with these texts and frames could ever fit (in an empty chunk).
+    fn holds(texts: &Texts, frames: &[u64]) -> bool {
+        texts.len() <= CHUNK_TEXT && frames.len() <= CHUNK_FRAMES
     }
 
-    fn pack(&mut self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
-        if self.entries.try_reserve(1).is_err() {
+    /// Appends and publishes a row; false when the chunk has no room for it. Only the thread
+    /// filling the chunk calls this.
+    fn push(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
+        let n = self.len.load(Ordering::Relaxed);
+        let t = self.text_len.load(Ordering::Relaxed);
+        let f = self.frames_len.load(Ordering::Relaxed);
+        if n >= CHUNK_ROWS || t + texts.len() > CHUNK_TEXT || f + frames.len() > CHUNK_FRAMES {
             return false;
         }
-        let (text_len, frames_len) = (self.text.len(), self.frames.len());
-        let packed = (|| {
-            Some(Packed {
-                seq,
-                numbers,
-                name: self.text(texts.name)?,
-                attrs_json: match texts.attrs_json {
-                    Some(a) => Some(self.text(a)?),
-                    None => None,
-                },
-                python_stack: self.text(texts.python_stack)?,
-                c_frames: self.frames(frames)?,
-            })
-        })();
-        match packed {
-            Some(p) => {
-                self.entries.push(Entry::Packed(p));
-                true
+        let mut at = t;
+        let mut copy = |bytes: &[u8]| {
+            // SAFETY: `at..at + len` lies inside the arena (checked above) and past every
+            // published row's bytes: nobody reads it until `len` publishes this row.
+            unsafe {
+                let base = UnsafeCell::raw_get(self.text.as_ptr());
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(at), bytes.len());
             }
-            None => {
-                self.text.truncate(text_len);
-                self.frames.truncate(frames_len);
-                false
-            }
+            let span = Span {
+                start: at as u32,
+                end: (at + bytes.len()) as u32,
+            };
+            at += bytes.len();
+            span
+        };
+        let name = copy(texts.name);
+        let attrs_json = texts.attrs_json.map(&mut copy);
+        let python_stack = copy(texts.python_stack);
+        // SAFETY: as for the text, in the frames arena.
+        unsafe {
+            let base = UnsafeCell::raw_get(self.frames.as_ptr());
+            std::ptr::copy_nonoverlapping(frames.as_ptr(), base.add(f), frames.len());
+        }
+        let packed = Packed {
+            seq,
+            numbers,
+            name,
+            attrs_json,
+            python_stack,
+            c_frames: Span {
+                start: f as u32,
+                end: (f + frames.len()) as u32,
+            },
+        };
+        // SAFETY: slot `n` is unpublished (n == len), so only this thread touches it.
+        unsafe { (*self.rows[n].get()).write(packed) };
+        self.text_len.store(at, Ordering::Relaxed);
+        self.frames_len.store(f + frames.len(), Ordering::Relaxed);
+        self.len.store(n + 1, Ordering::Release);
+        true
+    }
+
+    /// The writer: every published row not taken yet, as whole rows (made from `spare`'s
+    /// first), to the end of `out`.
+    fn take_into(&self, out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
+        let len = self.len.load(Ordering::Acquire);
+        let taken = self.taken.load(Ordering::Relaxed);
+        out.reserve(len.saturating_sub(taken));
+        for i in taken..len {
+            // SAFETY: slot `i` < `len` was published (acquire above) and is never written again
+            // until the chunk is emptied, by this thread.
+            let p = unsafe { (*self.rows[i].get()).assume_init_read() };
+            out.push(self.unpack(&p, spare));
+        }
+        self.taken.store(len, Ordering::Relaxed);
+    }
+
+    fn bytes(&self, span: Span) -> &[u8] {
+        let (start, end) = (span.start as usize, span.end as usize);
+        if start > end || end > self.text.len() {
+            return &[];
+        }
+        // SAFETY: the span is a published row's, inside the arena, and not written again
+        // until the chunk is emptied.
+        unsafe {
+            let base = UnsafeCell::raw_get(self.text.as_ptr());
+            std::slice::from_raw_parts(base.add(start), end - start)
         }
     }
 
-    /// Moves every entry, as whole rows (made from `spare`'s first), to the end of `out`;
-    /// leaves the batch empty with its capacity.
-    fn unpack_into(&mut self, out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
-        out.reserve(self.entries.len());
-        for entry in self.entries.drain(..) {
-            out.push(match entry {
-                Entry::Row(q) => *q,
-                Entry::Packed(p) => unpack(&p, &self.text, &self.frames, spare),
-            });
+    fn frames_of(&self, span: Span) -> Vec<u64> {
+        let (start, end) = (span.start as usize, span.end as usize);
+        if start >= end || end > self.frames.len() {
+            return Vec::new();
         }
-        self.text.clear();
-        self.frames.clear();
+        // SAFETY: as for `bytes`, in the frames arena.
+        unsafe {
+            let base = UnsafeCell::raw_get(self.frames.as_ptr());
+            std::slice::from_raw_parts(base.add(start), end - start).to_vec()
+        }
+    }
+
+    /// The whole row of `p`, in a row from `spare` when it has one (its strings' capacity
+    /// reused).
+    fn unpack(&self, p: &Packed, spare: &mut Vec<EventRow>) -> Queued {
+        let n = p.numbers;
+        let mut row = match spare.pop() {
+            Some(mut row) => {
+                let attrs = row.attrs_json.take();
+                row.reset(n.event, n.event_type);
+                row.attrs_json = attrs;
+                row
+            }
+            None => EventRow::new(n.event, n.event_type, String::new()),
+        };
+        text_into(&mut row.name, self.bytes(p.name));
+        row.ts_ns = n.ts_ns;
+        row.pid = n.pid;
+        row.tid = n.tid;
+        row.device = n.device;
+        row.ptr = n.ptr;
+        row.attrs_json = match p.attrs_json {
+            Some(span) => {
+                let mut attrs = row.attrs_json.take().unwrap_or_default();
+                text_into(&mut attrs, self.bytes(span));
+                Some(attrs)
+            }
+            None => None,
+        };
+        text_into(&mut row.python_stack, self.bytes(p.python_stack));
+        Queued {
+            seq: p.seq,
+            row,
+            c_frames: self.frames_of(p.c_frames),
+        }
+    }
+
+    /// The writer, on a chunk handed over: empty again.
+    fn clear(&self) {
+        self.len.store(0, Ordering::Relaxed);
+        self.taken.store(0, Ordering::Relaxed);
+        self.text_len.store(0, Ordering::Relaxed);
+        self.frames_len.store(0, Ordering::Relaxed);
+    }
+
+    fn untaken(&self) -> bool {
+        self.len.load(Ordering::Acquire) > self.taken.load(Ordering::Relaxed)
     }
 }
 
-/// Sets `out` to the text of `r` in `arena`, in the capacity `out` already has.
-fn text_into(out: &mut String, arena: &[u8], r: &Range<u32>) {
-    let bytes = arena.get(r.start as usize..r.end as usize).unwrap_or(&[]);
+/// Sets `out` to `bytes` read as UTF-8, in the capacity `out` already has.
+fn text_into(out: &mut String, bytes: &[u8]) {
     out.clear();
-    // Copied from `&str`s, each on a char boundary: always valid.
+    // The producer's bytes, unchecked until now.
     match std::str::from_utf8(bytes) {
         Ok(text) => out.push_str(text),
         Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 
-/// The whole row of `p`, in a row from `spare` when it has one (its strings' capacity reused).
-fn unpack(p: &Packed, text: &[u8], frames: &[u64], spare: &mut Vec<EventRow>) -> Queued {
-    let n = p.numbers;
-    let mut row = match spare.pop() {
-        Some(mut row) => {
-            let attrs = row.attrs_json.take();
-            row.reset(n.event, n.event_type);
-            row.attrs_json = attrs;
-            row
-        }
-        None => EventRow::new(n.event, n.event_type, String::new()),
-    };
-    text_into(&mut row.name, text, &p.name);
-    row.ts_ns = n.ts_ns;
-    row.pid = n.pid;
-    row.tid = n.tid;
-    row.device = n.device;
-    row.ptr = n.ptr;
-    row.attrs_json = match &p.attrs_json {
-        Some(r) => {
-            let mut attrs = row.attrs_json.take().unwrap_or_default();
-            text_into(&mut attrs, text, r);
-            Some(attrs)
-        }
-        None => None,
-    };
-    text_into(&mut row.python_stack, text, &p.python_stack);
-    Queued {
-        seq: p.seq,
-        row,
-        c_frames: frames
-            .get(p.c_frames.start as usize..p.c_frames.end as usize)
-            .unwrap_or(&[])
-            .to_vec(),
-    }
+/// What passes between a thread and the writer under the thread's hand-off lock. Chunks stay
+/// boxed: the thread's `current` points at one, wherever it is listed.
+#[derive(Default)]
+#[allow(clippy::vec_box)]
+struct Handoff {
+    /// Chunks the thread filled, oldest first.
+    full: Vec<Box<Chunk>>,
+    /// Chunks the writer emptied.
+    free: Vec<Box<Chunk>>,
+    /// Whole rows.
+    rows: Vec<Queued>,
 }
 
 #[derive(Default)]
 pub struct ThreadBuffer {
-    rows: Mutex<Batch>,
-    /// The writer's half of a double buffer: an empty batch with the capacity of an earlier
-    /// one, swapped in for `rows` at each drain. The producer so keeps writing into memory
-    /// already paged in, and the writer unpacks the batch after letting go of `rows`, never
-    /// while the producer waits.
-    spare: Mutex<Batch>,
+    /// The chunk the thread fills now (null before its first packed row). Set by the thread,
+    /// under the hand-off lock; owned by this buffer.
+    current: AtomicPtr<Chunk>,
+    handoff: Mutex<Handoff>,
+}
+
+impl ThreadBuffer {
+    fn current(&self) -> Option<&Chunk> {
+        let ptr = self.current.load(Ordering::Acquire);
+        // SAFETY: a non-null `current` came from `Box::into_raw` and is freed only when the
+        // buffer is dropped (its thread has ended, and the writer holds the last reference).
+        (!ptr.is_null()).then(|| unsafe { &*ptr })
+    }
+
+    /// The thread: hands its full chunk (if any) to the writer and makes a fresh one current;
+    /// `None` when no chunk can be had.
+    fn rotate(&self) -> Option<&Chunk> {
+        let mut handoff = self.handoff.lock().ok()?;
+        let fresh = match handoff.free.pop() {
+            Some(chunk) => chunk,
+            None => Chunk::new()?,
+        };
+        handoff.full.try_reserve(1).ok()?;
+        let old = self.current.load(Ordering::Relaxed);
+        if !old.is_null() {
+            // SAFETY: `old` came from `Box::into_raw`; it is the writer's from now on.
+            handoff.full.push(unsafe { Box::from_raw(old) });
+        }
+        let fresh = Box::into_raw(fresh);
+        self.current.store(fresh, Ordering::Release);
+        drop(handoff);
+        // SAFETY: just made current; freed only with the buffer.
+        Some(unsafe { &*fresh })
+    }
+
+    /// The thread: queues a packed row.
+    fn push_packed(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
+        if let Some(chunk) = self.current() {
+            if chunk.push(seq, numbers, texts, frames) {
+                return true;
+            }
+        }
+        Chunk::holds(texts, frames)
+            && self
+                .rotate()
+                .is_some_and(|chunk| chunk.push(seq, numbers, texts, frames))
+    }
+
+    /// The thread: queues a whole row (given back when it cannot be queued).
+    fn push_row(&self, q: Queued) -> Option<Queued> {
+        let Ok(mut handoff) = self.handoff.lock() else {
+            return Some(q);
+        };
+        if handoff.rows.try_reserve(1).is_err() {
+            return Some(q);
+        }
+        handoff.rows.push(q);
+        None
+    }
+
+    /// The writer: every row queued so far, to the end of `out`, in the order the thread
+    /// queued them, except that whole rows come first (the writer orders all by time).
+    fn drain_into(&self, out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
+        // Whole rows first: every packed row queued before them is published by now.
+        if let Ok(mut handoff) = self.handoff.lock() {
+            out.append(&mut handoff.rows);
+        }
+        // The current chunk is read before the full ones are taken: if the thread hands it
+        // over in between, it is among them, and no newer chunk is read before it.
+        let current = self.current.load(Ordering::Acquire);
+        let full = match self.handoff.lock() {
+            Ok(mut handoff) => std::mem::take(&mut handoff.full),
+            Err(_) => return,
+        };
+        for chunk in &full {
+            chunk.take_into(out, spare);
+            chunk.clear();
+        }
+        let handed_over = full.iter().any(|c| std::ptr::eq(&**c, current));
+        if !current.is_null() && !handed_over {
+            // SAFETY: only this thread (the writer) frees chunks, or the buffer's drop: the
+            // chunk is still current, or was handed over after the lock above and waits in
+            // `full` for the next drain, which starts after what is taken now.
+            unsafe { &*current }.take_into(out, spare);
+        }
+        if let Ok(mut handoff) = self.handoff.lock() {
+            for chunk in full {
+                if handoff.free.len() < FREE_CHUNKS && handoff.free.try_reserve(1).is_ok() {
+                    handoff.free.push(chunk);
+                }
+            }
+        }
+    }
+
+    fn has_rows(&self) -> bool {
+        self.current().is_some_and(Chunk::untaken)
+            || self
+                .handoff
+                .lock()
+                .is_ok_and(|h| !h.rows.is_empty() || !h.full.is_empty())
+    }
+}
+
+impl Drop for ThreadBuffer {
+    fn drop(&mut self) {
+        let ptr = *self.current.get_mut();
+        if !ptr.is_null() {
+            // SAFETY: came from `Box::into_raw`; nobody else holds the buffer any more.
+            drop(unsafe { Box::from_raw(ptr) });
+        }
+    }
 }
 
 static REGISTRY: Mutex<Vec<Arc<ThreadBuffer>>> = Mutex::new(Vec::new());
-static SEQ: AtomicU64 = AtomicU64::new(0);
+/// Sequence numbers of rows queued by threads that are exiting (they have no buffer).
+static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's buffer and the sequence number of its next row.
+struct Local {
+    buffer: Option<Arc<ThreadBuffer>>,
+    seq: u64,
+}
 
 thread_local! {
-    static MINE: RefCell<Option<Arc<ThreadBuffer>>> = const { RefCell::new(None) };
+    static MINE: RefCell<Local> = const { RefCell::new(Local { buffer: None, seq: 0 }) };
 }
 
 /// Rows from threads whose thread-local buffer is already gone (emitted during thread exit).
 static ORPHANS: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
 
-fn next_seq() -> u64 {
-    SEQ.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Runs `f` on this thread's batch; false when the thread has none any more (it is exiting)
-/// or `f` could not queue the row.
-fn with_batch(f: impl FnOnce(&mut Batch) -> bool) -> bool {
+/// Runs `f` on this thread's buffer with the next sequence number; `None` when the thread has
+/// none any more (it is exiting).
+fn with_buffer<R>(f: impl FnOnce(&ThreadBuffer, u64) -> R) -> Option<R> {
     MINE.try_with(|mine| {
         let mut mine = mine.borrow_mut();
-        let buffer = mine.get_or_insert_with(|| {
+        let seq = mine.seq;
+        mine.seq += 1;
+        let buffer = mine.buffer.get_or_insert_with(|| {
             let buffer = Arc::new(ThreadBuffer::default());
             if let Ok(mut registry) = REGISTRY.lock() {
                 registry.push(buffer.clone());
             }
             buffer
         });
-        let queued = match buffer.rows.lock() {
-            Ok(mut rows) => f(&mut rows),
-            Err(_) => false,
-        };
-        queued
+        f(buffer, seq)
     })
-    .unwrap_or(false)
+    .ok()
 }
 
-fn orphan(q: Queued) {
+fn orphan(mut q: Queued) {
+    q.seq = ORPHAN_SEQ.fetch_add(1, Ordering::Relaxed);
     if let Ok(mut orphans) = ORPHANS.lock() {
         orphans.push(q);
     }
@@ -231,34 +466,44 @@ fn orphan(q: Queued) {
 
 /// Appends a whole row to this thread's buffer.
 pub fn push(row: EventRow, c_frames: Vec<u64>) {
-    let mut queued = Some(Box::new(Queued {
-        seq: next_seq(),
+    let mut q = Some(Queued {
+        seq: 0,
         row,
         c_frames,
-    }));
-    with_batch(|batch| {
-        if batch.entries.try_reserve(1).is_err() {
-            return false;
-        }
-        batch.entries.extend(queued.take().map(Entry::Row));
-        true
     });
-    if let Some(q) = queued {
-        orphan(*q);
+    let refused = with_buffer(|buffer, seq| {
+        let mut mine = q.take()?;
+        mine.seq = seq;
+        buffer.push_row(mine)
+    });
+    if let Some(q) = refused.flatten().or(q) {
+        orphan(q);
     }
 }
 
-/// Appends a row given by its numbers and borrowed texts, copying the texts into the batch.
+/// Appends a row given by its numbers and borrowed texts, copying the texts into this thread's
+/// chunk (a row no chunk can hold, or one queued while the thread exits, goes whole).
 pub fn push_packed(numbers: Numbers, texts: &Texts, c_frames: &[u64]) {
-    let seq = next_seq();
-    if !with_batch(|batch| batch.pack(seq, numbers, texts, c_frames)) {
-        let mut one = Batch::default();
-        if one.pack(seq, numbers, texts, c_frames) {
-            let mut out = Vec::new();
-            one.unpack_into(&mut out, &mut Vec::new());
-            out.into_iter().for_each(orphan);
-        }
+    let packed = with_buffer(|buffer, seq| buffer.push_packed(seq, numbers, texts, c_frames));
+    if packed != Some(true) {
+        push(whole(numbers, texts), c_frames.to_vec());
     }
+}
+
+fn whole(numbers: Numbers, texts: &Texts) -> EventRow {
+    let mut row = EventRow::new(
+        numbers.event,
+        numbers.event_type,
+        String::from_utf8_lossy(texts.name),
+    );
+    row.ts_ns = numbers.ts_ns;
+    row.pid = numbers.pid;
+    row.tid = numbers.tid;
+    row.device = numbers.device;
+    row.ptr = numbers.ptr;
+    row.attrs_json = texts.attrs_string();
+    row.python_stack = String::from_utf8_lossy(texts.python_stack).into_owned();
+    row
 }
 
 /// Moves every row queued so far, from every thread, to the end of `out`. Rows written
@@ -272,21 +517,12 @@ pub fn drain_into(out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
         out.append(&mut orphans);
     }
     for buffer in &buffers {
-        let Ok(mut batch) = buffer.spare.lock() else {
-            continue;
-        };
-        if let Ok(mut rows) = buffer.rows.lock() {
-            std::mem::swap(&mut *rows, &mut *batch);
-        }
-        // Leaves `batch` empty with its capacity: the next drain's swap hands it back.
-        batch.unpack_into(out, spare);
+        buffer.drain_into(out, spare);
     }
     drop(buffers);
-    // Buffers only the registry still holds belong to exited threads and are now empty.
+    // Buffers only the registry still holds belong to exited threads; once drained they go.
     if let Ok(mut registry) = REGISTRY.lock() {
-        registry.retain(|b| {
-            Arc::strong_count(b) > 1 || b.rows.lock().is_ok_and(|r| !r.entries.is_empty())
-        });
+        registry.retain(|b| Arc::strong_count(b) > 1 || b.has_rows());
     }
 }
 
@@ -306,25 +542,35 @@ mod tests {
         }
     }
 
+    fn texts<'a>(name: &'a [u8], attrs: Option<&'a [u8]>, stack: &'a [u8]) -> Texts<'a> {
+        Texts {
+            name,
+            attrs_json: attrs,
+            python_stack: stack,
+        }
+    }
+
     #[test]
-    fn packed_rows_come_back_whole_in_order_and_reused_rows_carry_nothing_over() {
-        let mut batch = Batch::default();
-        let first = Texts {
-            name: "aten::addmm",
-            attrs_json: Some(r#"{"size":1024,"owner":"PTA@weight"}"#),
-            python_stack: "t.py(3): f\nt.py(9): <module>",
-        };
-        assert!(batch.pack(1, numbers(Event::Malloc, 0x10), &first, &[0xa, 0xb]));
-        batch.entries.push(Entry::Row(Box::new(Queued {
+    fn packed_rows_come_back_whole_and_reused_rows_carry_nothing_over() {
+        let buffer = ThreadBuffer::default();
+        let first = texts(
+            b"aten::addmm",
+            Some(br#"{"size":1024,"owner":"PTA@weight"}"#),
+            b"t.py(3): f\nt.py(9): <module>",
+        );
+        assert!(buffer.push_packed(1, numbers(Event::Malloc, 0x10), &first, &[0xa, 0xb]));
+        let step = Queued {
             seq: 2,
             row: EventRow::new(Event::System, EventType::Step, "1"),
             c_frames: Vec::new(),
-        })));
+        };
+        assert!(buffer.push_row(step).is_none());
         let mut out = Vec::new();
         let mut spare = Vec::new();
-        batch.unpack_into(&mut out, &mut spare);
-        assert!(batch.entries.is_empty() && batch.text.is_empty() && batch.frames.is_empty());
-        let [a, b] = &out[..] else {
+        buffer.drain_into(&mut out, &mut spare);
+        assert!(!buffer.has_rows());
+        // Whole rows come first; the writer orders rows by (time, sequence number).
+        let [b, a] = &out[..] else {
             panic!("{} rows", out.len())
         };
         assert_eq!((a.seq, b.seq), (1, 2));
@@ -339,20 +585,19 @@ mod tests {
         // The first row is reused for one whose Attr has the same length, in the same string:
         // the new value is read, and nothing of the old row stays.
         spare.extend(out.drain(..).map(|q| q.row));
-        spare.reverse();
-        let second = Texts {
-            name: "aten::mm",
-            attrs_json: Some(r#"{"size":2048,"owner":"PTA@weight"}"#),
-            python_stack: "",
-        };
-        let third = Texts {
-            name: "N/A",
-            attrs_json: None,
-            python_stack: "",
-        };
-        assert!(batch.pack(3, numbers(Event::Free, 0x20), &second, &[]));
-        assert!(batch.pack(4, numbers(Event::Free, 0x30), &third, &[]));
-        batch.unpack_into(&mut out, &mut spare);
+        let second = texts(
+            b"aten::mm",
+            Some(br#"{"size":2048,"owner":"PTA@weight"}"#),
+            b"",
+        );
+        assert!(buffer.push_packed(3, numbers(Event::Free, 0x20), &second, &[]));
+        assert!(buffer.push_packed(
+            4,
+            numbers(Event::Free, 0x30),
+            &texts(b"N/A", None, b"\xff"),
+            &[]
+        ));
+        buffer.drain_into(&mut out, &mut spare);
         let [c, d] = &out[..] else {
             panic!("{} rows", out.len())
         };
@@ -368,5 +613,94 @@ mod tests {
         );
         assert!(d.row.attrs.is_empty() && d.row.c_stack.is_empty());
         assert_eq!(d.row.ptr, Some(0x30));
+        // Bytes that are not UTF-8 are read, on the writer's side, with the replacement char.
+        assert_eq!(d.row.python_stack, "\u{fffd}");
+    }
+
+    #[test]
+    fn full_chunks_are_handed_over_in_order_and_emptied_ones_used_again() {
+        let buffer = ThreadBuffer::default();
+        let (mut out, mut spare) = (Vec::new(), Vec::new());
+        let total = CHUNK_ROWS as u64 * 5 + 7;
+        for seq in 0..total {
+            let name = format!("aten::op{seq}");
+            assert!(buffer.push_packed(
+                seq,
+                numbers(Event::OpLaunch, seq),
+                &texts(name.as_bytes(), None, b""),
+                &[seq]
+            ));
+            if seq == CHUNK_ROWS as u64 * 2 + 3 {
+                buffer.drain_into(&mut out, &mut spare);
+            }
+        }
+        buffer.drain_into(&mut out, &mut spare);
+        let seqs: Vec<u64> = out.iter().map(|q| q.seq).collect();
+        assert_eq!(seqs, (0..total).collect::<Vec<_>>());
+        for q in &out {
+            assert_eq!(q.row.name, format!("aten::op{}", q.seq));
+            assert_eq!(q.c_frames, vec![q.seq]);
+        }
+        // The chunks emptied are filled again: one more chunk's rows take one of them.
+        let free = || buffer.handoff.lock().unwrap().free.len();
+        let kept = free();
+        assert!(kept >= 1);
+        for seq in total..total + CHUNK_ROWS as u64 {
+            let row = texts(b"aten::op", None, b"");
+            assert!(buffer.push_packed(seq, numbers(Event::OpLaunch, seq), &row, &[]));
+        }
+        assert_eq!(free(), kept - 1);
+        // A row no chunk can hold is refused (the caller queues it whole).
+        let huge = vec![b'x'; CHUNK_TEXT + 1];
+        assert!(!buffer.push_packed(
+            total,
+            numbers(Event::Malloc, 1),
+            &texts(b"N/A", None, &huge),
+            &[]
+        ));
+    }
+
+    #[test]
+    fn a_writer_draining_while_the_thread_queues_gets_every_row_once_in_order() {
+        let buffer = Arc::new(ThreadBuffer::default());
+        let total: u64 = 200_000;
+        let producer = {
+            let buffer = buffer.clone();
+            std::thread::spawn(move || {
+                for seq in 0..total {
+                    let name = seq.to_string();
+                    let row = texts(name.as_bytes(), None, b"");
+                    if seq % 1000 == 999 {
+                        let whole = Queued {
+                            seq,
+                            row: EventRow::new(Event::System, EventType::Step, name),
+                            c_frames: Vec::new(),
+                        };
+                        assert!(buffer.push_row(whole).is_none());
+                    } else {
+                        assert!(buffer.push_packed(seq, numbers(Event::OpLaunch, seq), &row, &[]));
+                    }
+                }
+            })
+        };
+        let (mut out, mut spare) = (Vec::new(), Vec::new());
+        while !producer.is_finished() {
+            buffer.drain_into(&mut out, &mut spare);
+            spare.extend(
+                out.iter()
+                    .skip(spare.len().min(out.len()))
+                    .take(64)
+                    .map(|q| q.row.clone()),
+            );
+        }
+        producer.join().unwrap();
+        buffer.drain_into(&mut out, &mut spare);
+        let mut seqs: Vec<u64> = out.iter().map(|q| q.seq).collect();
+        // Packed rows arrive in the order queued; whole rows may come a drain early.
+        let packed: Vec<u64> = seqs.iter().copied().filter(|s| s % 1000 != 999).collect();
+        assert!(packed.windows(2).all(|w| w[0] < w[1]));
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..total).collect::<Vec<_>>());
+        assert!(out.iter().all(|q| q.row.name == q.seq.to_string()));
     }
 }

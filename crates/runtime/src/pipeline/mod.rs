@@ -12,7 +12,7 @@ pub mod oom;
 mod sinks;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -81,6 +81,85 @@ impl Filter {
     }
 }
 
+/// The filter as three words that a row's admission reads without a lock (a read lock is two
+/// atomic read-modify-writes per row, a tenth of a busy PyTorch row's cost on the program's
+/// thread). Derived from [`Filter::admits`] itself; filters it cannot hold (`--steps`, CUDA
+/// indices of 63 and more) send every row to the locked path.
+struct FastFilter {
+    /// Bit `event as u32`: rows of that event pass `--events` and `--level`; [`SLOW`]: take
+    /// the locked path.
+    events: AtomicU32,
+    /// Bit 0: CPU rows pass `--device`; bit 1 + i: rows of CUDA device i (i < 63).
+    devices: AtomicU64,
+    /// The C stack depth asked for; [`NO_C_STACK`] when none.
+    c_stack_depth: AtomicU32,
+}
+
+const SLOW: u32 = 1 << 31;
+const NO_C_STACK: u32 = u32::MAX;
+const FAST_CUDA_INDICES: u32 = 63;
+
+impl FastFilter {
+    fn new(filter: &Filter) -> FastFilter {
+        let fast = FastFilter {
+            events: AtomicU32::new(SLOW),
+            devices: AtomicU64::new(0),
+            c_stack_depth: AtomicU32::new(NO_C_STACK),
+        };
+        fast.set(filter);
+        fast
+    }
+
+    fn set(&self, filter: &Filter) {
+        let stepless = Filter {
+            steps: Vec::new(),
+            ..filter.clone()
+        };
+        let mut events = 0;
+        for event in Event::ALL {
+            if stepless.admits(event, DeviceId::None, 0) {
+                events |= 1 << event as u32;
+            }
+        }
+        let mut devices = u64::from(stepless.admits(Event::System, DeviceId::Cpu, 0));
+        for i in 0..FAST_CUDA_INDICES {
+            if stepless.admits(Event::System, DeviceId::Cuda(i), 0) {
+                devices |= 1 << (i + 1);
+            }
+        }
+        self.devices.store(devices, Ordering::Relaxed);
+        self.c_stack_depth.store(
+            filter.c_stack_depth.unwrap_or(NO_C_STACK),
+            Ordering::Relaxed,
+        );
+        let slow = if filter.steps.is_empty() { 0 } else { SLOW };
+        self.events.store(events | slow, Ordering::Release);
+    }
+
+    /// Whether a row passes (`None`: ask the locked filter).
+    fn admits(&self, event: Event, device: DeviceId) -> Option<bool> {
+        let events = self.events.load(Ordering::Acquire);
+        if events & SLOW != 0 {
+            return None;
+        }
+        let device_bit = match device {
+            DeviceId::None => return Some(events & (1 << event as u32) != 0),
+            DeviceId::Cpu => 1,
+            DeviceId::Cuda(i) if i < FAST_CUDA_INDICES => 1 << (i + 1),
+            DeviceId::Cuda(_) => return None,
+        };
+        let devices = self.devices.load(Ordering::Relaxed);
+        Some(events & (1 << event as u32) != 0 && devices & device_bit != 0)
+    }
+
+    fn c_stack_depth(&self) -> Option<u32> {
+        match self.c_stack_depth.load(Ordering::Relaxed) {
+            NO_C_STACK => None,
+            depth => Some(depth),
+        }
+    }
+}
+
 /// Where the writer's files go: the run directory, made on first need by its owner
 /// (`session`), which hands this function in with the configuration.
 pub type RunDirSource = fn() -> Result<Arc<RunDir>, String>;
@@ -90,6 +169,8 @@ struct Pipeline {
     plan: RwLock<WriterPlan>,
     run_dir: RwLock<Option<RunDirSource>>,
     filter: RwLock<Filter>,
+    /// `filter`, readable without its lock.
+    fast_filter: FastFilter,
     tracing: AtomicBool,
     /// The current step: 0 before the first `step()`.
     step: AtomicU64,
@@ -106,8 +187,10 @@ static THREAD_IDS: AtomicU64 = AtomicU64::new(0);
 fn pipeline() -> &'static Pipeline {
     PIPELINE.get_or_init(|| {
         let config = RunConfig::default();
+        let filter = Filter::from_config(&config);
         Pipeline {
-            filter: RwLock::new(Filter::from_config(&config)),
+            fast_filter: FastFilter::new(&filter),
+            filter: RwLock::new(filter),
             plan: RwLock::new(WriterPlan::of(&config)),
             run_dir: RwLock::new(None),
             tracing: AtomicBool::new(false),
@@ -134,6 +217,7 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
     FOLLOWED.store(config.job.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
         *f = Filter::from_config(config);
+        p.fast_filter.set(&f);
     }
     if let Ok(mut plan) = p.plan.write() {
         *plan = WriterPlan::of(config);
@@ -192,6 +276,9 @@ pub fn admits(event: Event) -> bool {
         return false;
     }
     let p = pipeline();
+    if let Some(admitted) = p.fast_filter.admits(event, DeviceId::None) {
+        return admitted;
+    }
     let step = p.step.load(Ordering::Acquire);
     p.filter
         .read()
@@ -282,6 +369,11 @@ fn admission(event: Event, device: DeviceId) -> Option<Option<u32>> {
         return None;
     }
     let p = pipeline();
+    match p.fast_filter.admits(event, device) {
+        Some(true) => return Some(p.fast_filter.c_stack_depth()),
+        Some(false) => return None,
+        None => {}
+    }
     let step = p.step.load(Ordering::Acquire);
     match p.filter.read() {
         Ok(f) if f.admits(event, device, step) => Some(f.c_stack_depth),
@@ -356,11 +448,11 @@ pub fn emit_borrowed(
 ) {
     if (event == Event::Free && crate::sanitizer::is_active()) || OOM_ACTIVE.load(Ordering::Relaxed)
     {
-        let mut row = EventRow::new(event, event_type, texts.name);
+        let mut row = EventRow::new(event, event_type, String::from_utf8_lossy(texts.name));
         row.device = device;
         row.ptr = ptr;
-        row.attrs_json = texts.attrs_json.map(str::to_string);
-        row.python_stack = texts.python_stack.to_string();
+        row.attrs_json = texts.attrs_string();
+        row.python_stack = String::from_utf8_lossy(texts.python_stack).into_owned();
         return emit(row, want_c_stack);
     }
     let Some(depth) = admission(event, device) else {
@@ -384,9 +476,17 @@ pub fn emit_borrowed(
 }
 
 fn note_recorded() {
-    RECORDED.store(true, Ordering::Relaxed);
-    ensure_writer();
+    if !RECORDED.load(Ordering::Relaxed) {
+        RECORDED.store(true, Ordering::Relaxed);
+    }
+    // Once started, the writer runs to the end: rows no longer take its lock.
+    if !WRITER_STARTED.load(Ordering::Acquire) {
+        ensure_writer();
+    }
 }
+
+/// The writer was started (it stays until exit).
+static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a row other than the run's own SYSTEM rows was ever queued. In a process the job
 /// follows (its run directory is made on first need) nothing starts the writer until then,
@@ -457,6 +557,7 @@ fn ensure_writer() -> bool {
     match started {
         Ok(w) => {
             *writer = Some(w);
+            WRITER_STARTED.store(true, Ordering::Release);
             true
         }
         Err(e) => {
@@ -531,5 +632,75 @@ pub fn shutdown(convert: bool) {
 pub fn forget_after_fork() {
     if let Some(p) = PIPELINE.get() {
         p.tracing.store(false, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lock-free form of the filter answers as the filter does, or sends the row to it.
+    #[test]
+    fn the_fast_filter_agrees_with_the_filter() {
+        use EventKind::*;
+        let kinds = [
+            vec![Alloc, Free, Launch],
+            vec![Alloc, Free],
+            vec![Launch, Access],
+            vec![],
+        ];
+        let device_sets = [
+            vec![Device::Cpu, Device::Cuda],
+            vec![Device::Cpu],
+            vec![Device::CudaIndex(0), Device::CudaIndex(5)],
+            vec![Device::CudaIndex(70)],
+            vec![Device::Cuda],
+        ];
+        let rows = [
+            DeviceId::None,
+            DeviceId::Cpu,
+            DeviceId::Cuda(0),
+            DeviceId::Cuda(5),
+            DeviceId::Cuda(62),
+            DeviceId::Cuda(63),
+            DeviceId::Cuda(70),
+        ];
+        let mut fast_answers = 0;
+        for events in &kinds {
+            for devices in &device_sets {
+                for level in [Level::Op, Level::Kernel] {
+                    for steps in [vec![], vec![2]] {
+                        let filter = Filter {
+                            events: events.clone(),
+                            devices: devices.clone(),
+                            level,
+                            steps: steps.clone(),
+                            c_stack_depth: Some(8),
+                        };
+                        let fast = FastFilter::new(&filter);
+                        for event in Event::ALL {
+                            for device in rows {
+                                let Some(answer) = fast.admits(event, device) else {
+                                    continue;
+                                };
+                                fast_answers += 1;
+                                assert_eq!(
+                                    answer,
+                                    filter.admits(event, device, 1),
+                                    "{event:?} on {device:?} with {filter:?}"
+                                );
+                            }
+                        }
+                        assert_eq!(fast.c_stack_depth(), Some(8));
+                        // Only steps and CUDA indices past 62 take the locked filter.
+                        let locked = !steps.is_empty();
+                        assert_eq!(fast.admits(Event::Malloc, DeviceId::Cpu).is_none(), locked);
+                        assert_eq!(fast.admits(Event::Malloc, DeviceId::Cuda(63)), None);
+                    }
+                }
+            }
+        }
+        // Without steps, every row but those of CUDA devices 63 and 70.
+        assert_eq!(fast_answers, 4 * 5 * 2 * Event::ALL.len() * 5);
     }
 }

@@ -20,6 +20,12 @@ use super::sinks::Sinks;
 use crate::clock::precise_realtime_ns;
 
 const TICK: Duration = Duration::from_millis(100);
+/// The tick while rows stream in: a producer then fills a batch that stays in its core's cache
+/// (a 100 ms batch of a busy PyTorch run is several MiB, and each row written into it cost the
+/// program a cache miss).
+const BUSY_TICK: Duration = Duration::from_millis(10);
+/// Rows drained in one tick above which the next tick is a busy one.
+const BUSY_ROWS: usize = 2_048;
 /// Rows younger than this wait for the next tick.
 const WATERMARK_NS: u64 = 50_000_000;
 /// Written rows kept for reuse: about one tick's worth of a busy PyTorch run, so that the
@@ -170,11 +176,12 @@ impl Drop for Gone {
 fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
     let (lock, cv) = control;
     let mut acknowledged = 0;
+    let mut tick = TICK;
     loop {
         let (stop, flush_to, suspects_wanted) = {
             let Ok(c) = lock.lock() else { return };
             let (c, _) = match cv
-                .wait_timeout_while(c, TICK, |c| !c.stop && c.flush_requested == c.flushed)
+                .wait_timeout_while(c, tick, |c| !c.stop && c.flush_requested == c.flushed)
             {
                 Ok(r) => r,
                 Err(_) => return,
@@ -183,7 +190,8 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
         };
         // A flush request writes everything queued, young rows included.
         let everything = stop || flush_to != acknowledged;
-        write_batch(state, everything);
+        let drained = write_batch(state, everything);
+        tick = if drained > BUSY_ROWS { BUSY_TICK } else { TICK };
         acknowledged = flush_to;
         let suspects = (everything && suspects_wanted).then(|| {
             state
@@ -264,16 +272,19 @@ fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// Drains the buffers and writes what is old enough (everything when `all`).
-fn write_batch(state: &mut State, all: bool) {
+/// Drains the buffers and writes what is old enough (everything when `all`); returns the
+/// number of rows drained.
+fn write_batch(state: &mut State, all: bool) -> usize {
+    let before = state.pending.len();
     buffers::drain_into(&mut state.pending, &mut state.spare);
+    let drained = state.pending.len() - before;
     if state.pending.is_empty() {
         if all {
             if let Err(e) = state.sinks.flush(true) {
                 crate::log::error(&format!("event dump: {e}"));
             }
         }
-        return;
+        return drained;
     }
     // Rows of one thread arrive in order; sort only when threads interleave.
     let key = |q: &Queued| (q.row.ts_ns, q.seq);
@@ -316,6 +327,7 @@ fn write_batch(state: &mut State, all: bool) {
             ));
         }
     }
+    drained
 }
 
 /// C frames as `function file:line` lines, symbolized once per address.

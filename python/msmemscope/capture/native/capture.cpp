@@ -200,15 +200,23 @@ const char* overload_of(const Fn& fn) {
 struct Out {
   char* p;
   char* end;
-  void lit(const char* s) {
+  // A literal: its length is known when compiled.
+  template <size_t N>
+  void lit(const char (&s)[N]) {
+    size_t n = N - 1;
+    if (size_t(end - p) < n) n = size_t(end - p);
+    std::memcpy(p, s, n);
+    p += n;
+  }
+  void str(const char* s) {
     while (*s && p < end) *p++ = *s++;
   }
   void text(Text t) {
     if (t != nullptr) {
-      for (char c : *t) {
-        if (p == end) return;
-        *p++ = c;
-      }
+      size_t n = t->size();
+      if (size_t(end - p) < n) n = size_t(end - p);
+      std::memcpy(p, t->data(), n);
+      p += n;
     }
   }
   void u64(uint64_t v) {
@@ -225,9 +233,10 @@ struct Out {
     size_t need = std::strlen(key) + len + 6;
     if (size_t(end - p) < need + 2) return;  // room kept for the closing brace
     lit(",\"");
-    lit(key);
+    str(key);
     lit("\":\"");
-    for (size_t i = 0; i < len; ++i) *p++ = text[i];
+    std::memcpy(p, text, len);
+    p += len;
     lit("\"");
   }
   void hex16(uint64_t v) {
@@ -374,16 +383,15 @@ void record_free(std::unordered_map<uint64_t, Block>::iterator it, uint64_t used
   g_live.erase(it);
 }
 
-// --- ops --------------------------------------------------------------------------------------
-// The ops running on this thread, innermost last (the OOM row names the innermost).
-constexpr int kOpDepth = 64;
-thread_local const char* tl_op_name[kOpDepth];
-thread_local const char* tl_op_overload[kOpDepth];
-thread_local int tl_op_depth = 0;
-
-const char* current_op() {
-  int depth = tl_op_depth;
-  return depth > 0 && depth <= kOpDepth ? tl_op_name[depth - 1] : nullptr;
+// --- ops ---------------------------------------------------------------------------------------
+// `aten::addmm.default`, as the dump names ops.
+size_t op_name(char* buf, size_t cap, const char* name, const char* overload) {
+  Out o{buf, buf + cap - 1};
+  o.str(name);
+  o.lit(".");
+  o.str(overload != nullptr && *overload ? overload : "default");
+  *o.p = '\0';
+  return size_t(o.p - buf);
 }
 
 // Whether a FUNCTION-scope RecordFunction is a dispatcher op (`namespace::name`): PyTorch also
@@ -401,14 +409,68 @@ bool is_op_name(const char* name) {
   return true;
 }
 
-// `aten::addmm.default`, as the dump names ops.
-size_t op_name(char* buf, size_t cap, const char* name, const char* overload) {
+// An op's name as the dump writes it, made once: a dispatcher op's name and overload texts
+// live as long as the op, so a thread remembers the written name by their addresses (and
+// checks the texts still match: an op defined in Python can go, and its memory be reused).
+struct OpText {
+  const char* name = nullptr;      // the RecordFunction's texts this entry stands for
+  const char* overload = nullptr;
+  Text text = nullptr;             // `name.overload`, interned
+  size_t name_len = 0;
+};
+
+constexpr int kOpDepth = 64;
+constexpr size_t kOpTexts = 256;  // a direct-mapped cache: a model's ops are a few hundred
+
+// This thread's op state, in one thread-local object (each thread-local of a library loaded at
+// run time costs a lookup call).
+struct ThreadOps {
+  const char* name[kOpDepth];  // the ops running on this thread, innermost last
+  Text text[kOpDepth];
+  int depth = 0;
+  OpText texts[kOpTexts];
+};
+
+thread_local ThreadOps tl_ops;
+
+bool same_op(const OpText& e, const char* name, const char* overload) {
+  const std::string& t = *e.text;
+  const char* ov = overload != nullptr && *overload ? overload : "default";
+  return std::strncmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
+         std::strcmp(t.data() + e.name_len + 1, ov) == 0;
+}
+
+// The written name of the op a RecordFunction stands for; null when it is no op.
+Text op_text(ThreadOps& ops, const char* name, const char* overload) {
+  size_t slot = ((reinterpret_cast<uintptr_t>(name) >> 4) ^
+                 (reinterpret_cast<uintptr_t>(overload) >> 3)) % kOpTexts;
+  OpText& e = ops.texts[slot];
+  if (e.name == name && e.overload == overload && e.text != nullptr &&
+      same_op(e, name, overload)) {
+    return e.text;
+  }
+  if (!is_op_name(name)) return nullptr;  // not kept: prose names can be made per call
+  char buf[256];
+  op_name(buf, sizeof buf, name, overload);
+  Text t = intern(buf);
+  if (t == nullptr) return nullptr;
+  e = OpText{name, overload, t, std::strlen(name)};
+  return t;
+}
+
+const char* current_op() {
+  const ThreadOps& ops = tl_ops;
+  int depth = ops.depth;
+  return depth > 0 && depth <= kOpDepth ? ops.name[depth - 1] : nullptr;
+}
+
+// The innermost op's written name, into `buf` ("" when none).
+void current_op_text(char* buf, size_t cap) {
+  const ThreadOps& ops = tl_ops;
+  int depth = ops.depth < kOpDepth ? ops.depth : kOpDepth;
   Out o{buf, buf + cap - 1};
-  o.lit(name);
-  o.lit(".");
-  o.lit(overload != nullptr && *overload ? overload : "default");
+  if (depth > 0) o.text(ops.text[depth - 1]);
   *o.p = '\0';
-  return size_t(o.p - buf);
 }
 
 struct OpSchema {
@@ -498,26 +560,27 @@ void ensure_on_this_thread();
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   try {
     ensure_on_this_thread();
-    if (!is_op_name(fn.name())) return nullptr;
-    if (tl_op_depth < kOpDepth) {
-      tl_op_name[tl_op_depth] = fn.name();
-      tl_op_overload[tl_op_depth] = overload_of(fn);
+    ThreadOps& ops = tl_ops;
+    const char* fn_name = fn.name();
+    Text text = op_text(ops, fn_name, overload_of(fn));
+    if (text == nullptr) return nullptr;
+    if (ops.depth < kOpDepth) {
+      ops.name[ops.depth] = fn_name;
+      ops.text[ops.depth] = text;
     }
-    ++tl_op_depth;
+    ++ops.depth;
     if (!tracing()) return nullptr;
     g_ops.fetch_add(1, std::memory_order_relaxed);
-    char name[256];
-    size_t len = op_name(name, sizeof name, fn.name(), overload_of(fn));
     if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, StrRef{name, len}, kDeviceNone, 0,
-           false, 0, StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, str(*text), kDeviceNone, 0, false, 0,
+           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
     }
     if (g_cfg.access && fn.needsInputs()) {
-      auto schema = schema_of(fn, name);
+      auto schema = schema_of(fn, *text);
       auto inputs = fn.inputs();
       for (size_t i = 0; i < inputs.size(); ++i) {
         bool write = i < schema->written.size() && schema->written[i];
-        access_value(name, inputs[i], write);
+        access_value(text->c_str(), inputs[i], write);
       }
     }
   } catch (...) {
@@ -527,21 +590,23 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   try {
-    if (!is_op_name(fn.name())) return;
-    if (tl_op_depth > 0) --tl_op_depth;
+    ThreadOps& ops = tl_ops;
+    Text text = op_text(ops, fn.name(), overload_of(fn));
+    if (text == nullptr) return;
+    if (ops.depth > 0) --ops.depth;
     if (!tracing()) return;
-    char name[256];
-    size_t len = op_name(name, sizeof name, fn.name(), overload_of(fn));
     if (g_cfg.access && fn.needsOutputs()) {
-      auto schema = schema_of(fn, name);
+      auto schema = schema_of(fn, *text);
       const auto& outputs = fn.outputs();
       for (size_t i = 0; i < outputs.size(); ++i) {
-        if (i < schema->fresh.size() && schema->fresh[i]) access_value(name, outputs[i], true);
+        if (i < schema->fresh.size() && schema->fresh[i]) {
+          access_value(text->c_str(), outputs[i], true);
+        }
       }
     }
     if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, StrRef{name, len}, kDeviceNone, 0,
-           false, 0, StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
+      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, str(*text), kDeviceNone, 0, false, 0,
+           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
     }
   } catch (...) {
   }
@@ -574,9 +639,8 @@ void cpu_delete(void* p) {
 void cpu_oom(size_t n, const c10::Error& e) {
   try {
     if (!tracing()) return;
-    char op[256] = "";
-    int depth = tl_op_depth < kOpDepth ? tl_op_depth : kOpDepth;
-    if (depth > 0) op_name(op, sizeof op, tl_op_name[depth - 1], tl_op_overload[depth - 1]);
+    char op[256];
+    current_op_text(op, sizeof op);
     std::string message = e.what_without_backtrace();
     size_t nl = message.find('\n');
     if (nl != std::string::npos) message.resize(nl);
@@ -708,9 +772,8 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
       uint32_t kind, index;
       device_of(device, &kind, &index);
       if (kind == kDeviceCpu && g_cpu_wrapped) return;  // the wrapper reports it, with the text
-      char op[256] = "";
-      int depth = tl_op_depth < kOpDepth ? tl_op_depth : kOpDepth;
-      if (depth > 0) op_name(op, sizeof op, tl_op_name[depth - 1], tl_op_overload[depth - 1]);
+      char op[256];
+      current_op_text(op, sizeof op);
       const char* what = kind == kDeviceCpu
                              ? "can't allocate memory: the CPU allocator failed a request"
                              : "out of memory: the CUDA caching allocator failed a request";
