@@ -352,7 +352,7 @@ def table(
         if base and per_step:
             ns = (1.0 / med[m] - 1.0 / base) * 1e9 / per_step
         print(
-            f"| {m} | {med[m]:.1f} | {min(sps):.1f} | {max(sps):.1f} "
+            f"| {m} | {med[m]:.4g} | {min(sps):.4g} | {max(sps):.4g} "
             f"| {fmt(ratio, '.2f', 'x')} | {fmt(per_step, '.0f')} | {fmt(whole, '.0f')} "
             f"| {fmt(ns, '.0f')} |"
         )
@@ -440,7 +440,7 @@ def main() -> None:
             steps = steps_for(w, args.steps)
             for m in order:
                 results[w][m].append(run_once(w, m, steps, args.warmup, notes))
-            shown = ", ".join(f"{m} {results[w][m][-1].steps_per_s:.1f}" for m in modes)
+            shown = ", ".join(f"{m} {results[w][m][-1].steps_per_s:.4g}" for m in modes)
             print(f"round {r + 1} {w}: steps/s {shown}", flush=True)
     print()
 

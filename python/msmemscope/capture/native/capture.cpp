@@ -420,7 +420,7 @@ struct OpText {
 };
 
 constexpr int kOpDepth = 64;
-constexpr size_t kOpTexts = 256;  // a direct-mapped cache: a model's ops are a few hundred
+constexpr size_t kOpTexts = 1024;  // a direct-mapped cache: a model's ops are a few hundred
 
 // This thread's op state, in one thread-local object (each thread-local of a library loaded at
 // run time costs a lookup call).
@@ -436,14 +436,17 @@ thread_local ThreadOps tl_ops;
 bool same_op(const OpText& e, const char* name, const char* overload) {
   const std::string& t = *e.text;
   const char* ov = overload != nullptr && *overload ? overload : "default";
-  return std::strncmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
-         std::strcmp(t.data() + e.name_len + 1, ov) == 0;
+  size_t ov_len = t.size() - e.name_len - 1;
+  return std::memcmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
+         std::memcmp(t.data() + e.name_len + 1, ov, ov_len) == 0 && ov[ov_len] == '\0';
 }
 
 // The written name of the op a RecordFunction stands for; null when it is no op.
 Text op_text(ThreadOps& ops, const char* name, const char* overload) {
-  size_t slot = ((reinterpret_cast<uintptr_t>(name) >> 4) ^
-                 (reinterpret_cast<uintptr_t>(overload) >> 3)) % kOpTexts;
+  // The texts' addresses, mixed (heap addresses share their low and high bits).
+  uint64_t key = reinterpret_cast<uintptr_t>(name) * 0x9E3779B97F4A7C15ull ^
+                 reinterpret_cast<uintptr_t>(overload) * 0xC2B2AE3D27D4EB4Full;
+  size_t slot = size_t(key >> 54) % kOpTexts;
   OpText& e = ops.texts[slot];
   if (e.name == name && e.overload == overload && e.text != nullptr &&
       same_op(e, name, overload)) {
@@ -591,7 +594,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   try {
     ThreadOps& ops = tl_ops;
-    Text text = op_text(ops, fn.name(), overload_of(fn));
+    const char* fn_name = fn.name();
+    // Ops end in the order they started on a thread: the innermost one's name, checked when
+    // it started, is this one's while its text is the same (the op lives while it runs).
+    int depth = ops.depth;
+    Text text = depth > 0 && depth <= kOpDepth && ops.name[depth - 1] == fn_name
+                    ? ops.text[depth - 1]
+                    : op_text(ops, fn_name, overload_of(fn));
     if (text == nullptr) return;
     if (ops.depth > 0) --ops.depth;
     if (!tracing()) return;
