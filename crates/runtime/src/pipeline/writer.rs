@@ -1,9 +1,8 @@
 //! The writer thread: every 100 ms (10 ms while rows stream in) it drains the thread buffers,
-//! orders the rows by time and
-//! writes those older than a short watermark (a row timestamped just before a drain may still be
-//! on its way into a buffer), then flushes, so a crash or SIGTERM of the target loses at most
-//! the rows of the last fraction of a second. It runs with every signal blocked: the program's
-//! signal handlers never run on it.
+//! orders the rows by time and writes those older than a short watermark (a row timestamped
+//! just before a drain may still be on its way into a buffer), then flushes, so a crash or
+//! SIGTERM of the target loses at most the rows of the last fraction of a second. It runs with
+//! every signal blocked: the program's signal handlers never run on it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
