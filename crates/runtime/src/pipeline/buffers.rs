@@ -15,6 +15,7 @@
 //! [`EventRow`] through the hand-off lock.
 
 use std::cell::{RefCell, UnsafeCell};
+use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -197,7 +198,7 @@ impl Chunk {
 
     /// The writer: every published row not taken yet, as whole rows (made from `spare`'s
     /// first), to the end of `out`.
-    fn take_into(&self, out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
+    fn take_into(&self, out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
         let len = self.len.load(Ordering::Acquire);
         let taken = self.taken.load(Ordering::Relaxed);
         out.reserve(len.saturating_sub(taken));
@@ -205,7 +206,7 @@ impl Chunk {
             // SAFETY: slot `i` < `len` was published (acquire above) and is never written again
             // until the chunk is emptied, by this thread.
             let p = unsafe { (*self.rows[i].get()).assume_init_read() };
-            out.push(self.unpack(&p, spare));
+            out.push_back(self.unpack(&p, spare));
         }
         self.taken.store(len, Ordering::Relaxed);
     }
@@ -370,10 +371,10 @@ impl ThreadBuffer {
 
     /// The writer: every row queued so far, to the end of `out`, in the order the thread
     /// queued them, except that whole rows come first (the writer orders all by time).
-    fn drain_into(&self, out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
+    fn drain_into(&self, out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
         // Whole rows first: every packed row queued before them is published by now.
         if let Ok(mut handoff) = self.handoff.lock() {
-            out.append(&mut handoff.rows);
+            out.extend(handoff.rows.drain(..));
         }
         // The current chunk is read before the full ones are taken: if the thread hands it
         // over in between, it is among them, and no newer chunk is read before it.
@@ -508,13 +509,13 @@ fn whole(numbers: Numbers, texts: &Texts) -> EventRow {
 
 /// Moves every row queued so far, from every thread, to the end of `out`. Rows written
 /// before, handed back in `spare`, are reused for them.
-pub fn drain_into(out: &mut Vec<Queued>, spare: &mut Vec<EventRow>) {
+pub fn drain_into(out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
     let buffers: Vec<Arc<ThreadBuffer>> = match REGISTRY.lock() {
         Ok(registry) => registry.clone(),
         Err(_) => return,
     };
     if let Ok(mut orphans) = ORPHANS.lock() {
-        out.append(&mut orphans);
+        out.extend(orphans.drain(..));
     }
     for buffer in &buffers {
         buffer.drain_into(out, spare);
@@ -565,12 +566,12 @@ mod tests {
             c_frames: Vec::new(),
         };
         assert!(buffer.push_row(step).is_none());
-        let mut out = Vec::new();
+        let mut out = VecDeque::new();
         let mut spare = Vec::new();
         buffer.drain_into(&mut out, &mut spare);
         assert!(!buffer.has_rows());
         // Whole rows come first; the writer orders rows by (time, sequence number).
-        let [b, a] = &out[..] else {
+        let [b, a] = &*out.make_contiguous() else {
             panic!("{} rows", out.len())
         };
         assert_eq!((a.seq, b.seq), (1, 2));
@@ -598,7 +599,7 @@ mod tests {
             &[]
         ));
         buffer.drain_into(&mut out, &mut spare);
-        let [c, d] = &out[..] else {
+        let [c, d] = &*out.make_contiguous() else {
             panic!("{} rows", out.len())
         };
         assert_eq!(
@@ -620,7 +621,7 @@ mod tests {
     #[test]
     fn full_chunks_are_handed_over_in_order_and_emptied_ones_used_again() {
         let buffer = ThreadBuffer::default();
-        let (mut out, mut spare) = (Vec::new(), Vec::new());
+        let (mut out, mut spare) = (VecDeque::new(), Vec::new());
         let total = CHUNK_ROWS as u64 * 5 + 7;
         for seq in 0..total {
             let name = format!("aten::op{seq}");
@@ -683,7 +684,7 @@ mod tests {
                 }
             })
         };
-        let (mut out, mut spare) = (Vec::new(), Vec::new());
+        let (mut out, mut spare) = (VecDeque::new(), Vec::new());
         while !producer.is_finished() {
             buffer.drain_into(&mut out, &mut spare);
             spare.extend(
