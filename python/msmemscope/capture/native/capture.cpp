@@ -27,6 +27,8 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
@@ -276,10 +278,101 @@ struct Freed {
 
 constexpr size_t kFreedKept = 4096;
 
+// The live blocks by address: an open-addressed table (linear probing, removal by shifting
+// back, no tombstones) in memory mapped for it. Tracking a block so costs the program's thread
+// no malloc and no free (std::unordered_map made a node per block), and puts nothing of ours
+// in the program's heap.
+class LiveTable {
+ public:
+  // The live block at `key`, or null.
+  Block* find(uint64_t key) {
+    if (slots_ == nullptr || key == 0) return nullptr;
+    for (size_t i = home(key);; i = (i + 1) & mask()) {
+      if (slots_[i].key == key) return &slots_[i].block;
+      if (slots_[i].key == 0) return nullptr;
+    }
+  }
+
+  // Sets the block at `key`; false when no memory could be had for it (it goes untracked).
+  bool put(uint64_t key, const Block& b) {
+    if (key == 0) return false;
+    if ((size_ + 1) * 10 > cap_ * 7 && !grow()) return false;
+    size_t i = home(key);
+    while (slots_[i].key != 0 && slots_[i].key != key) i = (i + 1) & mask();
+    if (slots_[i].key == 0) ++size_;
+    slots_[i] = Slot{key, b};
+    return true;
+  }
+
+  void erase(uint64_t key) {
+    if (slots_ == nullptr || key == 0) return;
+    size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) return;
+      i = (i + 1) & mask();
+    }
+    // Later entries of the run move back into the hole unless they sit at or after their own
+    // home position, counted cyclically from the hole.
+    for (size_t j = (i + 1) & mask(); slots_[j].key != 0; j = (j + 1) & mask()) {
+      size_t h = home(slots_[j].key);
+      bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i].key = 0;
+    --size_;
+  }
+
+  template <typename F>
+  void each(F f) const {
+    for (size_t i = 0; i < cap_; ++i) {
+      if (slots_[i].key != 0) {
+        if (!f(slots_[i].key, slots_[i].block)) return;
+      }
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t key;  // the block's address; 0: empty
+    Block block;
+  };
+
+  size_t mask() const { return cap_ - 1; }
+  size_t home(uint64_t key) const {
+    return size_t((key * 0x9E3779B97F4A7C15ull) >> (64 - bits_));
+  }
+
+  bool grow() {
+    int bits = slots_ == nullptr ? 12 : bits_ + 1;
+    size_t cap = size_t(1) << bits;
+    void* mem = mmap(nullptr, cap * sizeof(Slot), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) return false;
+    Slot* old = slots_;
+    size_t old_cap = cap_;
+    slots_ = static_cast<Slot*>(mem);  // zero-filled: every slot empty
+    cap_ = cap;
+    bits_ = bits;
+    size_ = 0;
+    for (size_t i = 0; i < old_cap; ++i) {
+      if (old[i].key != 0) put(old[i].key, old[i].block);
+    }
+    if (old != nullptr) munmap(old, old_cap * sizeof(Slot));
+    return true;
+  }
+
+  Slot* slots_ = nullptr;
+  size_t cap_ = 0, size_ = 0;
+  int bits_ = 0;
+};
+
 // One lock for the table, the counters and the writing of the rows, so that the rows of one
 // address are written in the order the allocator reported them, whatever the thread.
 std::mutex g_mutex;
-std::unordered_map<uint64_t, Block> g_live;
+LiveTable g_live;
 Freed g_freed[kFreedKept];  // a ring: the newest freed blocks
 size_t g_freed_next = 0, g_freed_count = 0;
 uint64_t g_next_aid = 1;
@@ -360,14 +453,11 @@ void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_
     emit(g_codes.ev_malloc, g_codes.ty_pta, StrRef{"N/A", 3}, dev_kind, dev_index, true, ptr,
          StrRef{attrs, n}, str(stack), g_cfg.c_stack);
   }
-  g_live[ptr] = b;
+  g_live.put(ptr, b);
 }
 
-// Called with g_mutex held.
-void record_free(std::unordered_map<uint64_t, Block>::iterator it, uint64_t used,
-                 long long total) {
-  uint64_t ptr = it->first;
-  const Block& b = it->second;
+// Called with g_mutex held; `b` is the live block at `ptr`, removed here.
+void record_free(uint64_t ptr, const Block& b, uint64_t used, long long total) {
   DeviceUse& u = use_of(b.dev_kind, b.dev_index);
   u.used = u.used >= b.size ? u.used - b.size : 0;
   if (used == UINT64_MAX) used = u.used;
@@ -380,7 +470,7 @@ void record_free(std::unordered_map<uint64_t, Block>::iterator it, uint64_t used
     emit(g_codes.ev_free, g_codes.ty_pta, StrRef{"N/A", 3}, b.dev_kind, b.dev_index, true, ptr,
          StrRef{attrs, n}, StrRef{nullptr, 0}, false);
   }
-  g_live.erase(it);
+  g_live.erase(ptr);
 }
 
 // --- ops ---------------------------------------------------------------------------------------
@@ -635,10 +725,10 @@ void cpu_delete(void* p) {
   try {
     uint64_t addr = reinterpret_cast<uint64_t>(p);
     std::lock_guard<std::mutex> l(g_mutex);
-    auto it = g_live.find(addr);
-    if (it != g_live.end() && !it->second.adopted) {
+    Block* b = g_live.find(addr);
+    if (b != nullptr && !b->adopted) {
       g_frees.fetch_add(1, std::memory_order_relaxed);
-      record_free(it, UINT64_MAX, -1);
+      record_free(addr, *b, UINT64_MAX, -1);
     }
   } catch (...) {
   }
@@ -765,10 +855,11 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
                       stack, site);
       } else {
         std::lock_guard<std::mutex> l(g_mutex);
-        auto it = g_live.find(addr);
-        if (it == g_live.end() || it->second.adopted) return;  // allocated before tracking
+        Block* b = g_live.find(addr);
+        if (b == nullptr || b->adopted) return;  // allocated before tracking
         g_frees.fetch_add(1, std::memory_order_relaxed);
-        record_free(it, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated), total);
+        record_free(addr, *b, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated),
+                    total);
       }
     } catch (...) {
     }
@@ -911,7 +1002,6 @@ int msmemscope_torch_install() {
       g_optimizer_state = intern("optimizer_state");
       g_temporary = intern("temporary");
       g_activation = intern("activation");
-      g_live.reserve(1 << 16);
     }
     wrap_cpu_allocator();
     g_enabled.store(true);
@@ -983,9 +1073,9 @@ int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* l
                                size_t cap) {
   try {
     std::lock_guard<std::mutex> l(g_mutex);
-    auto it = g_live.find(ptr);
-    if (it == g_live.end()) return -1;
-    Block& b = it->second;
+    Block* found = g_live.find(ptr);
+    if (found == nullptr) return -1;
+    Block& b = *found;
     std::string cat = b.category ? *b.category : std::string();
     std::string labels = b.labels ? *b.labels : std::string();
     if (category != nullptr && !(unless_framework && cat.find('@') != std::string::npos)) {
@@ -1043,7 +1133,7 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
     std::string stack = python_stack(g_cfg.python_depth);
     Site site = site_here();
     std::lock_guard<std::mutex> l(g_mutex);
-    if (g_live.count(ptr) != 0) return 1;
+    if (g_live.find(ptr) != nullptr) return 1;
     record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, cat, true, stack, site);
     return 0;
   } catch (...) {
@@ -1054,8 +1144,8 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
 void msmemscope_torch_release(uint64_t ptr) {
   try {
     std::lock_guard<std::mutex> l(g_mutex);
-    auto it = g_live.find(ptr);
-    if (it != g_live.end() && it->second.adopted) record_free(it, UINT64_MAX, -1);
+    Block* b = g_live.find(ptr);
+    if (b != nullptr && b->adopted) record_free(ptr, *b, UINT64_MAX, -1);
   } catch (...) {
   }
 }
@@ -1086,15 +1176,18 @@ int msmemscope_torch_live_block(uint64_t addr, uint64_t* start, uint64_t* size,
                                 uint32_t* dev_kind, uint32_t* dev_index) {
   try {
     std::lock_guard<std::mutex> l(g_mutex);
-    for (const auto& [ptr, b] : g_live) {
+    int found = 0;
+    g_live.each([&](uint64_t ptr, const Block& b) {
       if (ptr <= addr && addr < ptr + b.size) {
         *start = ptr;
         *size = b.size;
         *dev_kind = b.dev_kind;
         *dev_index = b.dev_index;
-        return 1;
+        found = 1;
       }
-    }
+      return found == 0;
+    });
+    if (found) return 1;
   } catch (...) {
   }
   return 0;
