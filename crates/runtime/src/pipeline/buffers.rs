@@ -14,7 +14,7 @@
 //! Rarer producers (steps, marks, the OOM watch) and rows too large for a chunk queue a whole
 //! [`EventRow`] through the hand-off lock.
 
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -96,9 +96,12 @@ const FREE_CHUNKS: usize = 8;
 /// (an acquire load of `len`). Once the chunk is handed over full, only the writer touches it
 /// until it hands it back empty, through the hand-off lock.
 struct Chunk {
-    rows: Box<[UnsafeCell<MaybeUninit<Packed>>]>,
-    text: Box<[UnsafeCell<u8>]>,
-    frames: Box<[UnsafeCell<u64>]>,
+    /// The memory of the three arrays below (unmapped when the chunk is dropped).
+    _region: Region,
+    /// `CHUNK_ROWS` row slots, `CHUNK_FRAMES` frames and `CHUNK_TEXT` bytes, in `region`.
+    rows: *mut MaybeUninit<Packed>,
+    frames: *mut u64,
+    text: *mut u8,
     /// Rows published.
     len: AtomicUsize,
     /// Arena bytes and frames in use: the filling thread's (the writer's once handed over).
@@ -108,25 +111,67 @@ struct Chunk {
     taken: AtomicUsize,
 }
 
-// SAFETY: the cells are written by the one thread filling the chunk, only past what `len`
+// SAFETY: the arrays are written by the one thread filling the chunk, only past what `len`
 // published, and read by the writer only up to it (release/acquire on `len`); a chunk handed
 // over changes hands under the hand-off lock.
 unsafe impl Sync for Chunk {}
+// SAFETY: as above; the region belongs to the chunk, whichever thread drops it.
+unsafe impl Send for Chunk {}
 
-/// A slice of `n` fresh cells, or `None` when the memory cannot be had.
-fn cells<T>(n: usize, fresh: impl Fn() -> T) -> Option<Box<[T]>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).ok()?;
-    v.resize_with(n, fresh);
-    Some(v.into_boxed_slice())
+/// Anonymous memory mapped for one chunk. Chunks are made on the program's thread and may be
+/// freed on the writer's: mapped, they take nothing from the program's heap.
+struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Region {
+    fn new(len: usize) -> Option<Region> {
+        // SAFETY: a fresh private anonymous mapping; nothing else is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        (ptr != libc::MAP_FAILED).then_some(Region {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
 }
 
 impl Chunk {
     fn new() -> Option<Box<Chunk>> {
+        let rows_bytes = CHUNK_ROWS * std::mem::size_of::<Packed>();
+        let frames_bytes = CHUNK_FRAMES * std::mem::size_of::<u64>();
+        let region = Region::new(rows_bytes + frames_bytes + CHUNK_TEXT)?;
+        let base = region.ptr;
+        // SAFETY: the offsets lie inside the region; a mapping is page-aligned and a row's
+        // size is a multiple of 8, so the rows and the frames are aligned.
+        let (rows, frames, text) = unsafe {
+            (
+                base.cast::<MaybeUninit<Packed>>(),
+                base.add(rows_bytes).cast::<u64>(),
+                base.add(rows_bytes + frames_bytes),
+            )
+        };
         let chunk = Chunk {
-            rows: cells(CHUNK_ROWS, || UnsafeCell::new(MaybeUninit::uninit()))?,
-            text: cells(CHUNK_TEXT, || UnsafeCell::new(0))?,
-            frames: cells(CHUNK_FRAMES, || UnsafeCell::new(0))?,
+            _region: region,
+            rows,
+            frames,
+            text,
             len: AtomicUsize::new(0),
             text_len: AtomicUsize::new(0),
             frames_len: AtomicUsize::new(0),
@@ -159,8 +204,7 @@ impl Chunk {
             // SAFETY: `at..at + len` lies inside the arena (checked above) and past every
             // published row's bytes: nobody reads it until `len` publishes this row.
             unsafe {
-                let base = UnsafeCell::raw_get(self.text.as_ptr());
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(at), bytes.len());
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.text.add(at), bytes.len());
             }
             let span = Span {
                 start: at as u32,
@@ -174,8 +218,7 @@ impl Chunk {
         let python_stack = copy(texts.python_stack);
         // SAFETY: as for the text, in the frames arena.
         unsafe {
-            let base = UnsafeCell::raw_get(self.frames.as_ptr());
-            std::ptr::copy_nonoverlapping(frames.as_ptr(), base.add(f), frames.len());
+            std::ptr::copy_nonoverlapping(frames.as_ptr(), self.frames.add(f), frames.len());
         }
         let packed = Packed {
             seq,
@@ -189,7 +232,7 @@ impl Chunk {
             },
         };
         // SAFETY: slot `n` is unpublished (n == len), so only this thread touches it.
-        unsafe { (*self.rows[n].get()).write(packed) };
+        unsafe { (*self.rows.add(n)).write(packed) };
         self.text_len.store(at, Ordering::Relaxed);
         self.frames_len.store(f + frames.len(), Ordering::Relaxed);
         self.len.store(n + 1, Ordering::Release);
@@ -205,7 +248,7 @@ impl Chunk {
         for i in taken..len {
             // SAFETY: slot `i` < `len` was published (acquire above) and is never written again
             // until the chunk is emptied, by this thread.
-            let p = unsafe { (*self.rows[i].get()).assume_init_read() };
+            let p = unsafe { (*self.rows.add(i)).assume_init_read() };
             out.push_back(self.unpack(&p, spare));
         }
         self.taken.store(len, Ordering::Relaxed);
@@ -213,27 +256,21 @@ impl Chunk {
 
     fn bytes(&self, span: Span) -> &[u8] {
         let (start, end) = (span.start as usize, span.end as usize);
-        if start > end || end > self.text.len() {
+        if start > end || end > CHUNK_TEXT {
             return &[];
         }
         // SAFETY: the span is a published row's, inside the arena, and not written again
         // until the chunk is emptied.
-        unsafe {
-            let base = UnsafeCell::raw_get(self.text.as_ptr());
-            std::slice::from_raw_parts(base.add(start), end - start)
-        }
+        unsafe { std::slice::from_raw_parts(self.text.add(start), end - start) }
     }
 
     fn frames_of(&self, span: Span) -> Vec<u64> {
         let (start, end) = (span.start as usize, span.end as usize);
-        if start >= end || end > self.frames.len() {
+        if start >= end || end > CHUNK_FRAMES {
             return Vec::new();
         }
         // SAFETY: as for `bytes`, in the frames arena.
-        unsafe {
-            let base = UnsafeCell::raw_get(self.frames.as_ptr());
-            std::slice::from_raw_parts(base.add(start), end - start).to_vec()
-        }
+        unsafe { std::slice::from_raw_parts(self.frames.add(start), end - start).to_vec() }
     }
 
     /// The whole row of `p`, in a row from `spare` when it has one (its strings' capacity
