@@ -41,10 +41,23 @@ pub struct Texts<'a> {
 }
 
 impl Texts<'_> {
-    /// The Attr text, read as UTF-8 (invalid sequences replaced).
-    pub fn attrs_string(&self) -> Option<String> {
-        self.attrs_json
-            .map(|a| String::from_utf8_lossy(a).into_owned())
+    /// A whole row of `event`/`event_type` on `device` at `ptr`, with these texts read as
+    /// UTF-8 (invalid sequences replaced); not stamped.
+    pub fn row(
+        &self,
+        event: Event,
+        event_type: EventType,
+        device: DeviceId,
+        ptr: Option<u64>,
+    ) -> EventRow {
+        let mut row = EventRow::new(event, event_type, String::from_utf8_lossy(self.name));
+        row.device = device;
+        row.ptr = ptr;
+        row.attrs_json = self
+            .attrs_json
+            .map(|a| String::from_utf8_lossy(a).into_owned());
+        row.python_stack = String::from_utf8_lossy(self.python_stack).into_owned();
+        row
     }
 
     fn len(&self) -> usize {
@@ -409,15 +422,15 @@ impl ThreadBuffer {
     /// The writer: every row queued so far, to the end of `out`, in the order the thread
     /// queued them, except that whole rows come first (the writer orders all by time).
     fn drain_into(&self, out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
-        // Whole rows first: every packed row queued before them is published by now.
-        if let Ok(mut handoff) = self.handoff.lock() {
-            out.extend(handoff.rows.drain(..));
-        }
         // The current chunk is read before the full ones are taken: if the thread hands it
-        // over in between, it is among them, and no newer chunk is read before it.
+        // over in between, it is among them, and no newer chunk is read before it. Every packed
+        // row queued before a whole row taken here is published by then (the lock orders them).
         let current = self.current.load(Ordering::Acquire);
         let full = match self.handoff.lock() {
-            Ok(mut handoff) => std::mem::take(&mut handoff.full),
+            Ok(mut handoff) => {
+                out.extend(handoff.rows.drain(..));
+                std::mem::take(&mut handoff.full)
+            }
             Err(_) => return,
         };
         for chunk in &full {
@@ -528,19 +541,9 @@ pub fn push_packed(numbers: Numbers, texts: &Texts, c_frames: &[u64]) {
     }
 }
 
-fn whole(numbers: Numbers, texts: &Texts) -> EventRow {
-    let mut row = EventRow::new(
-        numbers.event,
-        numbers.event_type,
-        String::from_utf8_lossy(texts.name),
-    );
-    row.ts_ns = numbers.ts_ns;
-    row.pid = numbers.pid;
-    row.tid = numbers.tid;
-    row.device = numbers.device;
-    row.ptr = numbers.ptr;
-    row.attrs_json = texts.attrs_string();
-    row.python_stack = String::from_utf8_lossy(texts.python_stack).into_owned();
+fn whole(n: Numbers, texts: &Texts) -> EventRow {
+    let mut row = texts.row(n.event, n.event_type, n.device, n.ptr);
+    (row.ts_ns, row.pid, row.tid) = (n.ts_ns, n.pid, n.tid);
     row
 }
 

@@ -448,12 +448,7 @@ pub fn emit_borrowed(
 ) {
     if (event == Event::Free && crate::sanitizer::is_active()) || OOM_ACTIVE.load(Ordering::Relaxed)
     {
-        let mut row = EventRow::new(event, event_type, String::from_utf8_lossy(texts.name));
-        row.device = device;
-        row.ptr = ptr;
-        row.attrs_json = texts.attrs_string();
-        row.python_stack = String::from_utf8_lossy(texts.python_stack).into_owned();
-        return emit(row, want_c_stack);
+        return emit(texts.row(event, event_type, device, ptr), want_c_stack);
     }
     let Some(depth) = admission(event, device) else {
         return;
