@@ -523,12 +523,13 @@ struct ThreadOps {
 
 thread_local ThreadOps tl_ops;
 
+// Whether the entry's text is still `name.overload` (compared up to the texts' ends: a reused
+// text may be shorter than the entry's).
 bool same_op(const OpText& e, const char* name, const char* overload) {
   const std::string& t = *e.text;
   const char* ov = overload != nullptr && *overload ? overload : "default";
-  size_t ov_len = t.size() - e.name_len - 1;
-  return std::memcmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
-         std::memcmp(t.data() + e.name_len + 1, ov, ov_len) == 0 && ov[ov_len] == '\0';
+  return std::strncmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
+         std::strcmp(t.data() + e.name_len + 1, ov) == 0;
 }
 
 // The written name of the op a RecordFunction stands for; null when it is no op.
@@ -547,7 +548,10 @@ Text op_text(ThreadOps& ops, const char* name, const char* overload) {
   op_name(buf, sizeof buf, name, overload);
   Text t = intern(buf);
   if (t == nullptr) return nullptr;
-  e = OpText{name, overload, t, std::strlen(name)};
+  size_t name_len = std::strlen(name);
+  // A name cut at the buffer's end is written as cut, and not kept: `same_op` reads the
+  // overload after the name.
+  if (t->size() > name_len + 1 && (*t)[name_len] == '.') e = OpText{name, overload, t, name_len};
   return t;
 }
 
