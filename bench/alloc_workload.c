@@ -29,8 +29,12 @@
  * (-fipa-icf) cannot merge, say, d5 into a2 and blur the stacks. */
 #define TAG(k) (g_tag += (k))
 
-static volatile unsigned long g_sink;
-static volatile unsigned long g_tag;
+/* Per thread: a global written by every thread at every pair would be one cache
+ * line bouncing between the cores, and a measure of that, not of the tools. Each
+ * locked instruction in a tool's hook waits for the line, so it counted several
+ * times over against the tool. */
+static __thread volatile unsigned long g_sink;
+static __thread volatile unsigned long g_tag;
 static size_t g_max_size = 512;
 
 static NOINLINE void *alloc_leaf(size_t n) {

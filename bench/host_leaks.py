@@ -40,7 +40,10 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 WORKLOAD_SRC = BENCH_DIR / "alloc_workload.c"
-CFLAGS = ["-O2", "-pthread", "-fomit-frame-pointer"]
+CFLAGS = ["-O2", "-pthread"]
+# Without frame pointers by default: the unwinder must then read the call frame information, the
+# harder case and the one most distribution builds are.
+FRAME_POINTER_FLAGS = {False: "-fomit-frame-pointer", True: "-fno-omit-frame-pointer"}
 FLOOR = 3.0
 TARGET = 10.0
 TIME_BIN = "/usr/bin/time"
@@ -83,6 +86,11 @@ def parse_args() -> argparse.Namespace:
         "(both are copied to a temp dir first, so a concurrent rebuild cannot disturb the runs)",
     )
     p.add_argument("--no-heaptrack", action="store_true", help="skip heaptrack")
+    p.add_argument(
+        "--frame-pointers",
+        action="store_true",
+        help="build the workload with frame pointers (default: without)",
+    )
     p.add_argument("--no-live", action="store_true", help="skip the live-block memory mode")
     p.add_argument(
         "--out-dir",
@@ -263,7 +271,7 @@ PARTS = [
     ("unwind", "unwind: capture + memo (unwind/*.rs)"),
     ("stack", "stack id + counters (stack_table, striped, atomics)"),
     ("block", "block table (block_table, block_map, hashing)"),
-    ("mutex", "std Mutex lock/unlock, poison checks"),
+    ("mutex", "locks (shard spin lock, std Mutex, poison)"),
     ("clock", "clock (clock.rs, clock_gettime)"),
     ("beats", "beats (beats.rs)"),
     ("python", "python frames (python/*.rs)"),
@@ -282,6 +290,7 @@ RUNTIME_FILE_PARTS = [
     # hashing.rs's mix() picks the block table's shard and hashes its keys; on this path the
     # stack id comes from the unwind memo, not from hashing a stack
     ("host_leak/block_table.rs", "block"),
+    ("host_leak/spin_lock.rs", "mutex"),
     ("host_leak/block_map.rs", "block"),
     ("host_leak/hashing.rs", "block"),
     ("host_leak/overflow.rs", "block"),
@@ -613,7 +622,7 @@ def bench(a: argparse.Namespace, tmp: Path) -> int:
     notes: list[str] = []
     # workload
     exe = tmp / "alloc_workload"
-    cc = ["gcc", *CFLAGS, str(WORKLOAD_SRC), "-o", str(exe)]
+    cc = ["gcc", *CFLAGS, FRAME_POINTER_FLAGS[a.frame_pointers], str(WORKLOAD_SRC), "-o", str(exe)]
     subprocess.run(cc, check=True)
 
     # msmemscope: snapshot the CLI and its runtime library

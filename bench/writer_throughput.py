@@ -14,7 +14,13 @@ the same CSV journal (the rows/s above are its), and the launcher turns it into
 (`converted ... rows in S s`), printed here as the conversion's rows/s, and the wall time then
 runs to the complete Parquet file.
 
+With `--baseline DIR` (a directory holding another build's `msmemscope-cli` and
+`libmsmemscope_runtime.so`, e.g. an older commit's `target/release`) every round also runs that
+build, right after this one, and the medians of both and their ratio are printed: only figures
+measured side by side compare on a shared machine.
+
     python3 bench/writer_throughput.py [--rows 1000000] [--rounds 5] [--format csv|parquet]
+                                       [--baseline DIR]
 """
 
 import argparse
@@ -29,12 +35,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELEASE = os.path.join(ROOT, "target", "release")
-CLI = os.path.join(RELEASE, "msmemscope-cli")
 
 
-def build(tmp):
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
-    prog = os.path.join(tmp, "emit_events")
+def build(tmp, release, name):
+    """The producer, linked to the runtime library in `release` (whose CLI preloads that same
+    file: a producer linked to another copy would load two runtimes)."""
+    prog = os.path.join(tmp, name)
     subprocess.run(
         [
             "gcc",
@@ -44,9 +50,9 @@ def build(tmp):
             os.path.join(ROOT, "tests/fixtures/emit_events.c"),
             "-o",
             prog,
-            f"-L{RELEASE}",
+            f"-L{release}",
             "-lmsmemscope_runtime",
-            f"-Wl,-rpath,{RELEASE}",
+            f"-Wl,-rpath,{release}",
         ],
         check=True,
     )
@@ -59,10 +65,10 @@ def logs(out, name):
     )
 
 
-def one_round(prog, rows, out, fmt):
+def one_round(cli, prog, rows, out, fmt):
     start = time.perf_counter()
     done = subprocess.run(
-        [CLI, "--analysis=none", f"--format={fmt}", "-o", out, prog, "burst", str(rows)],
+        [cli, "--analysis=none", f"--format={fmt}", "-o", out, prog, "burst", str(rows)],
         capture_output=True,
         text=True,
         check=True,
@@ -93,36 +99,69 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    ap.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another build's directory (msmemscope-cli and libmsmemscope_runtime.so), run "
+        "in every round after this one",
+    )
     args = ap.parse_args()
+    builds = [("this build", RELEASE)]
+    if args.baseline:
+        base = os.path.abspath(args.baseline)
+        for part in ("msmemscope-cli", "libmsmemscope_runtime.so"):
+            if not os.path.isfile(os.path.join(base, part)):
+                ap.error(f"--baseline {base}: no {part} there")
+        builds.append(("baseline", base))
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    results = {name: [] for name, _ in builds}
     with tempfile.TemporaryDirectory() as tmp:
-        prog = build(tmp)
-        results = []
+        progs = {
+            name: build(tmp, release, f"emit_events_{i}")
+            for i, (name, release) in enumerate(builds)
+        }
         for r in range(args.rounds):
-            out = os.path.join(tmp, f"out{r}")
-            rate, emit_ns, wall, convert = one_round(prog, args.rows, out, args.format)
-            results.append((rate, emit_ns, wall, convert))
-            extra = "" if convert is None else f"; conversion to Parquet {convert:,.0f} rows/s"
-            print(
-                f"round {r + 1}: writer {rate:,.0f} rows/s of its CPU; emit {emit_ns:.0f} ns/row; "
-                f"launch to complete dump {wall:.2f} s{extra}"
-            )
-    rate = statistics.median(x[0] for x in results)
+            for name, release in builds:
+                out = os.path.join(tmp, f"out{r}_{len(results[name])}_{name[0]}")
+                cli = os.path.join(release, "msmemscope-cli")
+                rate, emit_ns, wall, convert = one_round(
+                    cli, progs[name], args.rows, out, args.format
+                )
+                results[name].append((rate, emit_ns, wall, convert))
+                extra = "" if convert is None else f"; conversion to Parquet {convert:,.0f} rows/s"
+                print(
+                    f"round {r + 1}, {name}: writer {rate:,.0f} rows/s of its CPU; "
+                    f"emit {emit_ns:.0f} ns/row; launch to complete dump {wall:.2f} s{extra}"
+                )
     print(f"machine: nproc={os.cpu_count()}; rows per round: {args.rows:,}")
     options = f"--analysis=none --format={args.format}"
-    print(f"command: {CLI} {options} -o OUT emit_events burst {args.rows}")
-    if args.format == "parquet":
+    for name, release in builds:
+        rows = results[name]
+        rate = statistics.median(x[0] for x in rows)
         print(
-            "median conversion of the journal to Parquet (in the launcher, after the program): "
-            f"{statistics.median(x[3] for x in results):,.0f} rows/s; median launch to complete "
-            f"Parquet file: {statistics.median(x[2] for x in results):.2f} s"
+            f"{name}: {os.path.join(release, 'msmemscope-cli')} {options} "
+            f"-o OUT emit_events burst {args.rows}"
         )
-    print(
-        f"median writer throughput: {rate:,.0f} rows/s (target 1,000,000): "
-        f"{'PASS' if rate >= 1_000_000 else 'BELOW TARGET'}"
-    )
-    print(
-        f"median emit cost on the application thread: {statistics.median(x[1] for x in results):.0f} ns/row"
-    )
+        if args.format == "parquet":
+            print(
+                "  median conversion of the journal to Parquet (in the launcher, after the "
+                f"program): {statistics.median(x[3] for x in rows):,.0f} rows/s; median launch "
+                "to complete "
+                f"Parquet file: {statistics.median(x[2] for x in rows):.2f} s"
+            )
+        print(
+            f"  median writer throughput: {rate:,.0f} rows/s (target 1,000,000): "
+            f"{'PASS' if rate >= 1_000_000 else 'BELOW TARGET'}"
+        )
+        print(
+            "  median emit cost on the application thread: "
+            f"{statistics.median(x[1] for x in rows):.0f} ns/row"
+        )
+    if args.baseline:
+        ratio = statistics.median(x[0] for x in results["this build"]) / statistics.median(
+            x[0] for x in results["baseline"]
+        )
+        print(f"writer throughput, this build / baseline: {ratio:.2f}x")
     return 0
 
 

@@ -70,17 +70,45 @@ impl Entered {
         unsafe { &*self.slots }
     }
 
-    /// This thread's stripe of the striped counters: handed out round-robin at a thread's first
+    /// This thread's stripe of the striped counters: handed out in order of a thread's first
     /// use, so that the first threads of a program never share one.
     #[inline]
-    pub fn stripe(&self) -> usize {
+    pub fn stripe(&self) -> Stripe {
         let slot = &self.slots().stripe;
         let mut index = slot.get();
         if index == usize::MAX {
             index = NEXT.fetch_add(1, Ordering::Relaxed) % (usize::MAX / 2);
             slot.set(index);
         }
-        index
+        Stripe(index)
+    }
+}
+
+/// A thread's place in striped counters: the order in which it first recorded. Numbers are
+/// never handed out twice, so in counters of `n` stripes the first `n` threads each have a
+/// stripe no other thread writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stripe(usize);
+
+impl Stripe {
+    /// The stripe of `n` this thread writes.
+    #[inline(always)]
+    pub fn of(self, n: usize) -> usize {
+        self.0 % n
+    }
+
+    /// Whether this thread is the only writer of its stripe of `n`. Its counters are then
+    /// bumped with a plain load and store: a locked read-modify-write is a full fence, and
+    /// fences were most of what a hook cost.
+    #[inline(always)]
+    pub fn alone_in(self, n: usize) -> bool {
+        self.0 < n
+    }
+
+    /// A stripe numbered by hand, for tests.
+    #[cfg(test)]
+    pub fn numbered(index: usize) -> Stripe {
+        Stripe(index)
     }
 }
 

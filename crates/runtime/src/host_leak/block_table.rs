@@ -11,6 +11,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use super::block_map::BlockMap;
+use super::spin_lock::{SpinGuard, SpinLock};
 use crate::hashing::mix;
 
 pub const SHARDS: usize = 64;
@@ -35,7 +36,7 @@ const REGION_BITS: u32 = 16;
 /// One shard on cache lines of its own (two, for the adjacent-line prefetcher), so that two
 /// threads using neighbouring shards do not share a line.
 #[repr(align(128))]
-struct Padded(Mutex<Shard>);
+struct Padded(SpinLock<Shard>);
 
 pub struct BlockTable {
     shards: Box<[Padded]>,
@@ -47,7 +48,7 @@ impl BlockTable {
         let per_shard_cap = (cap as usize).div_ceil(SHARDS).max(1);
         BlockTable {
             shards: (0..SHARDS)
-                .map(|_| Padded(Mutex::new(BlockMap::default())))
+                .map(|_| Padded(SpinLock::new(BlockMap::default())))
                 .collect(),
             per_shard_cap,
         }
@@ -61,14 +62,9 @@ impl BlockTable {
 
     /// Locks the shard that holds `ptr`.
     #[inline]
-    pub fn shard(&self, ptr: usize) -> MutexGuard<'_, Shard> {
+    pub fn shard(&self, ptr: usize) -> SpinGuard<'_, Shard> {
         let index = (mix((ptr >> REGION_BITS) as u64) >> 58) as usize;
-        // A panic never happens while a shard is held, but a poisoned lock must not stop
-        // accounting in someone else's process.
-        self.shards[index]
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shards[index].0.lock()
     }
 
     /// Empties every shard, each under its lock, and frees the maps once the lock is dropped.
@@ -77,7 +73,7 @@ impl BlockTable {
     pub fn release(&self, deadline: std::time::Instant) -> bool {
         let mut all = true;
         for Padded(shard) in self.shards.iter() {
-            let taken = match lock_until(shard, deadline) {
+            let taken = match shard.lock_until(deadline) {
                 Some(mut guard) => std::mem::take(&mut *guard),
                 None => {
                     all = false;
@@ -99,7 +95,7 @@ impl BlockTable {
     ) -> u32 {
         let mut unread = 0;
         for Padded(shard) in self.shards.iter() {
-            match lock_until(shard, deadline) {
+            match shard.lock_until(deadline) {
                 Some(guard) => visit(&guard),
                 None => unread += 1,
             }

@@ -52,7 +52,7 @@ use super::settings::WindowSettings;
 use super::stack_table::{Interned, StackTable, UNKNOWN_STACK};
 use super::striped::StripedCountBytes;
 use crate::clock::realtime_ns;
-use crate::guard::Entered;
+use crate::guard::{Entered, Stripe};
 use crate::hashing::mix;
 use crate::python::{self, PyStack};
 use crate::unwind::{with_stack, with_stack_above, CapturedStack};
@@ -266,7 +266,7 @@ impl Ledger {
     /// Whether a new block of `size` at `ptr` enters the ledger (threshold, sampling, and
     /// accounting still going); counts those that do not.
     #[inline(always)]
-    fn admits(&self, ptr: usize, size: u64, stripe: usize) -> bool {
+    fn admits(&self, ptr: usize, size: u64, stripe: Stripe) -> bool {
         if size < self.settings.block_size_threshold {
             self.untracked_below_threshold.add(size, stripe);
             return false;
@@ -424,7 +424,7 @@ impl Ledger {
         stack: &CapturedStack,
         py: &PyStack,
         tag: &mut u64,
-        stripe: usize,
+        stripe: Stripe,
         domain: AllocDomain,
     ) -> u64 {
         let ts = realtime_ns();

@@ -12,6 +12,7 @@ mod key_index;
 pub mod ledger;
 pub mod overflow;
 pub mod settings;
+mod spin_lock;
 pub mod stack_table;
 pub mod striped;
 pub mod window;

@@ -22,7 +22,9 @@ use msmemscope_core::host_leak::{AllocDomain, CountBytes};
 use super::block_table::lock_until;
 use super::frame_trie::FrameTrie;
 use super::key_index::KeyIndex;
+use super::striped::bump;
 use super::zeroed_array::{Zeroable, ZeroedArray};
+use crate::guard::Stripe;
 use crate::hashing::FastHash;
 use crate::python::{self, PyStack};
 use crate::unwind::{CapturedStack, MAX_FRAMES};
@@ -169,15 +171,16 @@ impl StripedCounters {
     }
 
     #[inline]
-    fn mine(&self, slot: usize, stripe: usize) -> Option<&Counter> {
-        self.stripes.get(stripe % STRIPES)?.get(slot)
+    fn mine(&self, slot: usize, stripe: Stripe) -> Option<&Counter> {
+        self.stripes.get(stripe.of(STRIPES))?.get(slot)
     }
 
     #[inline]
-    fn add(&self, slot: usize, size: u64, ts: u64, stripe: usize) {
+    fn add(&self, slot: usize, size: u64, ts: u64, stripe: Stripe) {
         if let Some(c) = self.mine(slot, stripe) {
-            c.allocated.fetch_add(1, Ordering::Relaxed);
-            c.allocated_bytes.fetch_add(size, Ordering::Relaxed);
+            let alone = stripe.alone_in(STRIPES);
+            bump(&c.allocated, 1, alone);
+            bump(&c.allocated_bytes, size, alone);
             c.last_alloc_ns.store(ts, Ordering::Relaxed);
             if c.first_alloc_ns.load(Ordering::Relaxed) == 0 {
                 c.first_alloc_ns.store(ts, Ordering::Relaxed);
@@ -185,21 +188,15 @@ impl StripedCounters {
         }
     }
 
-    /// Counts a free; `sign` -1 undoes one (a `realloc` that failed after its block was taken).
+    /// Counts a free; `undo` takes one back (a `realloc` that failed after its block was taken).
     #[inline]
-    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool, stripe: usize) {
+    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool, stripe: Stripe) {
         if let Some(c) = self.mine(slot, stripe) {
-            if undo {
-                c.freed.fetch_sub(1, Ordering::Relaxed);
-                c.freed_bytes.fetch_sub(size, Ordering::Relaxed);
-                c.freed_lifetime_ms
-                    .fetch_sub(lifetime_ms, Ordering::Relaxed);
-            } else {
-                c.freed.fetch_add(1, Ordering::Relaxed);
-                c.freed_bytes.fetch_add(size, Ordering::Relaxed);
-                c.freed_lifetime_ms
-                    .fetch_add(lifetime_ms, Ordering::Relaxed);
-            }
+            let alone = stripe.alone_in(STRIPES);
+            let sign = |n: u64| if undo { n.wrapping_neg() } else { n };
+            bump(&c.freed, sign(1), alone);
+            bump(&c.freed_bytes, sign(size), alone);
+            bump(&c.freed_lifetime_ms, sign(lifetime_ms), alone);
         }
     }
 
@@ -429,7 +426,7 @@ impl StackTable {
 
     /// Counts an allocation against `id` (or the unknown bucket).
     #[inline]
-    pub fn count_alloc(&self, id: u32, size: u64, ts: u64, stripe: usize) {
+    pub fn count_alloc(&self, id: u32, size: u64, ts: u64, stripe: Stripe) {
         if id == UNKNOWN_STACK {
             self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
         }
@@ -439,13 +436,13 @@ impl StackTable {
     /// Counts the free of a block of `id` that lived `lifetime_ms`. Called under the block's
     /// shard lock, so a recycling pass sees either the block or its free.
     #[inline]
-    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: usize) {
+    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: Stripe) {
         self.counters
             .free(self.slot_of(id), size, lifetime_ms, false, stripe);
     }
 
     /// Undoes [`StackTable::count_free`].
-    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: usize) {
+    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: Stripe) {
         self.counters
             .free(self.slot_of(id), size, lifetime_ms, true, stripe);
     }

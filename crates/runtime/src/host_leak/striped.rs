@@ -5,23 +5,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use msmemscope_core::host_leak::CountBytes;
 
+use crate::guard::Stripe;
+
 const STRIPES: usize = 32;
 
+/// One stripe's counters, on a cache line of its own.
 #[repr(align(64))]
 #[derive(Default)]
-struct Stripe {
+struct Lane {
     count: AtomicU64,
     bytes: AtomicU64,
 }
 
 pub struct StripedCountBytes {
-    stripes: [Stripe; STRIPES],
+    stripes: [Lane; STRIPES],
 }
 
 impl Default for StripedCountBytes {
     fn default() -> Self {
         StripedCountBytes {
-            stripes: std::array::from_fn(|_| Stripe::default()),
+            stripes: std::array::from_fn(|_| Lane::default()),
         }
     }
 }
@@ -29,10 +32,11 @@ impl Default for StripedCountBytes {
 impl StripedCountBytes {
     /// Counts a block in `stripe` (the calling thread's, [`crate::guard::Entered::stripe`]).
     #[inline]
-    pub fn add(&self, bytes: u64, stripe: usize) {
-        let stripe = &self.stripes[stripe % STRIPES];
-        stripe.count.fetch_add(1, Ordering::Relaxed);
-        stripe.bytes.fetch_add(bytes, Ordering::Relaxed);
+    pub fn add(&self, bytes: u64, stripe: Stripe) {
+        let alone = stripe.alone_in(STRIPES);
+        let stripe = &self.stripes[stripe.of(STRIPES)];
+        bump(&stripe.count, 1, alone);
+        bump(&stripe.bytes, bytes, alone);
     }
 
     pub fn sum(&self) -> CountBytes {
@@ -42,5 +46,44 @@ impl StripedCountBytes {
             total.bytes += s.bytes.load(Ordering::Relaxed);
         }
         total
+    }
+}
+
+/// Adds `by` (wrapping: a negated amount subtracts) to a counter of the calling thread's stripe.
+/// When the thread is its stripe's only writer (`alone`), a relaxed load and store do: readers
+/// only sum, and nothing else writes the stripe while its thread bumps it. Otherwise a locked add.
+#[inline(always)]
+pub fn bump(counter: &AtomicU64, by: u64, alone: bool) {
+    if alone {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(by),
+            Ordering::Relaxed,
+        );
+    } else {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads past the stripes share them and still lose no count; the first threads own theirs.
+    #[test]
+    fn shared_and_owned_stripes_both_count_every_block() {
+        let counts = StripedCountBytes::default();
+        std::thread::scope(|scope| {
+            for thread in 0..STRIPES + 8 {
+                let counts = &counts;
+                scope.spawn(move || {
+                    for _ in 0..10_000 {
+                        counts.add(3, Stripe::numbered(thread));
+                    }
+                });
+            }
+        });
+        let total = counts.sum();
+        assert_eq!(total.count, (STRIPES as u64 + 8) * 10_000);
+        assert_eq!(total.bytes, (STRIPES as u64 + 8) * 30_000);
     }
 }
