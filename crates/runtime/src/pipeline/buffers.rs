@@ -100,8 +100,10 @@ struct Packed {
 const CHUNK_ROWS: usize = 512;
 const CHUNK_TEXT: usize = 48 << 10;
 const CHUNK_FRAMES: usize = 2048;
-/// Emptied chunks a thread keeps for its next ones.
+/// Emptied chunks a thread keeps for its next ones: at least this many, and up to as many as
+/// it filled between two drains, within the most.
 const FREE_CHUNKS: usize = 8;
+const MAX_FREE_CHUNKS: usize = 64;
 
 /// A fixed block of packed rows that one thread fills (its current chunk) and the writer reads
 /// behind it. The filling thread writes a row's slot and arena bytes past everything published,
@@ -252,19 +254,30 @@ impl Chunk {
         true
     }
 
-    /// The writer: every published row not taken yet, as whole rows (made from `spare`'s
-    /// first), to the end of `out`.
-    fn take_into(&self, out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
-        let len = self.len.load(Ordering::Acquire);
+    /// The writer: the key (time, sequence number) of the first published row not read yet.
+    fn head_key(&self) -> Option<(u64, u64)> {
         let taken = self.taken.load(Ordering::Relaxed);
-        out.reserve(len.saturating_sub(taken));
-        for i in taken..len {
-            // SAFETY: slot `i` < `len` was published (acquire above) and is never written again
-            // until the chunk is emptied, by this thread.
-            let p = unsafe { (*self.rows.add(i)).assume_init_read() };
-            out.push_back(self.unpack(&p, spare));
+        if taken >= self.len.load(Ordering::Acquire) {
+            return None;
         }
-        self.taken.store(len, Ordering::Relaxed);
+        // SAFETY: slot `taken` < `len` was published (acquire above) and is not written again
+        // until the chunk is emptied, by the writer.
+        let p = unsafe { (*self.rows.add(taken)).assume_init_ref() };
+        Some((p.numbers.ts_ns, p.seq))
+    }
+
+    /// The writer: reads the first published row not read yet into `out` (its strings' and
+    /// frames' capacity reused); false when there is none.
+    fn next_into(&self, out: &mut Queued) -> bool {
+        let taken = self.taken.load(Ordering::Relaxed);
+        if taken >= self.len.load(Ordering::Acquire) {
+            return false;
+        }
+        // SAFETY: as in `head_key`.
+        let p = unsafe { (*self.rows.add(taken)).assume_init_ref() };
+        self.unpack_into(p, out);
+        self.taken.store(taken + 1, Ordering::Relaxed);
+        true
     }
 
     fn bytes(&self, span: Span) -> &[u8] {
@@ -277,48 +290,36 @@ impl Chunk {
         unsafe { std::slice::from_raw_parts(self.text.add(start), end - start) }
     }
 
-    fn frames_of(&self, span: Span) -> Vec<u64> {
+    fn frames_of(&self, span: Span) -> &[u64] {
         let (start, end) = (span.start as usize, span.end as usize);
         if start >= end || end > CHUNK_FRAMES {
-            return Vec::new();
+            return &[];
         }
         // SAFETY: as for `bytes`, in the frames arena.
-        unsafe { std::slice::from_raw_parts(self.frames.add(start), end - start).to_vec() }
+        unsafe { std::slice::from_raw_parts(self.frames.add(start), end - start) }
     }
 
-    /// The whole row of `p`, in a row from `spare` when it has one (its strings' capacity
-    /// reused).
-    fn unpack(&self, p: &Packed, spare: &mut Vec<EventRow>) -> Queued {
+    /// Makes `out` the whole row of `p`, in the strings `out` already has.
+    fn unpack_into(&self, p: &Packed, out: &mut Queued) {
         let n = p.numbers;
-        let mut row = match spare.pop() {
-            Some(mut row) => {
-                let attrs = row.attrs_json.take();
-                row.reset(n.event, n.event_type);
-                row.attrs_json = attrs;
-                row
-            }
-            None => EventRow::new(n.event, n.event_type, String::new()),
-        };
+        let row = &mut out.row;
+        let attrs = row.attrs_json.take();
+        row.reset(n.event, n.event_type);
         text_into(&mut row.name, self.bytes(p.name));
         row.ts_ns = n.ts_ns;
         row.pid = n.pid;
         row.tid = n.tid;
         row.device = n.device;
         row.ptr = n.ptr;
-        row.attrs_json = match p.attrs_json {
-            Some(span) => {
-                let mut attrs = row.attrs_json.take().unwrap_or_default();
-                text_into(&mut attrs, self.bytes(span));
-                Some(attrs)
-            }
-            None => None,
-        };
+        row.attrs_json = p.attrs_json.map(|span| {
+            let mut text = attrs.unwrap_or_default();
+            text_into(&mut text, self.bytes(span));
+            text
+        });
         text_into(&mut row.python_stack, self.bytes(p.python_stack));
-        Queued {
-            seq: p.seq,
-            row,
-            c_frames: self.frames_of(p.c_frames),
-        }
+        out.seq = p.seq;
+        out.c_frames.clear();
+        out.c_frames.extend_from_slice(self.frames_of(p.c_frames));
     }
 
     /// The writer, on a chunk handed over: empty again.
@@ -419,40 +420,6 @@ impl ThreadBuffer {
         None
     }
 
-    /// The writer: every row queued so far, to the end of `out`, in the order the thread
-    /// queued them, except that whole rows come first (the writer orders all by time).
-    fn drain_into(&self, out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
-        // The current chunk is read before the full ones are taken: if the thread hands it
-        // over in between, it is among them, and no newer chunk is read before it. Every packed
-        // row queued before a whole row taken here is published by then (the lock orders them).
-        let current = self.current.load(Ordering::Acquire);
-        let full = match self.handoff.lock() {
-            Ok(mut handoff) => {
-                out.extend(handoff.rows.drain(..));
-                std::mem::take(&mut handoff.full)
-            }
-            Err(_) => return,
-        };
-        for chunk in &full {
-            chunk.take_into(out, spare);
-            chunk.clear();
-        }
-        let handed_over = full.iter().any(|c| std::ptr::eq(&**c, current));
-        if !current.is_null() && !handed_over {
-            // SAFETY: only this thread (the writer) frees chunks, or the buffer's drop: the
-            // chunk is still current, or was handed over after the lock above and waits in
-            // `full` for the next drain, which starts after what is taken now.
-            unsafe { &*current }.take_into(out, spare);
-        }
-        if let Ok(mut handoff) = self.handoff.lock() {
-            for chunk in full {
-                if handoff.free.len() < FREE_CHUNKS && handoff.free.try_reserve(1).is_ok() {
-                    handoff.free.push(chunk);
-                }
-            }
-        }
-    }
-
     fn has_rows(&self) -> bool {
         self.current().is_some_and(Chunk::untaken)
             || self
@@ -547,23 +514,226 @@ fn whole(n: Numbers, texts: &Texts) -> EventRow {
     row
 }
 
-/// Moves every row queued so far, from every thread, to the end of `out`. Rows written
-/// before, handed back in `spare`, are reused for them.
-pub fn drain_into(out: &mut VecDeque<Queued>, spare: &mut Vec<EventRow>) {
-    let buffers: Vec<Arc<ThreadBuffer>> = match REGISTRY.lock() {
-        Ok(registry) => registry.clone(),
-        Err(_) => return,
-    };
-    if let Ok(mut orphans) = ORPHANS.lock() {
-        out.extend(orphans.drain(..));
+/// The writer's side of one thread's buffer: the full chunks it took, oldest first, then the
+/// chunk the thread was filling when they were taken, read behind the thread. Chunks stay
+/// boxed, as in the hand-off.
+#[allow(clippy::vec_box)]
+struct Reader {
+    buffer: Arc<ThreadBuffer>,
+    chunks: VecDeque<Box<Chunk>>,
+    /// The thread's current chunk when the full ones were last taken (null when it was among
+    /// them, or the thread had none). Read after `chunks`: every row in it is newer.
+    current: *const Chunk,
+    /// Chunks read to the end, for the thread to fill again.
+    emptied: Vec<Box<Chunk>>,
+}
+
+// SAFETY: `current` points into the buffer the reader holds, whose chunks only the writer
+// frees (or the buffer's drop, once the reader has let it go).
+unsafe impl Send for Reader {}
+
+impl Reader {
+    fn new(buffer: Arc<ThreadBuffer>) -> Reader {
+        Reader {
+            buffer,
+            chunks: VecDeque::new(),
+            current: std::ptr::null(),
+            emptied: Vec::new(),
+        }
     }
-    for buffer in &buffers {
-        buffer.drain_into(out, spare);
+
+    /// Takes the chunks the thread filled since the last call, and its whole rows (to `loose`).
+    fn refill(&mut self, loose: &mut VecDeque<Queued>) {
+        // The current chunk is read before the full ones are taken: if the thread hands it over
+        // in between, it is among them, and no newer chunk is read before it. Every packed row
+        // queued before a whole row taken here is published by then (the lock orders them).
+        let current = self.buffer.current.load(Ordering::Acquire);
+        let Ok(mut handoff) = self.buffer.handoff.lock() else {
+            return;
+        };
+        loose.extend(handoff.rows.drain(..));
+        let handed_over = handoff.full.iter().any(|c| std::ptr::eq(&**c, current));
+        self.chunks.extend(handoff.full.drain(..));
+        drop(handoff);
+        self.current = if handed_over {
+            std::ptr::null()
+        } else {
+            current.cast_const()
+        };
     }
-    drop(buffers);
-    // Buffers only the registry still holds belong to exited threads; once drained they go.
-    if let Ok(mut registry) = REGISTRY.lock() {
-        registry.retain(|b| Arc::strong_count(b) > 1 || b.has_rows());
+
+    /// The chunk holding this thread's next unread row, if any. Chunks read to the end are put
+    /// aside for the thread.
+    fn head(&mut self) -> Option<&Chunk> {
+        while let Some(front) = self.chunks.front() {
+            if front.head_key().is_some() {
+                return self.chunks.front().map(|c| &**c);
+            }
+            // A handed-over chunk is never written again: read to the end, it is done.
+            if let Some(done) = self.chunks.pop_front() {
+                done.clear();
+                self.emptied.push(done);
+            }
+        }
+        // SAFETY: the current chunk of the held buffer, or one it handed over since (waiting in
+        // its hand-off for the next refill): either way not freed (see `Send` above).
+        let current = unsafe { self.current.as_ref() }?;
+        current.head_key().is_some().then_some(current)
+    }
+
+    fn head_key(&mut self) -> Option<(u64, u64)> {
+        self.head()?.head_key()
+    }
+
+    /// Gives the emptied chunks back to the thread, keeping as many as it filled between two
+    /// drains (at least [`FREE_CHUNKS`], at most [`MAX_FREE_CHUNKS`]) so that a busy thread
+    /// maps no new chunk at each of them; the rest are unmapped.
+    fn give_back(&mut self) {
+        if self.emptied.is_empty() {
+            return;
+        }
+        let keep = self.emptied.len().clamp(FREE_CHUNKS, MAX_FREE_CHUNKS);
+        if let Ok(mut handoff) = self.buffer.handoff.lock() {
+            for chunk in self.emptied.drain(..) {
+                if handoff.free.len() < keep && handoff.free.try_reserve(1).is_ok() {
+                    handoff.free.push(chunk);
+                }
+            }
+        }
+        self.emptied.clear();
+    }
+
+    /// Whether the thread has ended and every row it queued has been read.
+    fn finished(&mut self) -> bool {
+        // Held by the registry and this reader alone: the thread's own reference is gone.
+        Arc::strong_count(&self.buffer) <= 2 && self.head().is_none() && !self.buffer.has_rows()
+    }
+}
+
+/// The rows queued and not written yet, kept where the threads queued them: packed rows stay in
+/// their chunks, and each is made a whole row (in one reused row) only when it is written. So
+/// the writer moves no row and holds no row's strings between drains, however far behind it is.
+pub struct Backlog {
+    readers: Vec<Reader>,
+    /// Whole rows (steps, marks, OOM rows, rows too large for a chunk, rows of exiting
+    /// threads), ordered by key.
+    loose: VecDeque<Queued>,
+    /// The row each packed row is read into.
+    scratch: Queued,
+}
+
+impl Default for Backlog {
+    fn default() -> Self {
+        Backlog {
+            readers: Vec::new(),
+            loose: VecDeque::new(),
+            scratch: Queued {
+                seq: 0,
+                row: EventRow::new(Event::System, EventType::Step, String::new()),
+                c_frames: Vec::new(),
+            },
+        }
+    }
+}
+
+/// Rows are written in the order of (time, sequence number).
+fn key(q: &Queued) -> (u64, u64) {
+    (q.row.ts_ns, q.seq)
+}
+
+impl Backlog {
+    /// Takes what every thread has queued since the last call. Threads that have ended and
+    /// whose rows were all written are forgotten.
+    pub fn refill(&mut self) {
+        let Ok(mut registry) = REGISTRY.lock() else {
+            return;
+        };
+        for buffer in registry.iter() {
+            if !self.readers.iter().any(|r| Arc::ptr_eq(&r.buffer, buffer)) {
+                if self.readers.try_reserve(1).is_err() {
+                    continue;
+                }
+                self.readers.push(Reader::new(buffer.clone()));
+            }
+        }
+        let before = self.loose.len();
+        for reader in &mut self.readers {
+            reader.refill(&mut self.loose);
+        }
+        let finished: Vec<Arc<ThreadBuffer>> = self
+            .readers
+            .iter_mut()
+            .filter_map(|r| r.finished().then(|| r.buffer.clone()))
+            .collect();
+        if !finished.is_empty() {
+            registry.retain(|b| !finished.iter().any(|f| Arc::ptr_eq(f, b)));
+            self.readers
+                .retain(|r| !finished.iter().any(|f| Arc::ptr_eq(f, &r.buffer)));
+        }
+        drop(registry);
+        if let Ok(mut orphans) = ORPHANS.lock() {
+            self.loose.extend(orphans.drain(..));
+        }
+        if self.loose.len() > before {
+            self.loose.make_contiguous().sort_by_key(key);
+        }
+    }
+
+    /// Takes what the given buffers queued (the registry's part of [`Backlog::refill`]).
+    #[cfg(test)]
+    fn refill_from(&mut self, buffers: &[Arc<ThreadBuffer>]) {
+        for buffer in buffers {
+            if !self.readers.iter().any(|r| Arc::ptr_eq(&r.buffer, buffer)) {
+                self.readers.push(Reader::new(buffer.clone()));
+            }
+        }
+        for reader in &mut self.readers {
+            reader.refill(&mut self.loose);
+        }
+        self.loose.make_contiguous().sort_by_key(key);
+    }
+
+    /// Hands `write` every row taken so far that is stamped at or before `watermark`, oldest
+    /// first (by time, then sequence number: the threads' rows, each thread's in the order it
+    /// queued them, merged), and gives the emptied chunks back. Returns how many it handed.
+    pub fn write_until(&mut self, watermark: u64, mut write: impl FnMut(&mut Queued)) -> usize {
+        const LOOSE: usize = usize::MAX;
+        let mut heads: Vec<Option<(u64, u64)>> =
+            self.readers.iter_mut().map(Reader::head_key).collect();
+        let mut written = 0;
+        loop {
+            let mut best = self.loose.front().map(|q| (key(q), LOOSE));
+            for (i, head) in heads.iter().enumerate() {
+                if let Some(k) = *head {
+                    if best.is_none_or(|(b, _)| k < b) {
+                        best = Some((k, i));
+                    }
+                }
+            }
+            let Some(((ts, _), from)) = best else { break };
+            if ts > watermark {
+                break;
+            }
+            if from == LOOSE {
+                if let Some(mut q) = self.loose.pop_front() {
+                    write(&mut q);
+                }
+            } else {
+                let reader = &mut self.readers[from];
+                if reader
+                    .head()
+                    .is_some_and(|c| c.next_into(&mut self.scratch))
+                {
+                    write(&mut self.scratch);
+                }
+                heads[from] = reader.head_key();
+            }
+            written += 1;
+        }
+        for reader in &mut self.readers {
+            reader.give_back();
+        }
+        written
     }
 }
 
@@ -591,30 +761,46 @@ mod tests {
         }
     }
 
+    /// Every row written so far: (sequence number, row, C frames), cloned out of the reused one.
+    fn write_all(backlog: &mut Backlog, buffers: &[Arc<ThreadBuffer>]) -> Vec<Queued> {
+        backlog.refill_from(buffers);
+        let mut out = Vec::new();
+        backlog.write_until(u64::MAX, |q| {
+            out.push(Queued {
+                seq: q.seq,
+                row: q.row.clone(),
+                c_frames: q.c_frames.clone(),
+            })
+        });
+        out
+    }
+
     #[test]
     fn packed_rows_come_back_whole_and_reused_rows_carry_nothing_over() {
-        let buffer = ThreadBuffer::default();
+        let buffer = Arc::new(ThreadBuffer::default());
+        let buffers = [buffer.clone()];
+        let mut backlog = Backlog::default();
         let first = texts(
             b"aten::addmm",
             Some(br#"{"size":1024,"owner":"PTA@weight"}"#),
             b"t.py(3): f\nt.py(9): <module>",
         );
-        assert!(buffer.push_packed(1, numbers(Event::Malloc, 0x10), &first, &[0xa, 0xb]));
+        assert!(buffer.push_packed(2, numbers(Event::Malloc, 0x10), &first, &[0xa, 0xb]));
+        let mut step = EventRow::new(Event::System, EventType::Step, "1");
+        step.ts_ns = 7;
         let step = Queued {
-            seq: 2,
-            row: EventRow::new(Event::System, EventType::Step, "1"),
+            seq: 1,
+            row: step,
             c_frames: Vec::new(),
         };
         assert!(buffer.push_row(step).is_none());
-        let mut out = VecDeque::new();
-        let mut spare = Vec::new();
-        buffer.drain_into(&mut out, &mut spare);
+        let out = write_all(&mut backlog, &buffers);
         assert!(!buffer.has_rows());
-        // Whole rows come first; the writer orders rows by (time, sequence number).
-        let [b, a] = &*out.make_contiguous() else {
+        // Whole rows and packed ones are written in the order of (time, sequence number).
+        let [b, a] = &out[..] else {
             panic!("{} rows", out.len())
         };
-        assert_eq!((a.seq, b.seq), (1, 2));
+        assert_eq!((b.seq, a.seq), (1, 2));
         assert_eq!(a.row.name, "aten::addmm");
         assert_eq!((a.row.ts_ns, a.row.pid, a.row.tid), (7, 11, 13));
         assert_eq!((a.row.device, a.row.ptr), (DeviceId::Cuda(1), Some(0x10)));
@@ -623,9 +809,8 @@ mod tests {
         assert_eq!(a.c_frames, vec![0xa, 0xb]);
         assert_eq!(b.row.name, "1");
 
-        // The first row is reused for one whose Attr has the same length, in the same string:
-        // the new value is read, and nothing of the old row stays.
-        spare.extend(out.drain(..).map(|q| q.row));
+        // The next rows are read into the same row as the first: the new values are read,
+        // and nothing of the old row stays.
         let second = texts(
             b"aten::mm",
             Some(br#"{"size":2048,"owner":"PTA@weight"}"#),
@@ -638,8 +823,8 @@ mod tests {
             &texts(b"N/A", None, b"\xff"),
             &[]
         ));
-        buffer.drain_into(&mut out, &mut spare);
-        let [c, d] = &*out.make_contiguous() else {
+        let out = write_all(&mut backlog, &buffers);
+        let [c, d] = &out[..] else {
             panic!("{} rows", out.len())
         };
         assert_eq!(
@@ -660,8 +845,10 @@ mod tests {
 
     #[test]
     fn full_chunks_are_handed_over_in_order_and_emptied_ones_used_again() {
-        let buffer = ThreadBuffer::default();
-        let (mut out, mut spare) = (VecDeque::new(), Vec::new());
+        let buffer = Arc::new(ThreadBuffer::default());
+        let buffers = [buffer.clone()];
+        let mut backlog = Backlog::default();
+        let mut out = Vec::new();
         let total = CHUNK_ROWS as u64 * 5 + 7;
         for seq in 0..total {
             let name = format!("aten::op{seq}");
@@ -672,10 +859,10 @@ mod tests {
                 &[seq]
             ));
             if seq == CHUNK_ROWS as u64 * 2 + 3 {
-                buffer.drain_into(&mut out, &mut spare);
+                out.extend(write_all(&mut backlog, &buffers));
             }
         }
-        buffer.drain_into(&mut out, &mut spare);
+        out.extend(write_all(&mut backlog, &buffers));
         let seqs: Vec<u64> = out.iter().map(|q| q.seq).collect();
         assert_eq!(seqs, (0..total).collect::<Vec<_>>());
         for q in &out {
@@ -701,6 +888,58 @@ mod tests {
         ));
     }
 
+    /// Rows younger than the watermark stay where they are, and come first at the next write.
+    #[test]
+    fn rows_after_the_watermark_wait_in_their_chunk() {
+        let buffer = Arc::new(ThreadBuffer::default());
+        let buffers = [buffer.clone()];
+        let mut backlog = Backlog::default();
+        for seq in 0..10u64 {
+            let mut n = numbers(Event::Malloc, seq);
+            n.ts_ns = 100 + seq;
+            assert!(buffer.push_packed(seq, n, &texts(b"N/A", None, b""), &[]));
+        }
+        backlog.refill_from(&buffers);
+        let mut first = Vec::new();
+        assert_eq!(backlog.write_until(104, |q| first.push(q.seq)), 5);
+        assert_eq!(first, vec![0, 1, 2, 3, 4]);
+        let rest: Vec<u64> = write_all(&mut backlog, &buffers)
+            .iter()
+            .map(|q| q.seq)
+            .collect();
+        assert_eq!(rest, vec![5, 6, 7, 8, 9]);
+    }
+
+    /// Two threads' rows come out merged by time, each thread's in its own order.
+    #[test]
+    fn the_rows_of_several_threads_are_merged_by_time() {
+        let (a, b) = (
+            Arc::new(ThreadBuffer::default()),
+            Arc::new(ThreadBuffer::default()),
+        );
+        let mut backlog = Backlog::default();
+        for (buffer, times) in [(&a, [1u64, 4, 5, 9]), (&b, [2, 3, 6, 7])] {
+            for (seq, ts) in times.into_iter().enumerate() {
+                let mut n = numbers(Event::Malloc, ts);
+                n.ts_ns = ts;
+                assert!(buffer.push_packed(seq as u64, n, &texts(b"N/A", None, b""), &[]));
+            }
+        }
+        let mut whole = EventRow::new(Event::System, EventType::Step, "8");
+        whole.ts_ns = 8;
+        let whole = Queued {
+            seq: 9,
+            row: whole,
+            c_frames: Vec::new(),
+        };
+        assert!(b.push_row(whole).is_none());
+        let times: Vec<u64> = write_all(&mut backlog, &[a, b])
+            .iter()
+            .map(|q| q.row.ts_ns)
+            .collect();
+        assert_eq!(times, (1..=9).collect::<Vec<_>>());
+    }
+
     #[test]
     fn a_writer_draining_while_the_thread_queues_gets_every_row_once_in_order() {
         let buffer = Arc::new(ThreadBuffer::default());
@@ -712,9 +951,11 @@ mod tests {
                     let name = seq.to_string();
                     let row = texts(name.as_bytes(), None, b"");
                     if seq % 1000 == 999 {
+                        let mut whole = EventRow::new(Event::System, EventType::Step, name);
+                        whole.ts_ns = 7;
                         let whole = Queued {
                             seq,
-                            row: EventRow::new(Event::System, EventType::Step, name),
+                            row: whole,
                             c_frames: Vec::new(),
                         };
                         assert!(buffer.push_row(whole).is_none());
@@ -724,18 +965,14 @@ mod tests {
                 }
             })
         };
-        let (mut out, mut spare) = (VecDeque::new(), Vec::new());
+        let buffers = [buffer.clone()];
+        let mut backlog = Backlog::default();
+        let mut out = Vec::new();
         while !producer.is_finished() {
-            buffer.drain_into(&mut out, &mut spare);
-            spare.extend(
-                out.iter()
-                    .skip(spare.len().min(out.len()))
-                    .take(64)
-                    .map(|q| q.row.clone()),
-            );
+            out.extend(write_all(&mut backlog, &buffers));
         }
         producer.join().unwrap();
-        buffer.drain_into(&mut out, &mut spare);
+        out.extend(write_all(&mut backlog, &buffers));
         let mut seqs: Vec<u64> = out.iter().map(|q| q.seq).collect();
         // Packed rows arrive in the order queued; whole rows may come a drain early.
         let packed: Vec<u64> = seqs.iter().copied().filter(|s| s % 1000 != 999).collect();

@@ -1,21 +1,20 @@
-//! The writer thread: every 100 ms (10 ms while rows stream in) it drains the thread buffers,
-//! orders the rows by time and writes those older than a short watermark (a row timestamped
-//! just before a drain may still be on its way into a buffer), then flushes, so a crash or
+//! The writer thread: every 100 ms (10 ms while rows stream in) it takes what the threads
+//! queued, writes the rows older than a short watermark (a row timestamped just before a drain
+//! may still be on its way into a buffer) in the order of time, then flushes, so a crash or
 //! SIGTERM of the target loses at most the rows of the last fraction of a second. It runs with
 //! every signal blocked: the program's signal handlers never run on it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use msmemscope_core::analysis::Analysis;
-use msmemscope_core::events::EventRow;
 use msmemscope_core::symbolize::Symbolizer;
 use std::path::{Path, PathBuf};
 
 use msmemscope_core::run_dir::RunDir;
 
-use super::buffers::{self, Queued};
+use super::buffers::{Backlog, Queued};
 use super::sinks::Sinks;
 use crate::clock::precise_realtime_ns;
 
@@ -24,13 +23,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// (a 100 ms batch of a busy PyTorch run is several MiB, and each row written into it cost the
 /// program a cache miss).
 const BUSY_TICK: Duration = Duration::from_millis(10);
-/// Rows drained in one tick above which the next tick is a busy one.
+/// Rows written in one tick above which the next tick is a busy one.
 const BUSY_ROWS: usize = 2_048;
 /// Rows younger than this wait for the next tick.
 const WATERMARK_NS: u64 = 50_000_000;
-/// Written rows kept for reuse: about one tick's worth of a busy PyTorch run, so that the
-/// writer makes and frees no strings per row (the memory is what the pending rows held).
-const SPARE_ROWS: usize = 32_768;
 
 #[derive(Default)]
 struct Control {
@@ -60,12 +56,8 @@ struct State {
     /// Online analyses: they see every row written, and report when the writer stops.
     analyses: Vec<Box<dyn Analysis>>,
     run_dir: Arc<RunDir>,
-    /// Rows drained and not written yet, oldest first: a deque, since each drain writes the
-    /// old rows from its front and keeps the young ones (moving them down would copy tens of
-    /// thousands of rows per drain).
-    pending: VecDeque<Queued>,
-    /// Rows written, kept for the next drain to fill again (at most [`SPARE_ROWS`]).
-    spare: Vec<EventRow>,
+    /// Rows queued and not written yet, where the threads queued them.
+    backlog: Backlog,
     next_id: u64,
     symbolizer: Option<Symbolizer>,
     symbols: HashMap<u64, String>,
@@ -90,8 +82,7 @@ impl Writer {
             sinks,
             analyses,
             run_dir,
-            pending: VecDeque::new(),
-            spare: Vec::new(),
+            backlog: Backlog::default(),
             next_id: 1,
             symbolizer: None,
             symbols: HashMap::new(),
@@ -193,8 +184,8 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
         };
         // A flush request writes everything queued, young rows included.
         let everything = stop || flush_to != acknowledged;
-        let drained = write_batch(state, everything);
-        tick = if drained > BUSY_ROWS { BUSY_TICK } else { TICK };
+        let written = write_batch(state, everything);
+        tick = if written > BUSY_ROWS { BUSY_TICK } else { TICK };
         acknowledged = flush_to;
         let suspects = (everything && suspects_wanted).then(|| {
             state
@@ -275,57 +266,42 @@ fn thread_cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// Drains the buffers and writes what is old enough (everything when `all`); returns the
-/// number of rows drained.
+/// Takes what the threads queued and writes what is old enough (everything when `all`);
+/// returns the number of rows written.
 fn write_batch(state: &mut State, all: bool) -> usize {
-    let before = state.pending.len();
-    buffers::drain_into(&mut state.pending, &mut state.spare);
-    let drained = state.pending.len() - before;
-    if state.pending.is_empty() {
-        if all {
-            if let Err(e) = state.sinks.flush(true) {
-                crate::log::error(&format!("event dump: {e}"));
-            }
-        }
-        return drained;
-    }
-    // Rows of one thread arrive in order; sort only when threads interleave. The pending rows
-    // are a few runs already in order (each thread's rows, its whole rows, the rows kept from
-    // the last drain): the stable sort merges runs, where an unstable one moves every row
-    // (each several hundred bytes) about log n times.
-    let key = |q: &Queued| (q.row.ts_ns, q.seq);
-    let pending = &state.pending;
-    if !pending
-        .iter()
-        .zip(pending.iter().skip(1))
-        .all(|(a, b)| key(a) <= key(b))
-    {
-        state.pending.make_contiguous().sort_by_key(key);
-    }
+    state.backlog.refill();
     let watermark = if all {
         u64::MAX
     } else {
         precise_realtime_ns().saturating_sub(WATERMARK_NS)
     };
-    let ready = state.pending.partition_point(|q| q.row.ts_ns <= watermark);
+    let State {
+        backlog,
+        sinks,
+        analyses,
+        next_id,
+        symbolizer,
+        symbols,
+        ..
+    } = state;
     let mut result = Ok(());
     let mut written = 0u64;
-    for mut q in state.pending.drain(..ready) {
-        q.row.id = state.next_id;
-        state.next_id += 1;
+    let handed = backlog.write_until(watermark, |q: &mut Queued| {
+        q.row.id = *next_id;
+        *next_id += 1;
         if !q.c_frames.is_empty() {
-            q.row.c_stack = symbolize(&mut state.symbolizer, &mut state.symbols, &q.c_frames);
+            q.row.c_stack = symbolize(symbolizer, symbols, &q.c_frames);
         }
         if result.is_ok() {
-            result = state.sinks.write(&q.row);
+            result = sinks.write(&q.row);
             written += 1;
         }
-        for analysis in &mut state.analyses {
+        for analysis in analyses.iter_mut() {
             analysis.feed(&q.row);
         }
-        if state.spare.len() < SPARE_ROWS {
-            state.spare.push(q.row);
-        }
+    });
+    if handed == 0 && !all {
+        return 0;
     }
     // Rows handed to the file; a failed write or flush below loses some of them, said once.
     state.written += written;
@@ -338,7 +314,7 @@ fn write_batch(state: &mut State, all: bool) -> usize {
             ));
         }
     }
-    drained
+    handed
 }
 
 /// C frames as `function file:line` lines, symbolized once per address.
