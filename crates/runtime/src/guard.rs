@@ -31,7 +31,7 @@ thread_local! {
     };
 }
 
-/// Stripes handed out so far (round-robin, one per thread that recorded).
+/// Stripes handed out so far (one number per thread that recorded).
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 /// How many threads have taken a stripe: striped counters need read no stripe at or past this
@@ -85,8 +85,8 @@ impl Entered {
 }
 
 /// A thread's place in striped counters: the order in which it first recorded. Numbers are
-/// never handed out twice, so in counters of `n` stripes the first `n` threads each have a
-/// stripe no other thread writes.
+/// never handed out twice. In counters of `n` stripes the first `n - 1` threads each have a
+/// stripe no other thread writes; every later thread writes the last one, shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stripe(usize);
 
@@ -94,15 +94,16 @@ impl Stripe {
     /// The stripe of `n` this thread writes.
     #[inline(always)]
     pub fn of(self, n: usize) -> usize {
-        self.0 % n
+        self.0.min(n - 1)
     }
 
     /// Whether this thread is the only writer of its stripe of `n`. Its counters are then
     /// bumped with a plain load and store: a locked read-modify-write is a full fence, and
-    /// fences were most of what a hook cost.
+    /// fences were most of what a hook cost. (Later threads cannot wrap around onto an owned
+    /// stripe: they all share the last.)
     #[inline(always)]
     pub fn alone_in(self, n: usize) -> bool {
-        self.0 < n
+        self.0 < n - 1
     }
 
     /// A stripe numbered by hand, for tests.

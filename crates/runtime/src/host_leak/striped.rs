@@ -68,22 +68,28 @@ pub fn bump(counter: &AtomicU64, by: u64, alone: bool) {
 mod tests {
     use super::*;
 
-    /// Threads past the stripes share them and still lose no count; the first threads own theirs.
+    /// Threads past the owned stripes share the last one and lose no count, while the first
+    /// threads bump theirs without a locked add. The threads numbered here run at once: owners,
+    /// the last owned stripe's neighbour, and later threads (numbered as a wrap-around would
+    /// put them onto owned stripes).
     #[test]
     fn shared_and_owned_stripes_both_count_every_block() {
         let counts = StripedCountBytes::default();
+        let numbers = [0, 1, STRIPES - 2, STRIPES - 1, STRIPES, STRIPES + 1, 2 * STRIPES];
+        let start = std::sync::Barrier::new(numbers.len());
         std::thread::scope(|scope| {
-            for thread in 0..STRIPES + 8 {
-                let counts = &counts;
+            for number in numbers {
+                let (counts, start) = (&counts, &start);
                 scope.spawn(move || {
-                    for _ in 0..10_000 {
-                        counts.add(3, Stripe::numbered(thread));
+                    start.wait();
+                    for _ in 0..2_000_000 {
+                        counts.add(3, Stripe::numbered(number));
                     }
                 });
             }
         });
         let total = counts.sum();
-        assert_eq!(total.count, (STRIPES as u64 + 8) * 10_000);
-        assert_eq!(total.bytes, (STRIPES as u64 + 8) * 30_000);
+        assert_eq!(total.count, numbers.len() as u64 * 2_000_000);
+        assert_eq!(total.bytes, numbers.len() as u64 * 6_000_000);
     }
 }
