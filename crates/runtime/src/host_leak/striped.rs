@@ -75,7 +75,15 @@ mod tests {
     #[test]
     fn shared_and_owned_stripes_both_count_every_block() {
         let counts = StripedCountBytes::default();
-        let numbers = [0, 1, STRIPES - 2, STRIPES - 1, STRIPES, STRIPES + 1, 2 * STRIPES];
+        let numbers = [
+            0,
+            1,
+            STRIPES - 2,
+            STRIPES - 1,
+            STRIPES,
+            STRIPES + 1,
+            2 * STRIPES,
+        ];
         let start = std::sync::Barrier::new(numbers.len());
         std::thread::scope(|scope| {
             for number in numbers {
