@@ -15,6 +15,7 @@ mod sanitizer;
 mod watch;
 
 use std::ffi::{c_void, CStr, CString};
+use std::sync::Mutex;
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::events::abi::{StrRef, ABI_VERSION};
@@ -38,9 +39,15 @@ pub(crate) fn require_runtime() -> PyResult<&'static runtime::Runtime> {
     }
 }
 
-/// A runtime function by name, or RuntimeError naming it.
-pub(crate) fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
+/// A runtime function by name, or RuntimeError naming it. Looked up once per name: `dlsym`
+/// walks every loaded object's symbol table, and some of these run at every optimizer step.
+pub(crate) fn runtime_symbol(name: &'static CStr) -> PyResult<*mut c_void> {
+    static FOUND: Mutex<Vec<(&'static CStr, usize)>> = Mutex::new(Vec::new());
     require_runtime()?;
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, address)) = found.iter().find(|(known, _)| *known == name) {
+        return Ok(address as *mut c_void);
+    }
     // SAFETY: RTLD_DEFAULT with a NUL-terminated name; the runtime is loaded globally
     // (preloaded, or dlopen'ed with RTLD_GLOBAL).
     let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
@@ -50,11 +57,13 @@ pub(crate) fn runtime_symbol(name: &CStr) -> PyResult<*mut c_void> {
             name.to_string_lossy()
         )));
     }
+    // A loaded runtime stays loaded (it is preloaded, or dlopen'ed and never closed).
+    found.push((name, p as usize));
     Ok(p)
 }
 
 /// The text a runtime function of the `(buf, cap) -> length` shape writes, grown until it fits.
-pub(crate) fn runtime_text(name: &CStr, what: &str) -> PyResult<String> {
+pub(crate) fn runtime_text(name: &'static CStr, what: &str) -> PyResult<String> {
     let f = runtime_symbol(name)?;
     type ReportFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
     // SAFETY: a runtime function whose signature ReportFn spells (the caller names one).

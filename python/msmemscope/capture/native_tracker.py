@@ -112,7 +112,6 @@ def _declare(lib: ctypes.CDLL) -> None:
             ci,
         ),
         "msmemscope_torch_usage": ([_U32, _U32, ctypes.POINTER(_U64), ctypes.POINTER(_U64)], None),
-        "msmemscope_torch_counts": ([ctypes.POINTER(_U64)], None),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -335,12 +334,6 @@ class NativeTracker:
         used, peak = _U64(), _U64()
         self.lib.msmemscope_torch_usage(kind, index, ctypes.byref(used), ctypes.byref(peak))
         return used.value, peak.value
-
-    def counts(self) -> tuple[int, int, int]:
-        """(allocations, frees, ops) recorded so far."""
-        out = (_U64 * 3)()
-        self.lib.msmemscope_torch_counts(out)
-        return out[0], out[1], out[2]
 
 
 def _make_room_for_profilers(lib: ctypes.CDLL) -> None:

@@ -27,7 +27,9 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <atomic>
 #include <cinttypes>
@@ -101,9 +103,6 @@ Codes g_codes{};
 Config g_cfg{};
 std::atomic<bool> g_enabled{false};
 at::CallbackHandle g_callback = 0;
-
-// Counts for the benchmark's cost per event.
-std::atomic<uint64_t> g_allocs{0}, g_frees{0}, g_ops{0};
 
 StrRef str(const std::string& s) { return StrRef{s.data(), s.size()}; }
 StrRef str(const char* s) { return StrRef{s, s ? std::strlen(s) : 0}; }
@@ -369,9 +368,48 @@ class LiveTable {
   int bits_ = 0;
 };
 
+// A lock left with a release store. std::mutex leaves with an atomic exchange (it must learn
+// whether a waiter sleeps), and each locked instruction is a full fence that makes the
+// program's thread wait for its pending stores: two of them per block event cost more than the
+// rest of the event. Nobody sleeps on this one: a waiter spins a little, then yields its core,
+// then naps; holders keep it for one table update (the API's walks over every live block are
+// rare).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class SpinMutex {
+ public:
+  void lock() {
+    if (!locked_.exchange(true, std::memory_order_acquire)) return;
+    for (unsigned tries = 0;; ++tries) {
+      if (!locked_.load(std::memory_order_relaxed) &&
+          !locked_.exchange(true, std::memory_order_acquire)) {
+        return;
+      }
+      if (tries < 128) {
+        cpu_relax();
+      } else if (tries < 192) {
+        sched_yield();
+      } else {
+        struct timespec nap = {0, 50000};
+        nanosleep(&nap, nullptr);
+      }
+    }
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
+
 // One lock for the table, the counters and the writing of the rows, so that the rows of one
 // address are written in the order the allocator reported them, whatever the thread.
-std::mutex g_mutex;
+SpinMutex g_mutex;
 LiveTable g_live;
 Freed g_freed[kFreedKept];  // a ring: the newest freed blocks
 size_t g_freed_next = 0, g_freed_count = 0;
@@ -506,6 +544,7 @@ struct OpText {
   const char* name = nullptr;      // the RecordFunction's texts this entry stands for
   const char* overload = nullptr;
   Text text = nullptr;             // `name.overload`, interned
+  const char* chars = nullptr;     // its characters: checked without loading the string object
   size_t name_len = 0;
 };
 
@@ -526,10 +565,9 @@ thread_local ThreadOps tl_ops;
 // Whether the entry's text is still `name.overload` (compared up to the texts' ends: a reused
 // text may be shorter than the entry's).
 bool same_op(const OpText& e, const char* name, const char* overload) {
-  const std::string& t = *e.text;
   const char* ov = overload != nullptr && *overload ? overload : "default";
-  return std::strncmp(t.data(), name, e.name_len) == 0 && name[e.name_len] == '\0' &&
-         std::strcmp(t.data() + e.name_len + 1, ov) == 0;
+  return std::strncmp(e.chars, name, e.name_len) == 0 && name[e.name_len] == '\0' &&
+         std::strcmp(e.chars + e.name_len + 1, ov) == 0;
 }
 
 // The written name of the op a RecordFunction stands for; null when it is no op.
@@ -551,7 +589,9 @@ Text op_text(ThreadOps& ops, const char* name, const char* overload) {
   size_t name_len = std::strlen(name);
   // A name cut at the buffer's end is written as cut, and not kept: `same_op` reads the
   // overload after the name.
-  if (t->size() > name_len + 1 && (*t)[name_len] == '.') e = OpText{name, overload, t, name_len};
+  if (t->size() > name_len + 1 && (*t)[name_len] == '.') {
+    e = OpText{name, overload, t, t->c_str(), name_len};
+  }
   return t;
 }
 
@@ -667,7 +707,6 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
     ++ops.depth;
     if (!tracing()) return nullptr;
-    g_ops.fetch_add(1, std::memory_order_relaxed);
     if (g_cfg.launch) {
       emit(g_codes.ev_op_launch, g_codes.ty_aten_start, str(*text), kDeviceNone, 0, false, 0,
            StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
@@ -728,10 +767,9 @@ bool g_cpu_wrapped = false;
 void cpu_delete(void* p) {
   try {
     uint64_t addr = reinterpret_cast<uint64_t>(p);
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     Block* b = g_live.find(addr);
     if (b != nullptr && !b->adopted) {
-      g_frees.fetch_add(1, std::memory_order_relaxed);
       record_free(addr, *b, UINT64_MAX, -1);
     }
   } catch (...) {
@@ -777,11 +815,10 @@ class CpuAllocator final : public c10::Allocator {
       return d;  // not traced now, or not the plain shape this wrapper knows
     }
     try {
-      g_allocs.fetch_add(1, std::memory_order_relaxed);
       std::string stack = python_stack(g_cfg.python_depth);
       Site site = site_here();
       Text category = category_for_new();
-      std::lock_guard<std::mutex> l(g_mutex);
+      std::lock_guard<SpinMutex> l(g_mutex);
       if (!d.compare_exchange_deleter(g_cpu_inner_deleter, &cpu_delete)) return d;
       record_malloc(reinterpret_cast<uint64_t>(p), n, kDeviceCpu, 0, UINT64_MAX, -1, category,
                     false, stack, site);
@@ -846,23 +883,21 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
       long long total = kind == kDeviceCpu ? -1 : static_cast<long long>(total_reserved);
       if (alloc_size > 0) {
         if (!tracing()) return;
-        g_allocs.fetch_add(1, std::memory_order_relaxed);
-        std::string stack = python_stack(g_cfg.python_depth);
+          std::string stack = python_stack(g_cfg.python_depth);
         Site site = site_here();
         Text category = category_for_new();
         // The CPU allocator's running total counts every block since capture began, traced or
         // not, so on CPU `used` is the sum of the blocks the rows list; on CUDA it is the
         // caching allocator's own allocated bytes.
         uint64_t used = kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated);
-        std::lock_guard<std::mutex> l(g_mutex);
+        std::lock_guard<SpinMutex> l(g_mutex);
         record_malloc(addr, uint64_t(alloc_size), kind, index, used, total, category, false,
                       stack, site);
       } else {
-        std::lock_guard<std::mutex> l(g_mutex);
+        std::lock_guard<SpinMutex> l(g_mutex);
         Block* b = g_live.find(addr);
         if (b == nullptr || b->adopted) return;  // allocated before tracking
-        g_frees.fetch_add(1, std::memory_order_relaxed);
-        record_free(addr, *b, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated),
+          record_free(addr, *b, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated),
                     total);
       }
     } catch (...) {
@@ -1076,7 +1111,7 @@ int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* l
                                int unless_framework, int max_labels, char* labels_out,
                                size_t cap) {
   try {
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     Block* found = g_live.find(ptr);
     if (found == nullptr) return -1;
     Block& b = *found;
@@ -1136,7 +1171,7 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
     Text cat = category ? intern(category) : category_for_new();
     std::string stack = python_stack(g_cfg.python_depth);
     Site site = site_here();
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     if (g_live.find(ptr) != nullptr) return 1;
     record_malloc(ptr, size, dev_kind, dev_index, UINT64_MAX, -1, cat, true, stack, site);
     return 0;
@@ -1147,7 +1182,7 @@ int msmemscope_torch_adopt(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint3
 
 void msmemscope_torch_release(uint64_t ptr) {
   try {
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     Block* b = g_live.find(ptr);
     if (b != nullptr && b->adopted) record_free(ptr, *b, UINT64_MAX, -1);
   } catch (...) {
@@ -1158,7 +1193,7 @@ void msmemscope_torch_release(uint64_t ptr) {
 int msmemscope_torch_freed_block(uint64_t addr, uint64_t* start, uint64_t* size,
                                  uint32_t* dev_kind, uint32_t* dev_index) {
   try {
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     for (size_t i = 0; i < g_freed_count; ++i) {
       const Freed* it = &g_freed[(g_freed_next + kFreedKept - 1 - i) % kFreedKept];
       if (it->addr <= addr && addr < it->addr + it->size) {
@@ -1179,7 +1214,7 @@ int msmemscope_torch_freed_block(uint64_t addr, uint64_t* start, uint64_t* size,
 int msmemscope_torch_live_block(uint64_t addr, uint64_t* start, uint64_t* size,
                                 uint32_t* dev_kind, uint32_t* dev_index) {
   try {
-    std::lock_guard<std::mutex> l(g_mutex);
+    std::lock_guard<SpinMutex> l(g_mutex);
     int found = 0;
     g_live.each([&](uint64_t ptr, const Block& b) {
       if (ptr <= addr && addr < ptr + b.size) {
@@ -1200,17 +1235,10 @@ int msmemscope_torch_live_block(uint64_t addr, uint64_t* start, uint64_t* size,
 // Live tracked bytes and their peak on one device.
 void msmemscope_torch_usage(uint32_t dev_kind, uint32_t dev_index, uint64_t* used,
                             uint64_t* peak) {
-  std::lock_guard<std::mutex> l(g_mutex);
+  std::lock_guard<SpinMutex> l(g_mutex);
   const DeviceUse& u = use_of(dev_kind, dev_index);
   *used = u.used;
   *peak = u.peak;
-}
-
-// Allocations, frees and ops recorded so far.
-void msmemscope_torch_counts(uint64_t* out) {
-  out[0] = g_allocs.load();
-  out[1] = g_frees.load();
-  out[2] = g_ops.load();
 }
 
 }  // extern "C"
