@@ -761,6 +761,17 @@ mod tests {
         }
     }
 
+    /// A whole STEP row named `name`, stamped `ts_ns`, numbered `seq`.
+    fn step_row(name: &str, ts_ns: u64, seq: u64) -> Queued {
+        let mut row = EventRow::new(Event::System, EventType::Step, name);
+        row.ts_ns = ts_ns;
+        Queued {
+            seq,
+            row,
+            c_frames: Vec::new(),
+        }
+    }
+
     /// Every row written so far: (sequence number, row, C frames), cloned out of the reused one.
     fn write_all(backlog: &mut Backlog, buffers: &[Arc<ThreadBuffer>]) -> Vec<Queued> {
         backlog.refill_from(buffers);
@@ -786,14 +797,7 @@ mod tests {
             b"t.py(3): f\nt.py(9): <module>",
         );
         assert!(buffer.push_packed(2, numbers(Event::Malloc, 0x10), &first, &[0xa, 0xb]));
-        let mut step = EventRow::new(Event::System, EventType::Step, "1");
-        step.ts_ns = 7;
-        let step = Queued {
-            seq: 1,
-            row: step,
-            c_frames: Vec::new(),
-        };
-        assert!(buffer.push_row(step).is_none());
+        assert!(buffer.push_row(step_row("1", 7, 1)).is_none());
         let out = write_all(&mut backlog, &buffers);
         assert!(!buffer.has_rows());
         // Whole rows and packed ones are written in the order of (time, sequence number).
@@ -925,14 +929,7 @@ mod tests {
                 assert!(buffer.push_packed(seq as u64, n, &texts(b"N/A", None, b""), &[]));
             }
         }
-        let mut whole = EventRow::new(Event::System, EventType::Step, "8");
-        whole.ts_ns = 8;
-        let whole = Queued {
-            seq: 9,
-            row: whole,
-            c_frames: Vec::new(),
-        };
-        assert!(b.push_row(whole).is_none());
+        assert!(b.push_row(step_row("8", 8, 9)).is_none());
         let times: Vec<u64> = write_all(&mut backlog, &[a, b])
             .iter()
             .map(|q| q.row.ts_ns)
@@ -951,14 +948,7 @@ mod tests {
                     let name = seq.to_string();
                     let row = texts(name.as_bytes(), None, b"");
                     if seq % 1000 == 999 {
-                        let mut whole = EventRow::new(Event::System, EventType::Step, name);
-                        whole.ts_ns = 7;
-                        let whole = Queued {
-                            seq,
-                            row: whole,
-                            c_frames: Vec::new(),
-                        };
-                        assert!(buffer.push_row(whole).is_none());
+                        assert!(buffer.push_row(step_row(&name, 7, seq)).is_none());
                     } else {
                         assert!(buffer.push_packed(seq, numbers(Event::OpLaunch, seq), &row, &[]));
                     }
