@@ -698,19 +698,25 @@ impl Backlog {
     /// queued them, merged), and gives the emptied chunks back. Returns how many it handed.
     pub fn write_until(&mut self, watermark: u64, mut write: impl FnMut(&mut Queued)) -> usize {
         const LOOSE: usize = usize::MAX;
-        let mut heads: Vec<Option<(u64, u64)>> =
-            self.readers.iter_mut().map(Reader::head_key).collect();
+        // The readers with a row to write, and that row's key: threads that queued nothing
+        // since (most of a program's, often) are not looked at again for each row.
+        let mut heads: Vec<((u64, u64), usize)> = self
+            .readers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, r)| r.head_key().map(|k| (k, i)))
+            .collect();
         let mut written = 0;
         loop {
-            let mut best = self.loose.front().map(|q| (key(q), LOOSE));
-            for (i, head) in heads.iter().enumerate() {
-                if let Some(k) = *head {
-                    if best.is_none_or(|(b, _)| k < b) {
-                        best = Some((k, i));
-                    }
+            let mut best = self.loose.front().map(|q| (key(q), LOOSE, 0));
+            for (at, &(k, i)) in heads.iter().enumerate() {
+                if best.is_none_or(|(b, _, _)| k < b) {
+                    best = Some((k, i, at));
                 }
             }
-            let Some(((ts, _), from)) = best else { break };
+            let Some(((ts, _), from, at)) = best else {
+                break;
+            };
             if ts > watermark {
                 break;
             }
@@ -726,7 +732,12 @@ impl Backlog {
                 {
                     write(&mut self.scratch);
                 }
-                heads[from] = reader.head_key();
+                match reader.head_key() {
+                    Some(k) => heads[at].0 = k,
+                    None => {
+                        heads.swap_remove(at);
+                    }
+                }
             }
             written += 1;
         }
