@@ -925,13 +925,15 @@ mod tests {
         assert_eq!(rest, vec![5, 6, 7, 8, 9]);
     }
 
-    /// Two threads' rows come out merged by time, each thread's in its own order.
+    /// Two threads' rows come out merged by time, each thread's in its own order; a thread
+    /// that queued nothing holds nothing up.
     #[test]
     fn the_rows_of_several_threads_are_merged_by_time() {
         let (a, b) = (
             Arc::new(ThreadBuffer::default()),
             Arc::new(ThreadBuffer::default()),
         );
+        let idle = Arc::new(ThreadBuffer::default());
         let mut backlog = Backlog::default();
         for (buffer, times) in [(&a, [1u64, 4, 5, 9]), (&b, [2, 3, 6, 7])] {
             for (seq, ts) in times.into_iter().enumerate() {
@@ -941,7 +943,7 @@ mod tests {
             }
         }
         assert!(b.push_row(step_row("8", 8, 9)).is_none());
-        let times: Vec<u64> = write_all(&mut backlog, &[a, b])
+        let times: Vec<u64> = write_all(&mut backlog, &[idle, a, b])
             .iter()
             .map(|q| q.row.ts_ns)
             .collect();
