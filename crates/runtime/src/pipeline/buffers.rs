@@ -254,29 +254,30 @@ impl Chunk {
         true
     }
 
-    /// The writer: the key (time, sequence number) of the first published row not read yet.
-    fn head_key(&self) -> Option<(u64, u64)> {
+    /// The writer: the first published row not read yet, and its slot.
+    fn unread(&self) -> Option<(usize, &Packed)> {
         let taken = self.taken.load(Ordering::Relaxed);
         if taken >= self.len.load(Ordering::Acquire) {
             return None;
         }
         // SAFETY: slot `taken` < `len` was published (acquire above) and is not written again
         // until the chunk is emptied, by the writer.
-        let p = unsafe { (*self.rows.add(taken)).assume_init_ref() };
-        Some((p.numbers.ts_ns, p.seq))
+        Some((taken, unsafe { (*self.rows.add(taken)).assume_init_ref() }))
     }
 
-    /// The writer: reads the first published row not read yet into `out` (its strings' and
-    /// frames' capacity reused); false when there is none.
+    /// The writer: the key (time, sequence number) of the first row not read yet.
+    fn head_key(&self) -> Option<(u64, u64)> {
+        self.unread().map(|(_, p)| (p.numbers.ts_ns, p.seq))
+    }
+
+    /// The writer: reads the first row not read yet into `out` (its strings' and frames'
+    /// capacity reused); false when there is none.
     fn next_into(&self, out: &mut Queued) -> bool {
-        let taken = self.taken.load(Ordering::Relaxed);
-        if taken >= self.len.load(Ordering::Acquire) {
+        let Some((slot, p)) = self.unread() else {
             return false;
-        }
-        // SAFETY: as in `head_key`.
-        let p = unsafe { (*self.rows.add(taken)).assume_init_ref() };
+        };
         self.unpack_into(p, out);
-        self.taken.store(taken + 1, Ordering::Relaxed);
+        self.taken.store(slot + 1, Ordering::Relaxed);
         true
     }
 
@@ -600,6 +601,7 @@ impl Reader {
                 }
             }
         }
+        // Unmapped here when the hand-off could not be had.
         self.emptied.clear();
     }
 
@@ -648,18 +650,8 @@ impl Backlog {
         let Ok(mut registry) = REGISTRY.lock() else {
             return;
         };
-        for buffer in registry.iter() {
-            if !self.readers.iter().any(|r| Arc::ptr_eq(&r.buffer, buffer)) {
-                if self.readers.try_reserve(1).is_err() {
-                    continue;
-                }
-                self.readers.push(Reader::new(buffer.clone()));
-            }
-        }
         let before = self.loose.len();
-        for reader in &mut self.readers {
-            reader.refill(&mut self.loose);
-        }
+        self.take_from(&registry);
         let finished: Vec<Arc<ThreadBuffer>> = self
             .readers
             .iter_mut()
@@ -679,17 +671,25 @@ impl Backlog {
         }
     }
 
-    /// Takes what the given buffers queued (the registry's part of [`Backlog::refill`]).
-    #[cfg(test)]
-    fn refill_from(&mut self, buffers: &[Arc<ThreadBuffer>]) {
+    /// Takes what `buffers` queued since the last call, with a reader for each buffer new here.
+    fn take_from(&mut self, buffers: &[Arc<ThreadBuffer>]) {
         for buffer in buffers {
             if !self.readers.iter().any(|r| Arc::ptr_eq(&r.buffer, buffer)) {
+                if self.readers.try_reserve(1).is_err() {
+                    continue;
+                }
                 self.readers.push(Reader::new(buffer.clone()));
             }
         }
         for reader in &mut self.readers {
             reader.refill(&mut self.loose);
         }
+    }
+
+    /// [`Backlog::refill`] from the given buffers instead of the registry.
+    #[cfg(test)]
+    fn refill_from(&mut self, buffers: &[Arc<ThreadBuffer>]) {
+        self.take_from(buffers);
         self.loose.make_contiguous().sort_by_key(key);
     }
 
