@@ -101,7 +101,7 @@ const CHUNK_ROWS: usize = 512;
 const CHUNK_TEXT: usize = 48 << 10;
 const CHUNK_FRAMES: usize = 2048;
 /// Emptied chunks a thread keeps for its next ones: at least this many, and up to as many as
-/// it filled between two drains, within the most.
+/// the writer lately held for it, within the most.
 const FREE_CHUNKS: usize = 8;
 const MAX_FREE_CHUNKS: usize = 64;
 
@@ -357,6 +357,8 @@ struct Handoff {
     free: Vec<Box<Chunk>>,
     /// Whole rows.
     rows: Vec<Queued>,
+    /// Chunks mapped for the thread so far (a busy thread in a steady state maps none).
+    mapped: usize,
 }
 
 #[derive(Default)]
@@ -381,7 +383,11 @@ impl ThreadBuffer {
         let mut handoff = self.handoff.lock().ok()?;
         let fresh = match handoff.free.pop() {
             Some(chunk) => chunk,
-            None => Chunk::new()?,
+            None => {
+                let chunk = Chunk::new()?;
+                handoff.mapped += 1;
+                chunk
+            }
         };
         handoff.full.try_reserve(1).ok()?;
         let old = self.current.load(Ordering::Relaxed);
@@ -527,6 +533,9 @@ struct Reader {
     current: *const Chunk,
     /// Chunks read to the end, for the thread to fill again.
     emptied: Vec<Box<Chunk>>,
+    /// The most chunks the writer held for the thread at a recent drain (one less per drain
+    /// since).
+    held_peak: usize,
 }
 
 // SAFETY: `current` points into the buffer the reader holds, whose chunks only the writer
@@ -540,6 +549,7 @@ impl Reader {
             chunks: VecDeque::new(),
             current: std::ptr::null(),
             emptied: Vec::new(),
+            held_peak: 0,
         }
     }
 
@@ -586,14 +596,20 @@ impl Reader {
         self.head()?.head_key()
     }
 
-    /// Gives the emptied chunks back to the thread, keeping as many as it filled between two
-    /// drains (at least [`FREE_CHUNKS`], at most [`MAX_FREE_CHUNKS`]) so that a busy thread
-    /// maps no new chunk at each of them; the rest are unmapped.
+    /// Gives the emptied chunks back to the thread, keeping as many as the writer lately held
+    /// for it at the most (at least [`FREE_CHUNKS`], at most [`MAX_FREE_CHUNKS`]); the rest are
+    /// unmapped. Rows wait for the watermark, so while the writer holds a thread's chunks the
+    /// thread fills about as many again, and how many it fills between two drains varies with
+    /// when the writer wakes: keeping only what one drain emptied had a busy PyTorch thread map
+    /// a quarter of its chunks afresh (and fault in their pages), while the surplus of the
+    /// next drain was unmapped.
     fn give_back(&mut self) {
+        let held = self.chunks.len() + self.emptied.len();
+        self.held_peak = held.max(self.held_peak.saturating_sub(1));
         if self.emptied.is_empty() {
             return;
         }
-        let keep = self.emptied.len().clamp(FREE_CHUNKS, MAX_FREE_CHUNKS);
+        let keep = self.held_peak.clamp(FREE_CHUNKS, MAX_FREE_CHUNKS);
         if let Ok(mut handoff) = self.buffer.handoff.lock() {
             for chunk in self.emptied.drain(..) {
                 if handoff.free.len() < keep && handoff.free.try_reserve(1).is_ok() {
@@ -901,6 +917,42 @@ mod tests {
             &texts(b"N/A", None, &huge),
             &[]
         ));
+    }
+
+    /// A thread that fills an uneven number of chunks between drains, while the rows of the
+    /// last twenty chunks wait for the watermark, maps no new chunk once it has run a while:
+    /// the writer gives back as many as it held for the thread.
+    #[test]
+    fn a_busy_thread_in_a_steady_state_maps_no_new_chunk() {
+        let buffer = Arc::new(ThreadBuffer::default());
+        let buffers = [buffer.clone()];
+        let mut backlog = Backlog::default();
+        let lag = 20 * CHUNK_ROWS as u64;
+        let mut seq = 0u64;
+        let mut written = 0u64;
+        let mapped = || buffer.handoff.lock().unwrap().mapped;
+        let mut after_warmup = 0;
+        for round in 0..120 {
+            if round == 40 {
+                after_warmup = mapped();
+            }
+            let chunks = [2u64, 12, 3, 10, 1, 14, 4][round % 7];
+            for _ in 0..chunks * CHUNK_ROWS as u64 {
+                let mut n = numbers(Event::OpLaunch, seq);
+                n.ts_ns = seq;
+                assert!(buffer.push_packed(seq, n, &texts(b"aten::mm.default", None, b""), &[]));
+                seq += 1;
+            }
+            backlog.refill_from(&buffers);
+            written += backlog.write_until(seq.saturating_sub(lag), |_| {}) as u64;
+        }
+        // Rows stamped at the watermark are written too.
+        assert_eq!(written, seq - lag + 1);
+        assert!(
+            after_warmup > 20,
+            "mapped {after_warmup} chunks to begin with"
+        );
+        assert_eq!(mapped(), after_warmup);
     }
 
     /// Rows younger than the watermark stay where they are, and come first at the next write.
