@@ -30,7 +30,7 @@ under six modes:
 
 Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps N] [--warmup 5]
 [--workloads mlp,gpt2,cnn,gpt2-6l] [--modes none,native,native-alloc,fallback,profiler,memtracker]
-[--baseline DIR]``
+[--baseline DIR] [--paired BLOCKS]``
 
 Timed steps default to mlp 200, gpt2 20, cnn 50, gpt2-6l 4 (``--steps`` sets them all). Each
 round runs every workload under every mode once as a fresh process (the mode order rotates by
@@ -43,6 +43,16 @@ the clock of the dump's ``Timestamp(ns)``); the whole dump's rows / (warmup + ti
 which also counts import, setup and exit rows, is shown next to it. The exact commands are
 printed first, and the issue's targets (native <= 1.10x on mlp, gpt2 and gpt2-6l, below
 torch.profiler there, below MemTracker) last.
+
+With ``--paired BLOCKS`` each CLI mode also runs once per workload in a process of its own that
+records in alternate blocks of steps (``msmemscope.start()`` and ``msmemscope.stop()``, the
+order of each pair swapped every other pair; two untimed steps after each switch) and prints
+the median and quartiles of the per-pair ratios, time per step recording / not recording.
+Both blocks of a pair run in the same process a few hundred milliseconds apart, so what drifts
+between processes (a neighbour's load, where the heap and the interpreter's objects landed,
+when the garbage collector runs) cancels out; what it leaves out is the cost the capture has
+while installed but not recording (the allocator wrapper's and the op callback's checks, the
+preloaded runtime), which the table above includes.
 """
 
 from __future__ import annotations
@@ -69,6 +79,8 @@ PYTHON = REPO / ".venv" / "bin" / "python"
 
 WORKLOADS = ("mlp", "gpt2", "cnn", "gpt2-6l")
 DEFAULT_STEPS = {"mlp": 200, "gpt2": 20, "cnn": 50, "gpt2-6l": 4}
+# Steps per block of --paired.
+BLOCK_STEPS = {"mlp": 30, "gpt2": 4, "cnn": 10, "gpt2-6l": 1}
 DESCRIPTIONS = {
     "mlp": "MLP 256-512-256-10, batch 64, Adam",
     "gpt2": "GPT2LMHeadModel 2 layers, n_embd 128, vocab 1000, batch 4x64 tokens, AdamW",
@@ -213,6 +225,28 @@ def worker(workload: str, mode: str, steps: int, warmup: int) -> None:
     print(f"CAPTURE {capture or 'none'}", flush=True)
 
 
+def paired_worker(workload: str, blocks: int, steps: int, warmup: int) -> None:
+    """Under the CLI: ``blocks`` pairs of ``steps`` timed steps, one recorded and one not;
+    prints ``PAIR <on s/step> <off s/step>`` per pair."""
+    import msmemscope
+
+    step, _ = build(workload)
+    for _ in range(warmup):
+        step()
+    for b in range(blocks):
+        times: dict[bool, float] = {}
+        for recording in (True, False) if b % 2 == 0 else (False, True):
+            (msmemscope.start if recording else msmemscope.stop)()
+            for _ in range(2):
+                step()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[recording] = (time.perf_counter() - t0) / steps
+        print(f"PAIR {times[True]:.9f} {times[False]:.9f}", flush=True)
+    msmemscope.start()  # the run ends as it began: recording
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -312,6 +346,44 @@ def run_once(workload: str, mode: str, steps: int, warmup: int, notes: list[str]
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+def paired_once(workload: str, mode: str, blocks: int, warmup: int) -> list[float]:
+    """The per-pair ratios (recording / not) of one paired run of ``mode``."""
+    out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_torch_"))
+    try:
+        steps = BLOCK_STEPS[workload]
+        cmd = command(workload, mode, steps, warmup, str(out_dir))
+        worker_at = cmd.index("--worker")
+        cmd[worker_at : worker_at + 3] = ["--paired-worker", workload, str(blocks)]
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, env=environment(mode), timeout=3600
+        )
+        pairs = [line.split()[1:] for line in res.stdout.splitlines() if line.startswith("PAIR ")]
+        if res.returncode != 0 or len(pairs) != blocks:
+            shown = " ".join(shlex.quote(c) for c in cmd)
+            raise SystemExit(
+                f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}"
+            )
+        return [float(on) / float(off) for on, off in pairs]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def paired_table(workloads: list[str], modes: list[str], blocks: int, warmup: int) -> None:
+    print(
+        f"### recording against not recording, in one process ({blocks} pairs of blocks; "
+        "steps per block: " + ", ".join(f"{w} {BLOCK_STEPS[w]}" for w in workloads) + ")"
+    )
+    print()
+    print("| workload | mode | time/step recording / not (median of pairs) | quartiles |")
+    print("|---|---|---:|---|")
+    for w in workloads:
+        for m in modes:
+            ratios = paired_once(w, m, blocks, 3)
+            q1, q2, q3 = statistics.quantiles(ratios, n=4)
+            print(f"| {w} | {m} | {q2:.3f}x | {q1:.3f}-{q3:.3f} |", flush=True)
+    print()
+
+
 def median_of(values: list[float | int | None]) -> float | None:
     present = [float(v) for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -385,6 +457,14 @@ def verdicts(all_ratios: dict[str, dict[str, float]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "MODE"))
+    ap.add_argument("--paired-worker", nargs=2, metavar=("WORKLOAD", "BLOCKS"))
+    ap.add_argument(
+        "--paired",
+        type=int,
+        default=0,
+        metavar="BLOCKS",
+        help="also measure each CLI mode recording against not, in one process",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--steps",
@@ -406,6 +486,10 @@ def main() -> None:
     BASELINE = args.baseline.resolve() if args.baseline else None
     if args.modes is None:
         args.modes = ",".join(DEFAULT_MODES + (("baseline",) if BASELINE else ()))
+    if args.paired_worker:
+        workload, blocks = args.paired_worker
+        paired_worker(workload, int(blocks), BLOCK_STEPS[workload], args.warmup)
+        return
     if args.worker:
         workload, mode = args.worker
         worker(workload, mode, args.steps if args.steps is not None else 1, args.warmup)
@@ -454,6 +538,9 @@ def main() -> None:
         "rows/step (timed)."
     )
     print()
+    cli_modes = [m for m in modes if m in CLI_MODES]
+    if args.paired and cli_modes:
+        paired_table(workloads, cli_modes, args.paired, args.warmup)
     verdicts(all_ratios)
     if notes:
         print()
