@@ -30,7 +30,7 @@ under six modes:
 
 Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps N] [--warmup 5]
 [--workloads mlp,gpt2,cnn,gpt2-6l] [--modes none,native,native-alloc,fallback,profiler,memtracker]
-[--baseline DIR] [--paired BLOCKS]``
+[--baseline DIR] [--paired ROUNDS]``
 
 Timed steps default to mlp 200, gpt2 20, cnn 50, gpt2-6l 4 (``--steps`` sets them all). Each
 round runs every workload under every mode once as a fresh process (the mode order rotates by
@@ -44,15 +44,17 @@ which also counts import, setup and exit rows, is shown next to it. The exact co
 printed first, and the issue's targets (native <= 1.10x on mlp, gpt2 and gpt2-6l, below
 torch.profiler there, below MemTracker) last.
 
-With ``--paired BLOCKS`` each CLI mode also runs once per workload in a process of its own that
-records in alternate blocks of steps (``msmemscope.start()`` and ``msmemscope.stop()``, the
-order of each pair swapped every other pair; two untimed steps after each switch) and prints
-the median and quartiles of the per-pair ratios, time per step recording / not recording.
-Both blocks of a pair run in the same process a few hundred milliseconds apart, so what drifts
-between processes (a neighbour's load, where the heap and the interpreter's objects landed,
-when the garbage collector runs) cancels out; what it leaves out is the cost the capture has
-while installed but not recording (the allocator wrapper's and the op callback's checks, the
-preloaded runtime), which the table above includes.
+With ``--paired ROUNDS`` each CLI mode also runs once per workload in a process of its own
+that times, in each round, three blocks of steps: the capture recording, installed but not
+recording (``msmemscope.stop()``), and removed (the native library's op callback taken off
+PyTorch and its allocator wrapper passing blocks through; the preloaded runtime stays), in an
+order that changes every round, with two untimed steps after each switch. It prints the median
+and quartiles of the per-round ratios recording / idle (what recording rows costs), idle /
+removed (what the installed capture costs while it records nothing: PyTorch's RecordFunction
+path for every op, our op callback, the wrapper) and recording / removed. The blocks of a round
+run in the same process within a second, so what drifts between processes (a neighbour's load,
+where the heap and the interpreter's objects landed, when the garbage collector runs) cancels
+out.
 """
 
 from __future__ import annotations
@@ -226,25 +228,51 @@ def worker(workload: str, mode: str, steps: int, warmup: int) -> None:
 
 
 def paired_worker(workload: str, blocks: int, steps: int, warmup: int) -> None:
-    """Under the CLI: ``blocks`` pairs of ``steps`` timed steps, one recorded and one not;
-    prints ``PAIR <on s/step> <off s/step>`` per pair."""
-    import msmemscope
+    """Under the CLI: ``blocks`` rounds of three blocks of ``steps`` timed steps each, with the
+    capture recording, installed but not recording (``msmemscope.stop()``), and removed (the
+    native library's op callback taken off PyTorch, its allocator wrapper passing blocks
+    through), in an order that changes every round; prints ``BLOCKS <recording s/step>
+    <idle s/step> <removed s/step>`` per round."""
+    import ctypes
 
+    import torch
+
+    import msmemscope
+    from msmemscope.capture import native_build
+
+    lib = ctypes.CDLL(str(native_build.library(torch)))  # the copy already loaded
+
+    def recording() -> None:
+        lib.msmemscope_torch_install()
+        msmemscope.start()
+
+    def idle() -> None:
+        lib.msmemscope_torch_install()
+        msmemscope.stop()
+
+    def removed() -> None:
+        msmemscope.stop()
+        lib.msmemscope_torch_uninstall()
+
+    states = [recording, idle, removed]
     step, _ = build(workload)
     for _ in range(warmup):
         step()
     for b in range(blocks):
-        times: dict[bool, float] = {}
-        for recording in (True, False) if b % 2 == 0 else (False, True):
-            (msmemscope.start if recording else msmemscope.stop)()
+        order = states[b % 3 :] + states[: b % 3]
+        if (b // 3) % 2:
+            order.reverse()
+        times: dict[Callable[[], None], float] = {}
+        for state in order:
+            state()
             for _ in range(2):
                 step()
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()
-            times[recording] = (time.perf_counter() - t0) / steps
-        print(f"PAIR {times[True]:.9f} {times[False]:.9f}", flush=True)
-    msmemscope.start()  # the run ends as it began: recording
+            times[state] = (time.perf_counter() - t0) / steps
+        print(f"BLOCKS {' '.join(f'{times[st]:.9f}' for st in states)}", flush=True)
+    recording()  # the run ends as it began: recording
 
 
 # ----------------------------------------------------------------------------- driver
@@ -346,8 +374,8 @@ def run_once(workload: str, mode: str, steps: int, warmup: int, notes: list[str]
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def paired_once(workload: str, mode: str, blocks: int, warmup: int) -> list[float]:
-    """The per-pair ratios (recording / not) of one paired run of ``mode``."""
+def paired_once(workload: str, mode: str, blocks: int, warmup: int) -> list[list[float]]:
+    """Per round of one paired run of ``mode``: (recording, idle, removed) seconds per step."""
     out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_torch_"))
     try:
         steps = BLOCK_STEPS[workload]
@@ -357,30 +385,50 @@ def paired_once(workload: str, mode: str, blocks: int, warmup: int) -> list[floa
         res = subprocess.run(
             cmd, capture_output=True, text=True, env=environment(mode), timeout=3600
         )
-        pairs = [line.split()[1:] for line in res.stdout.splitlines() if line.startswith("PAIR ")]
-        if res.returncode != 0 or len(pairs) != blocks:
+        rounds = [
+            [float(v) for v in line.split()[1:]]
+            for line in res.stdout.splitlines()
+            if line.startswith("BLOCKS ")
+        ]
+        if res.returncode != 0 or len(rounds) != blocks:
             shown = " ".join(shlex.quote(c) for c in cmd)
             raise SystemExit(
                 f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}"
             )
-        return [float(on) / float(off) for on, off in pairs]
+        return rounds
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
+def spread(ratios: list[float]) -> str:
+    """``median (first-third quartile)`` of per-round ratios."""
+    q1, q2, q3 = statistics.quantiles(ratios, n=4)
+    return f"{q2:.3f}x ({q1:.3f}-{q3:.3f})"
+
+
 def paired_table(workloads: list[str], modes: list[str], blocks: int, warmup: int) -> None:
     print(
-        f"### recording against not recording, in one process ({blocks} pairs of blocks; "
-        "steps per block: " + ", ".join(f"{w} {BLOCK_STEPS[w]}" for w in workloads) + ")"
+        f"### the capture's cost in one process ({blocks} rounds of three blocks; steps per "
+        "block: " + ", ".join(f"{w} {BLOCK_STEPS[w]}" for w in workloads) + ")"
     )
     print()
-    print("| workload | mode | time/step recording / not (median of pairs) | quartiles |")
-    print("|---|---|---:|---|")
+    print(
+        "time per step: recording = capture installed and recording; idle = installed, "
+        "msmemscope.stop(); removed = op callback off PyTorch, allocator wrapper passing "
+        "through. Median of the per-round ratios (quartiles)."
+    )
+    print()
+    print("| workload | mode | recording / idle | idle / removed | recording / removed |")
+    print("|---|---|---:|---:|---:|")
     for w in workloads:
         for m in modes:
-            ratios = paired_once(w, m, blocks, 3)
-            q1, q2, q3 = statistics.quantiles(ratios, n=4)
-            print(f"| {w} | {m} | {q2:.3f}x | {q1:.3f}-{q3:.3f} |", flush=True)
+            rounds = paired_once(w, m, blocks, 3)
+            print(
+                f"| {w} | {m} | {spread([r / i for r, i, _ in rounds])} "
+                f"| {spread([i / u for _, i, u in rounds])} "
+                f"| {spread([r / u for r, _, u in rounds])} |",
+                flush=True,
+            )
     print()
 
 
@@ -462,8 +510,8 @@ def main() -> None:
         "--paired",
         type=int,
         default=0,
-        metavar="BLOCKS",
-        help="also measure each CLI mode recording against not, in one process",
+        metavar="ROUNDS",
+        help="also measure each CLI mode recording, idle and removed, in one process",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
