@@ -290,8 +290,12 @@ def steps_for(workload: str, override: int | None) -> int:
     return override if override is not None else DEFAULT_STEPS[workload]
 
 
-def command(workload: str, mode: str, steps: int, warmup: int, out_dir: str) -> list[str]:
-    me = [str(PYTHON), str(Path(__file__).resolve()), "--worker", workload, mode]
+def command(
+    workload: str, mode: str, steps: int, warmup: int, out_dir: str, paired: int = 0
+) -> list[str]:
+    """The run of ``workload`` under ``mode``; with ``paired`` rounds, the paired worker's."""
+    me = [str(PYTHON), str(Path(__file__).resolve())]
+    me += ["--paired-worker", workload, str(paired)] if paired else ["--worker", workload, mode]
     me += ["--steps", str(steps), "--warmup", str(warmup)]
     if mode in CLI_MODES:
         cli = CLI
@@ -340,18 +344,21 @@ def count_rows(out_dir: Path, w0: int, w1: int) -> tuple[int, int]:
     return total, window
 
 
+def launch(cmd: list[str], mode: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``cmd`` in the mode's environment; exits naming the command when it fails."""
+    res = subprocess.run(cmd, capture_output=True, text=True, env=environment(mode), timeout=3600)
+    if res.returncode != 0:
+        shown = " ".join(shlex.quote(c) for c in cmd)
+        raise SystemExit(f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}")
+    return res
+
+
 def run_once(workload: str, mode: str, steps: int, warmup: int, notes: list[str]) -> Run:
     out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_torch_"))
     try:
         cmd = command(workload, mode, steps, warmup, str(out_dir))
-        res = subprocess.run(
-            cmd, capture_output=True, text=True, env=environment(mode), timeout=1800
-        )
+        res = launch(cmd, mode)
         shown = " ".join(shlex.quote(c) for c in cmd)
-        if res.returncode != 0:
-            raise SystemExit(
-                f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}"
-            )
         values: dict[str, list[str]] = {}
         for line in res.stdout.splitlines():
             key, _, rest = line.partition(" ")
@@ -378,23 +385,15 @@ def paired_once(workload: str, mode: str, blocks: int, warmup: int) -> list[list
     """Per round of one paired run of ``mode``: (recording, idle, removed) seconds per step."""
     out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_torch_"))
     try:
-        steps = BLOCK_STEPS[workload]
-        cmd = command(workload, mode, steps, warmup, str(out_dir))
-        worker_at = cmd.index("--worker")
-        cmd[worker_at : worker_at + 3] = ["--paired-worker", workload, str(blocks)]
-        res = subprocess.run(
-            cmd, capture_output=True, text=True, env=environment(mode), timeout=3600
-        )
+        cmd = command(workload, mode, BLOCK_STEPS[workload], warmup, str(out_dir), blocks)
+        res = launch(cmd, mode)
         rounds = [
             [float(v) for v in line.split()[1:]]
             for line in res.stdout.splitlines()
             if line.startswith("BLOCKS ")
         ]
-        if res.returncode != 0 or len(rounds) != blocks:
-            shown = " ".join(shlex.quote(c) for c in cmd)
-            raise SystemExit(
-                f"failed ({res.returncode}): {shown}\n{res.stdout}\n{res.stderr[-4000:]}"
-            )
+        if len(rounds) != blocks:
+            raise SystemExit(f"{len(rounds)} of {blocks} BLOCKS lines from: {cmd}\n{res.stdout}")
         return rounds
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -422,7 +421,7 @@ def paired_table(workloads: list[str], modes: list[str], blocks: int, warmup: in
     print("|---|---|---:|---:|---:|")
     for w in workloads:
         for m in modes:
-            rounds = paired_once(w, m, blocks, 3)
+            rounds = paired_once(w, m, blocks, warmup)
             print(
                 f"| {w} | {m} | {spread([r / i for r, i, _ in rounds])} "
                 f"| {spread([i / u for _, i, u in rounds])} "

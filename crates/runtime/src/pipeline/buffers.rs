@@ -358,6 +358,7 @@ struct Handoff {
     /// Whole rows.
     rows: Vec<Queued>,
     /// Chunks mapped for the thread so far (a busy thread in a steady state maps none).
+    #[cfg(test)]
     mapped: usize,
 }
 
@@ -385,7 +386,10 @@ impl ThreadBuffer {
             Some(chunk) => chunk,
             None => {
                 let chunk = Chunk::new()?;
-                handoff.mapped += 1;
+                #[cfg(test)]
+                {
+                    handoff.mapped += 1;
+                }
                 chunk
             }
         };

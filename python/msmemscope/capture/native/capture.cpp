@@ -883,7 +883,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
       long long total = kind == kDeviceCpu ? -1 : static_cast<long long>(total_reserved);
       if (alloc_size > 0) {
         if (!tracing()) return;
-          std::string stack = python_stack(g_cfg.python_depth);
+        std::string stack = python_stack(g_cfg.python_depth);
         Site site = site_here();
         Text category = category_for_new();
         // The CPU allocator's running total counts every block since capture began, traced or
@@ -897,7 +897,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
         std::lock_guard<SpinMutex> l(g_mutex);
         Block* b = g_live.find(addr);
         if (b == nullptr || b->adopted) return;  // allocated before tracking
-          record_free(addr, *b, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated),
+        record_free(addr, *b, kind == kDeviceCpu ? UINT64_MAX : uint64_t(total_allocated),
                     total);
       }
     } catch (...) {
