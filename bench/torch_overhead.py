@@ -24,7 +24,7 @@ under six modes:
   around the warmup and timed steps (its post-processing at exit is not timed);
 - ``memtracker``: in-process ``torch.distributed._tools.mem_tracker.MemTracker`` (a
   TorchDispatchMode with weakref storage tracking), ``reset_mod_stats()`` before each step;
-- ``baseline`` (only with ``--baseline DIR``): ``native`` under another checkout's CLI
+- ``baseline``, ``baseline-alloc`` (only with ``--baseline DIR``): ``native``, ``native-alloc`` under another checkout's CLI
   (``DIR/target/release/msmemscope-cli``, built there, with its own Python package), so an
   earlier commit is measured side by side with this one in the same run.
 
@@ -89,7 +89,16 @@ DESCRIPTIONS = {
     "cnn": "CNN 2 conv + pool + linear, batch 32x3x32x32, SGD momentum",
     "gpt2-6l": "GPT2LMHeadModel 6 layers, n_embd 512, 8 heads, vocab 8000, batch 8x128, AdamW",
 }
-MODES = ("none", "native", "native-alloc", "fallback", "profiler", "memtracker", "baseline")
+MODES = (
+    "none",
+    "native",
+    "native-alloc",
+    "fallback",
+    "profiler",
+    "memtracker",
+    "baseline",
+    "baseline-alloc",
+)
 DEFAULT_MODES = MODES[:-1]
 # CLI modes: extra CLI options, MSMEMSCOPE_TORCH_CAPTURE.
 CLI_MODES: dict[str, tuple[list[str], str]] = {
@@ -97,6 +106,7 @@ CLI_MODES: dict[str, tuple[list[str], str]] = {
     "native-alloc": (["--events=alloc,free"], "native"),
     "fallback": ([], "python"),
     "baseline": ([], "native"),
+    "baseline-alloc": (["--events=alloc,free"], "native"),
 }
 # --baseline: the other checkout whose CLI the `baseline` mode runs.
 BASELINE: Path | None = None
@@ -299,7 +309,7 @@ def command(
     me += ["--steps", str(steps), "--warmup", str(warmup)]
     if mode in CLI_MODES:
         cli = CLI
-        if mode == "baseline":
+        if mode.startswith("baseline"):
             assert BASELINE is not None, "the baseline mode needs --baseline"
             cli = BASELINE / "target" / "release" / "msmemscope-cli"
         return [str(cli), *CLI_MODES[mode][0], "-o", out_dir, *me]
@@ -549,7 +559,7 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}: choose from {', '.join(MODES)}")
-        if m == "baseline" and BASELINE is None:
+        if m.startswith("baseline") and BASELINE is None:
             raise SystemExit("the baseline mode needs --baseline DIR (a built checkout)")
     if any(m in CLI_MODES for m in modes) and not CLI.is_file():
         raise SystemExit(f"{CLI} is missing: run scripts/setup.sh")

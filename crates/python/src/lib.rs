@@ -219,9 +219,13 @@ fn tracing() -> PyResult<bool> {
 /// The addresses of the runtime's `msmemscope_emit` and `msmemscope_tracing`, for an in-process
 /// producer that calls the C ABI without Python (the native PyTorch capture).
 #[pyfunction]
-fn abi_entry_points() -> PyResult<(usize, usize)> {
+fn abi_entry_points() -> PyResult<(usize, usize, usize)> {
     let rt = require_runtime()?;
-    Ok((rt.emit as usize, rt.tracing as usize))
+    Ok((
+        rt.emit as usize,
+        rt.tracing as usize,
+        rt.emit_block as usize,
+    ))
 }
 
 /// Whether the runtime's malloc hooks are the process's malloc (the library was preloaded).

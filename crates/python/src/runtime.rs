@@ -10,10 +10,11 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
-use msmemscope_core::events::abi::{EventRecord, StrRef, ABI_VERSION};
+use msmemscope_core::events::abi::{BlockRecord, EventRecord, StrRef, ABI_VERSION};
 
 type AbiVersionFn = unsafe extern "C" fn() -> u32;
 type EmitFn = unsafe extern "C" fn(*const EventRecord) -> i32;
+type EmitBlockFn = unsafe extern "C" fn(*const BlockRecord) -> i32;
 type StatusFn = unsafe extern "C" fn() -> i32;
 type ConfigureFn = unsafe extern "C" fn(StrRef) -> i32;
 type CurrentConfigFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
@@ -29,6 +30,7 @@ pub struct Runtime {
     /// Whether it was already in the process (preloaded) rather than loaded by us.
     pub preloaded: bool,
     pub emit: EmitFn,
+    pub emit_block: EmitBlockFn,
     pub tracing: StatusFn,
     pub configure: ConfigureFn,
     pub current_config: CurrentConfigFn,
@@ -138,6 +140,7 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
     let stop = need(c"msmemscope_stop");
     let step = need(c"msmemscope_step");
     let host_hooks_active = need(c"msmemscope_host_hooks_active");
+    let emit_block = need(c"msmemscope_emit_block");
     if !missing.is_empty() {
         return Err(format!(
             "{where_} does not export {}: it was built from other sources than this package \
@@ -161,6 +164,7 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
             path,
             preloaded,
             emit: std::mem::transmute::<*mut c_void, EmitFn>(emit),
+            emit_block: std::mem::transmute::<*mut c_void, EmitBlockFn>(emit_block),
             tracing: std::mem::transmute::<*mut c_void, StatusFn>(tracing),
             configure: std::mem::transmute::<*mut c_void, ConfigureFn>(configure),
             current_config: std::mem::transmute::<*mut c_void, CurrentConfigFn>(current_config),

@@ -6,7 +6,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use msmemscope_core::config::RunConfig;
 use msmemscope_core::events::abi::{
-    EventRecord, StrRef, ABI_VERSION, ATTRS_CHECKED, DEVICE_CPU, DEVICE_CUDA, WANT_C_STACK,
+    BlockAttrs, BlockRecord, EventRecord, StrRef, ABI_VERSION, ATTRS_CHECKED, DEVICE_CPU,
+    DEVICE_CUDA, WANT_C_STACK,
 };
 use msmemscope_core::events::{DeviceId, Event, EventType};
 
@@ -52,11 +53,7 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
         else {
             return INVALID;
         };
-        let device = match r.device_kind {
-            DEVICE_CPU => DeviceId::Cpu,
-            DEVICE_CUDA => DeviceId::Cuda(r.device_index),
-            _ => DeviceId::None,
-        };
+        let device = device_of(r.device_kind, r.device_index);
         // The name and the stack are copied as bytes: the writer, not the program's thread,
         // reads them as UTF-8 (an invalid sequence becomes U+FFFD there).
         // SAFETY: as above.
@@ -80,12 +77,55 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
         }
         let texts = pipeline::Texts {
             name,
-            attrs_json,
+            attrs: attrs_json.map_or(pipeline::Attrs::None, pipeline::Attrs::Json),
             python_stack,
         };
         let ptr = (r.has_ptr != 0).then_some(r.ptr);
         let want_c_stack = r.want_c_stack & WANT_C_STACK != 0;
         pipeline::emit_borrowed(event, event_type, device, ptr, &texts, want_c_stack);
+        OK
+    })
+}
+
+fn device_of(kind: u32, index: u32) -> DeviceId {
+    match kind {
+        DEVICE_CPU => DeviceId::Cpu,
+        DEVICE_CUDA => DeviceId::Cuda(index),
+        _ => DeviceId::None,
+    }
+}
+
+/// Records one block row (MALLOC or FREE): its Attr column is rendered from the record's
+/// numbers and interned texts on the writer's thread.
+///
+/// # Safety
+/// `record` is null or points at a valid record: its `python_stack` lives for the call, and
+/// its other texts until the process exits.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_emit_block(record: *const BlockRecord) -> i32 {
+    if record.is_null() {
+        return INVALID;
+    }
+    // SAFETY: the caller passes a valid record.
+    let r = unsafe { &*record };
+    guarded(|| {
+        if !pipeline::is_tracing() {
+            return FILTERED;
+        }
+        let (Some(event @ (Event::Malloc | Event::Free)), Some(event_type)) =
+            (Event::from_u32(r.event), EventType::from_u32(r.event_type))
+        else {
+            return INVALID;
+        };
+        let texts = pipeline::Texts {
+            name: b"N/A",
+            attrs: pipeline::Attrs::Block(BlockAttrs::of(r)),
+            // SAFETY: as above.
+            python_stack: unsafe { r.python_stack.as_bytes() },
+        };
+        let device = device_of(r.device_kind, r.device_index);
+        let want_c_stack = r.flags & WANT_C_STACK != 0;
+        pipeline::emit_borrowed(event, event_type, device, Some(r.ptr), &texts, want_c_stack);
         OK
     })
 }

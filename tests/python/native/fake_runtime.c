@@ -1,4 +1,4 @@
-/* A stand-in for libmsmemscope_runtime.so that implements its C ABI (crates/core/src/events/abi.rs)
+/* A stand-in for libmsmemscope_runtime.so that implements its C ABI (crates/core/src/events/abi/)
  * by recording every call, so the tests can check what the extension passes across it.
  * Built by tests/python/conftest.py; -DFAKE_ABI=N sets the ABI version it reports, and
  * -DONLY_VERSION builds a library that exports nothing else. */
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #ifndef FAKE_ABI
-#define FAKE_ABI 1
+#define FAKE_ABI 2
 #endif
 
 uint32_t msmemscope_abi_version(void) { return FAKE_ABI; }
@@ -65,6 +65,28 @@ int32_t msmemscope_emit(const EventRecord *r) {
          (const char *)r->name.ptr, r->device_kind, r->device_index, r->has_ptr,
          (unsigned long long)r->ptr, (int)r->attrs_json.len, (const char *)r->attrs_json.ptr,
          (int)r->python_stack.len, (const char *)r->python_stack.ptr, r->want_c_stack);
+    return fake_emit_rc;
+}
+
+typedef struct {
+    uint32_t event;
+    uint32_t event_type;
+    uint32_t device_kind;
+    uint32_t device_index;
+    uint64_t ptr;
+    uint64_t allocation_id;
+    uint64_t size;
+    uint32_t flags;
+    uint32_t reserved;
+    uint64_t used;
+    uint64_t total;
+    StrRef category, labels, site, frame, op, python_stack;
+} BlockRecord;
+
+int32_t msmemscope_emit_block(const BlockRecord *r) {
+    note("emit_block|%u|%u|%llu|%llu|%llu|%u\n", r->event, r->device_kind,
+         (unsigned long long)r->ptr, (unsigned long long)r->allocation_id,
+         (unsigned long long)r->size, r->flags);
     return fake_emit_rc;
 }
 

@@ -1,6 +1,6 @@
 /* msmemscope runtime C ABI: what a producer (the Python extension, a framework plugin, a test)
  * calls in libmsmemscope_runtime.so, which msmemscope preloads into the program. The layouts
- * mirror crates/core/src/events/abi.rs; check msmemscope_abi_version() == MSMEMSCOPE_ABI_VERSION
+ * mirror crates/core/src/events/abi/; check msmemscope_abi_version() == MSMEMSCOPE_ABI_VERSION
  * before emitting. */
 #ifndef MSMEMSCOPE_RUNTIME_H
 #define MSMEMSCOPE_RUNTIME_H
@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define MSMEMSCOPE_ABI_VERSION 1u
+#define MSMEMSCOPE_ABI_VERSION 2u
 
 /* The Event column. */
 enum msmemscope_event {
@@ -49,9 +49,41 @@ typedef struct {
     uint32_t want_c_stack;       /* nonzero: the runtime adds the C stack (with --call-stack c) */
 } msmemscope_event_record;
 
+/* msmemscope_block_record.flags: want_c_stack's bit, and which Attr members the row has. */
+#define MSMEMSCOPE_WANT_C_STACK 1u
+#define MSMEMSCOPE_BLOCK_USED 4u
+#define MSMEMSCOPE_BLOCK_TOTAL 8u
+#define MSMEMSCOPE_BLOCK_OWNER 16u /* owner "PTA[@category][@labels]" and the site members */
+
+/* A MALLOC or FREE row as numbers and texts: the runtime renders its Attr column,
+ * {"allocation_id":..,"addr":"0x..","size":..[,"used":..][,"total":..][,"owner":..][,"site":..]
+ * [,"frame":..][,"op":..]}, off the calling thread. category, labels, site, frame and op must
+ * stay valid and unchanged until the process exits (interned), JSON-escaped already; empty
+ * ones are left out. python_stack lives for the call. */
+typedef struct {
+    uint32_t event;          /* MSMEMSCOPE_MALLOC or MSMEMSCOPE_FREE */
+    uint32_t event_type;
+    uint32_t device_kind;
+    uint32_t device_index;
+    uint64_t ptr;
+    uint64_t allocation_id;
+    uint64_t size;
+    uint32_t flags;
+    uint32_t reserved;
+    uint64_t used;           /* with MSMEMSCOPE_BLOCK_USED */
+    uint64_t total;          /* with MSMEMSCOPE_BLOCK_TOTAL */
+    msmemscope_str category;
+    msmemscope_str labels;
+    msmemscope_str site;     /* the user's line that allocated */
+    msmemscope_str frame;    /* the innermost frame, when it is another */
+    msmemscope_str op;
+    msmemscope_str python_stack;
+} msmemscope_block_record;
+
 uint32_t msmemscope_abi_version(void);
 /* 0 recorded, 1 filtered out or not tracing, <0 error. */
 int32_t msmemscope_emit(const msmemscope_event_record *record);
+int32_t msmemscope_emit_block(const msmemscope_block_record *record);
 int32_t msmemscope_tracing(void);
 int32_t msmemscope_start(void);  /* Python's msmemscope.start() */
 int32_t msmemscope_stop(void);

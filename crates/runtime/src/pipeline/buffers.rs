@@ -20,6 +20,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use msmemscope_core::events::abi::BlockAttrs;
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 /// A row and its sequence number: rows with equal timestamps are written in the order of
@@ -35,9 +36,18 @@ pub struct Queued {
 /// when unpacked, on the writer's thread.
 pub struct Texts<'a> {
     pub name: &'a [u8],
-    /// The Attr column as the producer rendered it (a checked JSON object), if any.
-    pub attrs_json: Option<&'a [u8]>,
+    pub attrs: Attrs<'a>,
     pub python_stack: &'a [u8],
+}
+
+/// A row's Attr column as its producer handed it over.
+#[derive(Clone, Copy)]
+pub enum Attrs<'a> {
+    None,
+    /// Rendered by the producer (a checked JSON object).
+    Json(&'a [u8]),
+    /// A block row's numbers and interned texts, rendered when the row is written.
+    Block(BlockAttrs),
 }
 
 impl Texts<'_> {
@@ -53,15 +63,27 @@ impl Texts<'_> {
         let mut row = EventRow::new(event, event_type, String::from_utf8_lossy(self.name));
         row.device = device;
         row.ptr = ptr;
-        row.attrs_json = self
-            .attrs_json
-            .map(|a| String::from_utf8_lossy(a).into_owned());
+        row.attrs_json = match self.attrs {
+            Attrs::None => None,
+            Attrs::Json(a) => Some(String::from_utf8_lossy(a).into_owned()),
+            Attrs::Block(b) => {
+                let mut text = String::new();
+                // SAFETY: a block's texts are interned by its producer (the ABI's promise).
+                unsafe { b.render(&mut text) };
+                Some(text)
+            }
+        };
         row.python_stack = String::from_utf8_lossy(self.python_stack).into_owned();
         row
     }
 
     fn len(&self) -> usize {
-        self.name.len() + self.attrs_json.map_or(0, <[u8]>::len) + self.python_stack.len()
+        let attrs = match self.attrs {
+            Attrs::None => 0,
+            Attrs::Json(a) => a.len(),
+            Attrs::Block(_) => std::mem::size_of::<BlockAttrs>(),
+        };
+        self.name.len() + attrs + self.python_stack.len()
     }
 }
 
@@ -84,13 +106,23 @@ struct Span {
     end: u32,
 }
 
+/// Where a packed row's Attr column is.
+#[derive(Clone, Copy)]
+enum AttrsSpan {
+    None,
+    /// The text, in the arena.
+    Json(Span),
+    /// A [`BlockAttrs`], its bytes in the arena (unaligned).
+    Block(Span),
+}
+
 /// A row queued without its own strings: spans of its chunk's arenas.
 #[derive(Clone, Copy)]
 struct Packed {
     seq: u64,
     numbers: Numbers,
     name: Span,
-    attrs_json: Option<Span>,
+    attrs: AttrsSpan,
     python_stack: Span,
     c_frames: Span,
 }
@@ -229,7 +261,20 @@ impl Chunk {
             span
         };
         let name = copy(texts.name);
-        let attrs_json = texts.attrs_json.map(&mut copy);
+        let attrs = match &texts.attrs {
+            Attrs::None => AttrsSpan::None,
+            Attrs::Json(a) => AttrsSpan::Json(copy(a)),
+            Attrs::Block(b) => {
+                // SAFETY: a plain-data struct read as its bytes, for the length of the struct.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        (b as *const BlockAttrs).cast::<u8>(),
+                        std::mem::size_of::<BlockAttrs>(),
+                    )
+                };
+                AttrsSpan::Block(copy(bytes))
+            }
+        };
         let python_stack = copy(texts.python_stack);
         // SAFETY: as for the text, in the frames arena.
         unsafe {
@@ -239,7 +284,7 @@ impl Chunk {
             seq,
             numbers,
             name,
-            attrs_json,
+            attrs,
             python_stack,
             c_frames: Span {
                 start: f as u32,
@@ -291,6 +336,14 @@ impl Chunk {
         unsafe { std::slice::from_raw_parts(self.text.add(start), end - start) }
     }
 
+    /// The block copied into the arena at `span` (none if the span cannot hold one).
+    fn block_attrs(&self, span: Span) -> Option<BlockAttrs> {
+        let bytes = self.bytes(span);
+        // SAFETY: the bytes `push` copied from a `BlockAttrs`, read unaligned.
+        (bytes.len() == std::mem::size_of::<BlockAttrs>())
+            .then(|| unsafe { bytes.as_ptr().cast::<BlockAttrs>().read_unaligned() })
+    }
+
     fn frames_of(&self, span: Span) -> &[u64] {
         let (start, end) = (span.start as usize, span.end as usize);
         if start >= end || end > CHUNK_FRAMES {
@@ -312,11 +365,20 @@ impl Chunk {
         row.tid = n.tid;
         row.device = n.device;
         row.ptr = n.ptr;
-        row.attrs_json = p.attrs_json.map(|span| {
-            let mut text = attrs.unwrap_or_default();
-            text_into(&mut text, self.bytes(span));
-            text
-        });
+        row.attrs_json = match p.attrs {
+            AttrsSpan::None => None,
+            AttrsSpan::Json(span) => {
+                let mut text = attrs.unwrap_or_default();
+                text_into(&mut text, self.bytes(span));
+                Some(text)
+            }
+            AttrsSpan::Block(span) => self.block_attrs(span).map(|b| {
+                let mut text = attrs.unwrap_or_default();
+                // SAFETY: a block's texts are interned by its producer (the ABI's promise).
+                unsafe { b.render(&mut text) };
+                text
+            }),
+        };
         text_into(&mut row.python_stack, self.bytes(p.python_stack));
         out.seq = p.seq;
         out.c_frames.clear();
@@ -787,7 +849,7 @@ mod tests {
     fn texts<'a>(name: &'a [u8], attrs: Option<&'a [u8]>, stack: &'a [u8]) -> Texts<'a> {
         Texts {
             name,
-            attrs_json: attrs,
+            attrs: attrs.map_or(Attrs::None, Attrs::Json),
             python_stack: stack,
         }
     }
@@ -876,6 +938,46 @@ mod tests {
         assert_eq!(d.row.ptr, Some(0x30));
         // Bytes that are not UTF-8 are read, on the writer's side, with the replacement char.
         assert_eq!(d.row.python_stack, "\u{fffd}");
+    }
+
+    /// A block row goes as numbers and interned texts; its Attr column is rendered when it is
+    /// read, packed or (too large for a chunk) whole, the same either way.
+    #[test]
+    fn a_block_row_is_rendered_when_read() {
+        use msmemscope_core::events::abi::{BlockRecord, StrRef, BLOCK_OWNER, BLOCK_USED};
+        let record = BlockRecord {
+            event: Event::Malloc as u32,
+            event_type: EventType::Pta as u32,
+            device_kind: 1,
+            device_index: 0,
+            ptr: 0x1000,
+            allocation_id: 5,
+            size: 256,
+            flags: BLOCK_USED | BLOCK_OWNER,
+            reserved: 0,
+            used: 512,
+            total: 0,
+            category: StrRef::new("activation"),
+            labels: StrRef::EMPTY,
+            site: StrRef::new("train.py:7 (step)"),
+            frame: StrRef::EMPTY,
+            op: StrRef::new("aten::mm"),
+            python_stack: StrRef::EMPTY,
+        };
+        let expected = r#"{"allocation_id":5,"addr":"0x0000000000001000","size":256,"used":512,"owner":"PTA@activation","site":"train.py:7 (step)","op":"aten::mm"}"#;
+        let block = Texts {
+            name: b"N/A",
+            attrs: Attrs::Block(BlockAttrs::of(&record)),
+            python_stack: b"",
+        };
+        let buffer = Arc::new(ThreadBuffer::default());
+        let mut backlog = Backlog::default();
+        assert!(buffer.push_packed(0, numbers(Event::Malloc, 0x1000), &block, &[]));
+        let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
+        assert_eq!(out[0].row.attrs_json.as_deref(), Some(expected));
+        assert_eq!(out[0].row.attr_u64("allocation_id"), Some(5));
+        let whole = block.row(Event::Malloc, EventType::Pta, DeviceId::Cpu, Some(0x1000));
+        assert_eq!(whole.attrs_json.as_deref(), Some(expected));
     }
 
     #[test]

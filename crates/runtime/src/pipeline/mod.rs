@@ -23,7 +23,7 @@ use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 use msmemscope_core::run_dir::RunDir;
 
 use crate::clock::precise_realtime_ns;
-pub use buffers::Texts;
+pub use buffers::{Attrs, Texts};
 use writer::Writer;
 
 /// What decides whether a row is recorded, derived from the configuration.

@@ -14,8 +14,9 @@
 // - Owners: the Python side sets the per-thread framework scope, the optimizer flag and the
 //   describer labels (one call per hook); the owner of a block is decided here at allocation.
 //
-// Every event goes to the runtime library's C ABI (msmemscope_emit), whose address the Python
-// side hands to msmemscope_torch_init. Nothing here throws into PyTorch or the program: every
+// Every event goes to the runtime library's C ABI (msmemscope_emit; a block's MALLOC and FREE,
+// numbers and interned texts, to msmemscope_emit_block), whose addresses the Python side hands
+// to msmemscope_torch_init. Nothing here throws into PyTorch or the program: every
 // entry point catches everything.
 
 #include <ATen/record_function.h>
@@ -55,13 +56,16 @@ TORCH_API int get_current_graph_task_id();
 
 namespace {
 
-// --- the runtime's C ABI (crates/core/src/events/abi.rs, ABI_VERSION 1) -----------------------
-constexpr uint32_t kAbiVersion = 1;
+// --- the runtime's C ABI (crates/core/src/events/abi/, ABI_VERSION 2) ------------------------
+constexpr uint32_t kAbiVersion = 2;
 constexpr uint32_t kDeviceNone = 0;
 constexpr uint32_t kDeviceCpu = 1;
 constexpr uint32_t kDeviceCuda = 2;
 constexpr uint32_t kWantCStack = 1;
 constexpr uint32_t kAttrsChecked = 2;
+constexpr uint32_t kBlockUsed = 4;
+constexpr uint32_t kBlockTotal = 8;
+constexpr uint32_t kBlockOwner = 16;
 
 struct StrRef {
   const char* ptr;
@@ -81,7 +85,30 @@ struct EventRecord {
   uint32_t want_c_stack;
 };
 
+// A block row: numbers and interned texts (they live until the process exits); the runtime's
+// writer renders its Attr column, off the program's thread.
+struct BlockRecord {
+  uint32_t event;
+  uint32_t event_type;
+  uint32_t device_kind;
+  uint32_t device_index;
+  uint64_t ptr;
+  uint64_t allocation_id;
+  uint64_t size;
+  uint32_t flags;  // kWantCStack, kBlock*
+  uint32_t reserved;
+  uint64_t used;
+  uint64_t total;
+  StrRef category;
+  StrRef labels;
+  StrRef site;
+  StrRef frame;
+  StrRef op;
+  StrRef python_stack;  // for the call only
+};
+
 using EmitFn = int (*)(const EventRecord*);
+using EmitBlockFn = int (*)(const BlockRecord*);
 using TracingFn = int (*)();
 
 // Event and type codes, handed in by the Python side (the runtime's numbering).
@@ -98,6 +125,7 @@ struct Config {
 };
 
 EmitFn g_emit = nullptr;
+EmitBlockFn g_emit_block = nullptr;
 TracingFn g_tracing = nullptr;
 Codes g_codes{};
 Config g_cfg{};
@@ -146,10 +174,10 @@ std::vector<std::string> g_library_prefixes;
 struct Site {
   const std::string* inner = nullptr;  // innermost frame outside torch/msmemscope
   const std::string* user = nullptr;   // innermost frame of the user's own code
-  const char* op = nullptr;            // the innermost op running on this thread
+  StrRef op{nullptr, 0};               // the innermost op running on this thread (interned)
 };
 
-const char* current_op();
+StrRef current_op();
 
 // `,"site":"…"` for an OOM trigger row: the user's line of the failed allocation ("" if none).
 std::string site_member() {
@@ -465,6 +493,35 @@ size_t block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t
   return size_t(o.p - buf);
 }
 
+// A MALLOC or FREE row of block `b` at `ptr` (`with_owner`: the owner and site members).
+void emit_block(uint32_t event, const Block& b, uint64_t ptr, uint64_t used, long long total,
+                bool with_owner, StrRef site, StrRef frame, StrRef op, StrRef stack,
+                bool c_stack) {
+  if (g_emit_block == nullptr) return;
+  uint32_t flags = (c_stack ? kWantCStack : 0u) | (with_owner ? kBlockOwner : 0u);
+  if (used != UINT64_MAX) flags |= kBlockUsed;
+  if (total >= 0) flags |= kBlockTotal;
+  StrRef none{nullptr, 0};
+  BlockRecord r{event,
+                g_codes.ty_pta,
+                b.dev_kind,
+                b.dev_index,
+                ptr,
+                b.aid,
+                b.size,
+                flags,
+                0,
+                used,
+                total >= 0 ? uint64_t(total) : 0,
+                with_owner && b.category != nullptr ? str(*b.category) : none,
+                with_owner && b.labels != nullptr ? str(*b.labels) : none,
+                site,
+                frame,
+                op,
+                stack};
+  g_emit_block(&r);
+}
+
 // Called with g_mutex held.
 void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_index,
                    uint64_t used, long long total, Text category, bool adopted,
@@ -476,20 +533,13 @@ void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_
   if (u.used > u.peak) u.peak = u.used;
   if (used == UINT64_MAX) used = u.used;
   if (g_cfg.alloc) {
-    char attrs[2048];
-    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, true);
-    // The site members go before the closing brace (`site`: the user's line; `frame`: the
-    // innermost frame when it is another; `op`: the op that allocated).
-    Out o{attrs + n - 1, attrs + sizeof attrs - 1};
-    if (site.user != nullptr) o.member("site", site.user->data(), site.user->size());
-    if (site.inner != nullptr && site.inner != site.user) {
-      o.member("frame", site.inner->data(), site.inner->size());
-    }
-    if (site.op != nullptr) o.member("op", site.op, std::strlen(site.op));
-    o.lit("}");
-    n = size_t(o.p - attrs);
-    emit(g_codes.ev_malloc, g_codes.ty_pta, StrRef{"N/A", 3}, dev_kind, dev_index, true, ptr,
-         StrRef{attrs, n}, str(stack), g_cfg.c_stack);
+    // The site members: `site` the user's line; `frame` the innermost frame when it is
+    // another; `op` the op that allocated.
+    StrRef frame = site.inner != nullptr && site.inner != site.user ? str(*site.inner)
+                                                                     : StrRef{nullptr, 0};
+    emit_block(g_codes.ev_malloc, b, ptr, used, total, true,
+               site.user != nullptr ? str(*site.user) : StrRef{nullptr, 0}, frame, site.op,
+               str(stack), g_cfg.c_stack);
   }
   g_live.put(ptr, b);
 }
@@ -503,10 +553,8 @@ void record_free(uint64_t ptr, const Block& b, uint64_t used, long long total) {
   g_freed_next = (g_freed_next + 1) % kFreedKept;
   if (g_freed_count < kFreedKept) ++g_freed_count;
   if (g_cfg.free) {
-    char attrs[256];
-    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, used, total, false);
-    emit(g_codes.ev_free, g_codes.ty_pta, StrRef{"N/A", 3}, b.dev_kind, b.dev_index, true, ptr,
-         StrRef{attrs, n}, StrRef{nullptr, 0}, false);
+    StrRef none{nullptr, 0};
+    emit_block(g_codes.ev_free, b, ptr, used, total, false, none, none, none, none, false);
   }
   g_live.erase(ptr);
 }
@@ -556,6 +604,7 @@ constexpr size_t kOpTexts = 1024;  // a direct-mapped cache: a model's ops are a
 struct ThreadOps {
   const char* name[kOpDepth];  // the ops running on this thread, innermost last
   Text text[kOpDepth];
+  StrRef op[kOpDepth];  // their names alone, interned
   int depth = 0;
   OpText texts[kOpTexts];
 };
@@ -570,8 +619,14 @@ bool same_op(const OpText& e, const char* name, const char* overload) {
          std::strcmp(e.chars + e.name_len + 1, ov) == 0;
 }
 
+// The names of the op a RecordFunction stands for, both interned.
+struct OpNames {
+  Text text = nullptr;    // as the dump names ops (`name.overload`); null: no op
+  StrRef op{nullptr, 0};  // the op's name alone
+};
+
 // The written name of the op a RecordFunction stands for; null when it is no op.
-Text op_text(ThreadOps& ops, const char* name, const char* overload) {
+OpNames op_text(ThreadOps& ops, const char* name, const char* overload) {
   // The texts' addresses, mixed (heap addresses share their low and high bits).
   uint64_t key = reinterpret_cast<uintptr_t>(name) * 0x9E3779B97F4A7C15ull ^
                  reinterpret_cast<uintptr_t>(overload) * 0xC2B2AE3D27D4EB4Full;
@@ -579,26 +634,28 @@ Text op_text(ThreadOps& ops, const char* name, const char* overload) {
   OpText& e = ops.texts[slot];
   if (e.name == name && e.overload == overload && e.text != nullptr &&
       same_op(e, name, overload)) {
-    return e.text;
+    return OpNames{e.text, StrRef{e.chars, e.name_len}};
   }
-  if (!is_op_name(name)) return nullptr;  // not kept: prose names can be made per call
+  if (!is_op_name(name)) return OpNames{};  // not kept: prose names can be made per call
   char buf[256];
   op_name(buf, sizeof buf, name, overload);
   Text t = intern(buf);
-  if (t == nullptr) return nullptr;
+  if (t == nullptr) return OpNames{};
   size_t name_len = std::strlen(name);
   // A name cut at the buffer's end is written as cut, and not kept: `same_op` reads the
   // overload after the name.
   if (t->size() > name_len + 1 && (*t)[name_len] == '.') {
     e = OpText{name, overload, t, t->c_str(), name_len};
+    return OpNames{t, StrRef{t->data(), name_len}};
   }
-  return t;
+  Text whole = intern(name);
+  return OpNames{t, whole != nullptr ? str(*whole) : StrRef{nullptr, 0}};
 }
 
-const char* current_op() {
+StrRef current_op() {
   const ThreadOps& ops = tl_ops;
   int depth = ops.depth;
-  return depth > 0 && depth <= kOpDepth ? ops.name[depth - 1] : nullptr;
+  return depth > 0 && depth <= kOpDepth ? ops.op[depth - 1] : StrRef{nullptr, 0};
 }
 
 // The innermost op's written name, into `buf` ("" when none).
@@ -699,11 +756,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     ensure_on_this_thread();
     ThreadOps& ops = tl_ops;
     const char* fn_name = fn.name();
-    Text text = op_text(ops, fn_name, overload_of(fn));
+    OpNames names = op_text(ops, fn_name, overload_of(fn));
+    Text text = names.text;
     if (text == nullptr) return nullptr;
     if (ops.depth < kOpDepth) {
       ops.name[ops.depth] = fn_name;
       ops.text[ops.depth] = text;
+      ops.op[ops.depth] = names.op;
     }
     ++ops.depth;
     if (!tracing()) return nullptr;
@@ -733,7 +792,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
     int depth = ops.depth;
     Text text = depth > 0 && depth <= kOpDepth && ops.name[depth - 1] == fn_name
                     ? ops.text[depth - 1]
-                    : op_text(ops, fn_name, overload_of(fn));
+                    : op_text(ops, fn_name, overload_of(fn)).text;
     if (text == nullptr) return;
     if (ops.depth > 0) --ops.depth;
     if (!tracing()) return;
@@ -990,11 +1049,12 @@ std::vector<std::string> split_lines(const char* joined) {
 extern "C" {
 
 // 0: ready; -1: the runtime's ABI version differs from this file's.
-int msmemscope_torch_init(void* emit_fn, void* tracing_fn, uint32_t abi_version,
-                          const uint32_t* codes, size_t ncodes) {
+int msmemscope_torch_init(void* emit_fn, void* tracing_fn, void* emit_block_fn,
+                          uint32_t abi_version, const uint32_t* codes, size_t ncodes) {
   try {
     if (abi_version != kAbiVersion || ncodes != sizeof(Codes) / sizeof(uint32_t)) return -1;
     g_emit = reinterpret_cast<EmitFn>(emit_fn);
+    g_emit_block = reinterpret_cast<EmitBlockFn>(emit_block_fn);
     g_tracing = reinterpret_cast<TracingFn>(tracing_fn);
     std::memcpy(&g_codes, codes, sizeof(Codes));
     return 0;

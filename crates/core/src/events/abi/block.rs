@@ -1,0 +1,200 @@
+//! A block row (a MALLOC or FREE of an allocator's block) as its producer hands it over: numbers
+//! and texts the producer interned, with no Attr text. Formatting the Attr object cost the
+//! program's thread more than queueing the row did (a PyTorch capture makes one per tensor);
+//! the runtime copies the record and its writer thread renders the text, the same text the
+//! producer used to write.
+
+use super::StrRef;
+
+/// [`BlockRecord::flags`] bits besides [`super::WANT_C_STACK`]: which members the Attr object
+/// has.
+pub const BLOCK_USED: u32 = 4;
+pub const BLOCK_TOTAL: u32 = 8;
+/// The `owner` member (`PTA[@category][@labels]`) and the allocation site's members.
+pub const BLOCK_OWNER: u32 = 16;
+
+/// One block row from a producer (`msmemscope_emit_block`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockRecord {
+    /// [`crate::events::Event`] as u32: MALLOC or FREE.
+    pub event: u32,
+    /// [`crate::events::EventType`] as u32.
+    pub event_type: u32,
+    /// One of `DEVICE_*`, and the CUDA index for `DEVICE_CUDA`.
+    pub device_kind: u32,
+    pub device_index: u32,
+    pub ptr: u64,
+    pub allocation_id: u64,
+    pub size: u64,
+    /// [`super::WANT_C_STACK`] and the `BLOCK_*` bits.
+    pub flags: u32,
+    pub reserved: u32,
+    /// Bytes in use on the device after this row (with [`BLOCK_USED`]).
+    pub used: u64,
+    /// The allocator's own count of bytes allocated (with [`BLOCK_TOTAL`]).
+    pub total: u64,
+    /// Texts interned by the producer: they stay valid, unchanged, until the process exits,
+    /// and are written as they are (JSON-escaped already). Empty: the member is left out.
+    pub category: StrRef,
+    pub labels: StrRef,
+    /// The user's line that allocated, the innermost frame when it is another, the op.
+    pub site: StrRef,
+    pub frame: StrRef,
+    pub op: StrRef,
+    /// Python frames for this call only (copied), as in [`super::EventRecord::python_stack`].
+    pub python_stack: StrRef,
+}
+
+/// The part of a [`BlockRecord`] its Attr column is made of, kept with the queued row.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockAttrs {
+    pub allocation_id: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub used: Option<u64>,
+    pub total: Option<u64>,
+    /// The owner and site members, or none of them (a FREE row has none).
+    pub owner: bool,
+    pub category: StrRef,
+    pub labels: StrRef,
+    pub site: StrRef,
+    pub frame: StrRef,
+    pub op: StrRef,
+}
+
+impl BlockAttrs {
+    pub fn of(r: &BlockRecord) -> BlockAttrs {
+        BlockAttrs {
+            allocation_id: r.allocation_id,
+            addr: r.ptr,
+            size: r.size,
+            used: (r.flags & BLOCK_USED != 0).then_some(r.used),
+            total: (r.flags & BLOCK_TOTAL != 0).then_some(r.total),
+            owner: r.flags & BLOCK_OWNER != 0,
+            category: r.category,
+            labels: r.labels,
+            site: r.site,
+            frame: r.frame,
+            op: r.op,
+        }
+    }
+
+    /// Writes the Attr object into `out` (cleared first):
+    /// `{"allocation_id":…,"addr":"0x…","size":…[,"used":…][,"total":…][,"owner":"PTA[@category][@labels]"][,"site":"…"][,"frame":"…"][,"op":"…"]}`.
+    /// Bytes that are not UTF-8 become U+FFFD.
+    ///
+    /// # Safety
+    /// Every text of `self` points at bytes that are still valid (interned texts are).
+    pub unsafe fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        out.clear();
+        // Writing to a String cannot fail.
+        let _ = write!(
+            out,
+            "{{\"allocation_id\":{},\"addr\":\"0x{:016x}\",\"size\":{}",
+            self.allocation_id, self.addr, self.size
+        );
+        if let Some(used) = self.used {
+            let _ = write!(out, ",\"used\":{used}");
+        }
+        if let Some(total) = self.total {
+            let _ = write!(out, ",\"total\":{total}");
+        }
+        if self.owner {
+            out.push_str(",\"owner\":\"PTA");
+            for part in [self.category, self.labels] {
+                // SAFETY: the caller's promise.
+                let text = unsafe { part.as_bytes() };
+                if !text.is_empty() {
+                    out.push('@');
+                    push_lossy(out, text);
+                }
+            }
+            out.push('"');
+            for (key, text) in [("site", self.site), ("frame", self.frame), ("op", self.op)] {
+                // SAFETY: the caller's promise.
+                let text = unsafe { text.as_bytes() };
+                if !text.is_empty() {
+                    let _ = write!(out, ",\"{key}\":\"");
+                    push_lossy(out, text);
+                    out.push('"');
+                }
+            }
+        }
+        out.push('}');
+    }
+}
+
+fn push_lossy(out: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => out.push_str(text),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(flags: u32) -> BlockRecord {
+        BlockRecord {
+            event: 1,
+            event_type: 2,
+            device_kind: 1,
+            device_index: 0,
+            ptr: 0x7f00_1234_5670,
+            allocation_id: 42,
+            size: 4096,
+            flags,
+            reserved: 0,
+            used: 8192,
+            total: 12288,
+            category: StrRef::new("weight"),
+            labels: StrRef::new("encoder@layer0"),
+            site: StrRef::new("train.py:12 (step)"),
+            frame: StrRef::new("torch/nn/modules/linear.py:125 (forward)"),
+            op: StrRef::new("aten::empty"),
+            python_stack: StrRef::EMPTY,
+        }
+    }
+
+    fn rendered(b: BlockAttrs) -> String {
+        let mut out = String::from("left over");
+        // SAFETY: the texts are static strings.
+        unsafe { b.render(&mut out) };
+        out
+    }
+
+    #[test]
+    fn a_malloc_row_has_every_member_in_the_order_the_dump_writes_them() {
+        let text = rendered(BlockAttrs::of(&record(BLOCK_USED | BLOCK_OWNER)));
+        assert_eq!(
+            text,
+            r#"{"allocation_id":42,"addr":"0x00007f0012345670","size":4096,"used":8192,"owner":"PTA@weight@encoder@layer0","site":"train.py:12 (step)","frame":"torch/nn/modules/linear.py:125 (forward)","op":"aten::empty"}"#
+        );
+        assert!(crate::events::reader::check_attrs(&text).is_ok());
+    }
+
+    #[test]
+    fn absent_texts_and_counts_leave_their_members_out() {
+        let mut r = record(BLOCK_USED | BLOCK_TOTAL);
+        assert_eq!(
+            rendered(BlockAttrs::of(&r)),
+            r#"{"allocation_id":42,"addr":"0x00007f0012345670","size":4096,"used":8192,"total":12288}"#
+        );
+        r.flags = BLOCK_OWNER;
+        (r.category, r.site, r.op) = (StrRef::EMPTY, StrRef::EMPTY, StrRef::EMPTY);
+        r.labels = StrRef::new("\u{e9}t\u{e9}");
+        assert_eq!(
+            rendered(BlockAttrs::of(&r)),
+            "{\"allocation_id\":42,\"addr\":\"0x00007f0012345670\",\"size\":4096,\"owner\":\"PTA@\u{e9}t\u{e9}\",\"frame\":\"torch/nn/modules/linear.py:125 (forward)\"}"
+        );
+        let bad = [b'a', 0xff];
+        r.frame = StrRef {
+            ptr: bad.as_ptr(),
+            len: 2,
+        };
+        assert!(rendered(BlockAttrs::of(&r)).contains("\"frame\":\"a\u{fffd}\""));
+    }
+}
