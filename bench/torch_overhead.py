@@ -24,9 +24,10 @@ under six modes:
   around the warmup and timed steps (its post-processing at exit is not timed);
 - ``memtracker``: in-process ``torch.distributed._tools.mem_tracker.MemTracker`` (a
   TorchDispatchMode with weakref storage tracking), ``reset_mod_stats()`` before each step;
-- ``baseline``, ``baseline-alloc`` (only with ``--baseline DIR``): ``native``, ``native-alloc`` under another checkout's CLI
-  (``DIR/target/release/msmemscope-cli``, built there, with its own Python package), so an
-  earlier commit is measured side by side with this one in the same run.
+- ``baseline``, ``baseline-alloc`` (only with ``--baseline DIR``): ``native``,
+  ``native-alloc`` under another checkout's CLI (``DIR/target/release/msmemscope-cli``, built
+  there, with its own Python package), so an earlier commit is measured side by side with this
+  one in the same run.
 
 Usage: ``.venv/bin/python bench/torch_overhead.py [--rounds 3] [--steps N] [--warmup 5]
 [--workloads mlp,gpt2,cnn,gpt2-6l] [--modes none,native,native-alloc,fallback,profiler,memtracker]
@@ -55,11 +56,21 @@ path for every op, our op callback, the wrapper) and recording / removed. The bl
 run in the same process within a second, so what drifts between processes (a neighbour's load,
 where the heap and the interpreter's objects landed, when the garbage collector runs) cancels
 out.
+
+With ``--instructions`` each mode that runs no in-process profiler also runs under callgrind
+(valgrind), twice, with few and with more timed steps (``INSTRUCTION_STEPS``); the difference
+of the two runs' instruction counts, per step, is what a step costs in instructions, apart from
+the import and setup both runs share. It prints, per mode, the program's main thread and the
+other threads (the runtime's writer), and the main thread's added instructions against
+``none``. Instruction counts do not drift with the machine's load the way times do: a change of
+a few percent in a mode's cost shows in one run. They count no cache misses and no waits, so
+they are read next to the times, not instead of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import csv
 import os
@@ -81,6 +92,8 @@ PYTHON = REPO / ".venv" / "bin" / "python"
 
 WORKLOADS = ("mlp", "gpt2", "cnn", "gpt2-6l")
 DEFAULT_STEPS = {"mlp": 200, "gpt2": 20, "cnn": 50, "gpt2-6l": 4}
+# --instructions: (fewer, more) timed steps of the two callgrind runs.
+INSTRUCTION_STEPS = {"mlp": (20, 120), "gpt2": (2, 12), "cnn": (5, 30), "gpt2-6l": (1, 3)}
 # Steps per block of --paired.
 BLOCK_STEPS = {"mlp": 30, "gpt2": 4, "cnn": 10, "gpt2-6l": 1}
 DESCRIPTIONS = {
@@ -441,6 +454,64 @@ def paired_table(workloads: list[str], modes: list[str], blocks: int, warmup: in
     print()
 
 
+def callgrind_totals(out_dir: Path) -> tuple[int, int]:
+    """(main thread, other threads) instructions of the worker process in ``out_dir``."""
+    main = other = 0
+    for path in out_dir.glob("cg.*"):
+        text = path.read_text(errors="replace")
+        argv = text.partition("\ncmd:")[2].partition("\n")[0].split()
+        # The worker's Python, not the CLI that launched it (whose argv names it too).
+        if "--worker" not in argv or Path(argv[0]).name.startswith("msmemscope"):
+            continue
+        total = next(
+            (int(line.split()[1]) for line in text.splitlines() if line.startswith("totals:")),
+            0,
+        )
+        if "\nthread: 1\n" in text:
+            main += total
+        else:
+            other += total
+    return main, other
+
+
+def instructions_once(workload: str, mode: str, steps: int, warmup: int) -> tuple[int, int]:
+    """Instructions (main thread, other threads) of one run of ``mode`` under callgrind."""
+    out_dir = Path(tempfile.mkdtemp(prefix="msmemscope_bench_cg_"))
+    try:
+        cmd = command(workload, mode, steps, warmup, str(out_dir / "dump"))
+        cg = ["valgrind", "--tool=callgrind", "--separate-threads=yes", "--trace-children=yes"]
+        cg += [f"--callgrind-out-file={out_dir}/cg.%p"]
+        launch(cg + cmd, mode)
+        return callgrind_totals(out_dir)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def instructions_table(workloads: list[str], modes: list[str], warmup: int) -> None:
+    measured = [m for m in modes if m not in ("profiler", "memtracker")]
+    if shutil.which("valgrind") is None:
+        print("--instructions: valgrind is not installed; skipped")
+        return
+    print("### instructions per step (callgrind; (run with more steps - run with fewer) / steps)")
+    print()
+    print("| workload | mode | main thread | added vs none | other threads |")
+    print("|---|---|---:|---:|---:|")
+    for w in workloads:
+        few, more = INSTRUCTION_STEPS[w]
+        per_step: dict[str, tuple[float, float]] = {}
+        for m in measured:
+            # The two runs of a mode at once: one per core.
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                runs = [pool.submit(instructions_once, w, m, n, warmup) for n in (few, more)]
+                a, b = (run.result() for run in runs)
+            per_step[m] = ((b[0] - a[0]) / (more - few), (b[1] - a[1]) / (more - few))
+        base = per_step.get("none", (0.0, 0.0))[0]
+        for m, (main, other) in per_step.items():
+            added = f"{(main - base) / base * 100:+.1f}%" if base and m != "none" else "-"
+            print(f"| {w} | {m} | {main:,.0f} | {added} | {other:,.0f} |", flush=True)
+    print()
+
+
 def median_of(values: list[float | int | None]) -> float | None:
     present = [float(v) for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -522,6 +593,11 @@ def main() -> None:
         metavar="ROUNDS",
         help="also measure each CLI mode recording, idle and removed, in one process",
     )
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each mode's instructions per step under callgrind (needs valgrind)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--steps",
@@ -586,18 +662,21 @@ def main() -> None:
     print()
 
     all_ratios: dict[str, dict[str, float]] = {}
-    for w in workloads:
-        all_ratios[w] = table(w, modes, results[w], steps_for(w, args.steps), args.warmup)
-    print(
-        "rows/step (timed): dump rows stamped inside the timed steps / timed steps; "
-        "rows/step (whole dump): all dump rows / (warmup + timed steps), which also counts the "
-        "import, model setup and exit rows. ns per row: (time/step(mode) - time/step(none)) / "
-        "rows/step (timed)."
-    )
-    print()
+    if args.rounds > 0:  # --rounds 0: only the paired and instruction tables
+        for w in workloads:
+            all_ratios[w] = table(w, modes, results[w], steps_for(w, args.steps), args.warmup)
+        print(
+            "rows/step (timed): dump rows stamped inside the timed steps / timed steps; "
+            "rows/step (whole dump): all dump rows / (warmup + timed steps), which also counts "
+            "the import, model setup and exit rows. ns per row: (time/step(mode) - "
+            "time/step(none)) / rows/step (timed)."
+        )
+        print()
     cli_modes = [m for m in modes if m in CLI_MODES]
     if args.paired and cli_modes:
         paired_table(workloads, cli_modes, args.paired, args.warmup)
+    if args.instructions:
+        instructions_table(workloads, modes, args.warmup)
     verdicts(all_ratios)
     if notes:
         print()

@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use msmemscope_core::events::abi::BlockAttrs;
@@ -99,32 +99,47 @@ pub struct Numbers {
     pub ptr: Option<u64>,
 }
 
-/// A range of a chunk's arena.
+/// A range of a chunk's arena (a chunk's arenas are shorter than 64 Ki entries).
 #[derive(Clone, Copy)]
 struct Span {
-    start: u32,
-    end: u32,
+    start: u16,
+    len: u16,
 }
 
-/// Where a packed row's Attr column is.
-#[derive(Clone, Copy)]
-enum AttrsSpan {
-    None,
-    /// The text, in the arena.
-    Json(Span),
-    /// A [`BlockAttrs`], its bytes in the arena (unaligned).
-    Block(Span),
+impl Span {
+    const EMPTY: Span = Span { start: 0, len: 0 };
+
+    fn range(self) -> std::ops::Range<usize> {
+        let start = self.start as usize;
+        start..start + self.len as usize
+    }
 }
 
-/// A row queued without its own strings: spans of its chunk's arenas.
+/// [`Packed::flags`]: the row has a Ptr; what its `attrs` span holds.
+const HAS_PTR: u8 = 1;
+/// The Attr text.
+const ATTRS_JSON: u8 = 2;
+/// A [`BlockAttrs`], its bytes (unaligned).
+const ATTRS_BLOCK: u8 = 4;
+
+/// A row queued without its own strings: its numbers and spans of its chunk's arenas. Kept
+/// small (56 bytes): each row's bytes are fresh cache lines for the program's thread to write,
+/// so the process and thread ids, the same for every row of a chunk, are the chunk's, and the
+/// sequence number is counted from the chunk's first.
 #[derive(Clone, Copy)]
 struct Packed {
-    seq: u64,
-    numbers: Numbers,
+    ts_ns: u64,
+    ptr: u64,
+    event: Event,
+    event_type: EventType,
+    device: DeviceId,
+    /// The row's sequence number less the chunk's first row's.
+    seq: u32,
     name: Span,
-    attrs: AttrsSpan,
+    attrs: Span,
     python_stack: Span,
     c_frames: Span,
+    flags: u8,
 }
 
 /// Rows, text bytes and C frames one chunk holds: about 100 KiB, which a busy thread fills in
@@ -132,6 +147,9 @@ struct Packed {
 const CHUNK_ROWS: usize = 512;
 const CHUNK_TEXT: usize = 48 << 10;
 const CHUNK_FRAMES: usize = 2048;
+// A span's start and length are 16-bit.
+const _: () = assert!(CHUNK_TEXT <= u16::MAX as usize);
+const _: () = assert!(CHUNK_FRAMES <= u16::MAX as usize);
 /// Emptied chunks a thread keeps for its next ones: at least this many, and up to as many as
 /// the writer lately held for it, within the most.
 const FREE_CHUNKS: usize = 8;
@@ -154,6 +172,11 @@ struct Chunk {
     /// Arena bytes and frames in use: the filling thread's (the writer's once handed over).
     text_len: AtomicUsize,
     frames_len: AtomicUsize,
+    /// Of every row in the chunk: the first row's sequence number, the process and thread
+    /// ids. Set with the first row, before `len` publishes it.
+    first_seq: AtomicU64,
+    pid: AtomicU32,
+    tid: AtomicU64,
     /// Rows the writer has taken: the writer's.
     taken: AtomicUsize,
 }
@@ -222,6 +245,9 @@ impl Chunk {
             len: AtomicUsize::new(0),
             text_len: AtomicUsize::new(0),
             frames_len: AtomicUsize::new(0),
+            first_seq: AtomicU64::new(0),
+            pid: AtomicU32::new(0),
+            tid: AtomicU64::new(0),
             taken: AtomicUsize::new(0),
         };
         let mut one = Vec::new();
@@ -237,8 +263,9 @@ impl Chunk {
         texts.len() <= CHUNK_TEXT && frames.len() <= CHUNK_FRAMES
     }
 
-    /// Appends and publishes a row; false when the chunk has no room for it. Only the thread
-    /// filling the chunk calls this.
+    /// Appends and publishes a row; false when the chunk has no room for it (or the row is
+    /// another process's or thread's, or too far in sequence from the chunk's first). Only the
+    /// thread filling the chunk calls this.
     fn push(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
         let n = self.len.load(Ordering::Relaxed);
         let t = self.text_len.load(Ordering::Relaxed);
@@ -246,24 +273,41 @@ impl Chunk {
         if n >= CHUNK_ROWS || t + texts.len() > CHUNK_TEXT || f + frames.len() > CHUNK_FRAMES {
             return false;
         }
+        if n == 0 {
+            self.first_seq.store(seq, Ordering::Relaxed);
+            self.pid.store(numbers.pid, Ordering::Relaxed);
+            self.tid.store(numbers.tid, Ordering::Relaxed);
+        } else if numbers.tid != self.tid.load(Ordering::Relaxed)
+            || numbers.pid != self.pid.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        let Ok(seq) = u32::try_from(seq.wrapping_sub(self.first_seq.load(Ordering::Relaxed)))
+        else {
+            return false;
+        };
         let mut at = t;
         let mut copy = |bytes: &[u8]| {
-            // SAFETY: `at..at + len` lies inside the arena (checked above) and past every
-            // published row's bytes: nobody reads it until `len` publishes this row.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.text.add(at), bytes.len());
+            // Most rows have empty texts (an op's attrs and stack): no call to copy nothing.
+            if !bytes.is_empty() {
+                // SAFETY: `at..at + len` lies inside the arena (checked above) and past every
+                // published row's bytes: nobody reads it until `len` publishes this row.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.text.add(at), bytes.len());
+                }
             }
+            // Both fit in 16 bits: the arena is shorter (checked above).
             let span = Span {
-                start: at as u32,
-                end: (at + bytes.len()) as u32,
+                start: at as u16,
+                len: bytes.len() as u16,
             };
             at += bytes.len();
             span
         };
         let name = copy(texts.name);
-        let attrs = match &texts.attrs {
-            Attrs::None => AttrsSpan::None,
-            Attrs::Json(a) => AttrsSpan::Json(copy(a)),
+        let (attrs, attrs_flag) = match &texts.attrs {
+            Attrs::None => (Span::EMPTY, 0),
+            Attrs::Json(a) => (copy(a), ATTRS_JSON),
             Attrs::Block(b) => {
                 // SAFETY: a plain-data struct read as its bytes, for the length of the struct.
                 let bytes = unsafe {
@@ -272,24 +316,31 @@ impl Chunk {
                         std::mem::size_of::<BlockAttrs>(),
                     )
                 };
-                AttrsSpan::Block(copy(bytes))
+                (copy(bytes), ATTRS_BLOCK)
             }
         };
         let python_stack = copy(texts.python_stack);
-        // SAFETY: as for the text, in the frames arena.
-        unsafe {
-            std::ptr::copy_nonoverlapping(frames.as_ptr(), self.frames.add(f), frames.len());
+        if !frames.is_empty() {
+            // SAFETY: as for the text, in the frames arena.
+            unsafe {
+                std::ptr::copy_nonoverlapping(frames.as_ptr(), self.frames.add(f), frames.len());
+            }
         }
         let packed = Packed {
+            ts_ns: numbers.ts_ns,
+            ptr: numbers.ptr.unwrap_or(0),
+            event: numbers.event,
+            event_type: numbers.event_type,
+            device: numbers.device,
             seq,
-            numbers,
             name,
             attrs,
             python_stack,
             c_frames: Span {
-                start: f as u32,
-                end: (f + frames.len()) as u32,
+                start: f as u16,
+                len: frames.len() as u16,
             },
+            flags: attrs_flag | if numbers.ptr.is_some() { HAS_PTR } else { 0 },
         };
         // SAFETY: slot `n` is unpublished (n == len), so only this thread touches it.
         unsafe { (*self.rows.add(n)).write(packed) };
@@ -312,7 +363,14 @@ impl Chunk {
 
     /// The writer: the key (time, sequence number) of the first row not read yet.
     fn head_key(&self) -> Option<(u64, u64)> {
-        self.unread().map(|(_, p)| (p.numbers.ts_ns, p.seq))
+        self.unread().map(|(_, p)| (p.ts_ns, self.seq_of(p)))
+    }
+
+    /// The writer: a published row's sequence number.
+    fn seq_of(&self, p: &Packed) -> u64 {
+        self.first_seq
+            .load(Ordering::Relaxed)
+            .wrapping_add(u64::from(p.seq))
     }
 
     /// The writer: reads the first row not read yet into `out` (its strings' and frames'
@@ -327,13 +385,13 @@ impl Chunk {
     }
 
     fn bytes(&self, span: Span) -> &[u8] {
-        let (start, end) = (span.start as usize, span.end as usize);
-        if start > end || end > CHUNK_TEXT {
+        let range = span.range();
+        if range.end > CHUNK_TEXT {
             return &[];
         }
         // SAFETY: the span is a published row's, inside the arena, and not written again
         // until the chunk is emptied.
-        unsafe { std::slice::from_raw_parts(self.text.add(start), end - start) }
+        unsafe { std::slice::from_raw_parts(self.text.add(range.start), range.len()) }
     }
 
     /// The block copied into the arena at `span` (none if the span cannot hold one).
@@ -345,42 +403,41 @@ impl Chunk {
     }
 
     fn frames_of(&self, span: Span) -> &[u64] {
-        let (start, end) = (span.start as usize, span.end as usize);
-        if start >= end || end > CHUNK_FRAMES {
+        let range = span.range();
+        if range.is_empty() || range.end > CHUNK_FRAMES {
             return &[];
         }
         // SAFETY: as for `bytes`, in the frames arena.
-        unsafe { std::slice::from_raw_parts(self.frames.add(start), end - start) }
+        unsafe { std::slice::from_raw_parts(self.frames.add(range.start), range.len()) }
     }
 
     /// Makes `out` the whole row of `p`, in the strings `out` already has.
     fn unpack_into(&self, p: &Packed, out: &mut Queued) {
-        let n = p.numbers;
         let row = &mut out.row;
         let attrs = row.attrs_json.take();
-        row.reset(n.event, n.event_type);
+        row.reset(p.event, p.event_type);
         text_into(&mut row.name, self.bytes(p.name));
-        row.ts_ns = n.ts_ns;
-        row.pid = n.pid;
-        row.tid = n.tid;
-        row.device = n.device;
-        row.ptr = n.ptr;
-        row.attrs_json = match p.attrs {
-            AttrsSpan::None => None,
-            AttrsSpan::Json(span) => {
-                let mut text = attrs.unwrap_or_default();
-                text_into(&mut text, self.bytes(span));
-                Some(text)
-            }
-            AttrsSpan::Block(span) => self.block_attrs(span).map(|b| {
+        row.ts_ns = p.ts_ns;
+        row.pid = self.pid.load(Ordering::Relaxed);
+        row.tid = self.tid.load(Ordering::Relaxed);
+        row.device = p.device;
+        row.ptr = (p.flags & HAS_PTR != 0).then_some(p.ptr);
+        row.attrs_json = if p.flags & ATTRS_JSON != 0 {
+            let mut text = attrs.unwrap_or_default();
+            text_into(&mut text, self.bytes(p.attrs));
+            Some(text)
+        } else if p.flags & ATTRS_BLOCK != 0 {
+            self.block_attrs(p.attrs).map(|b| {
                 let mut text = attrs.unwrap_or_default();
                 // SAFETY: a block's texts are interned by its producer (the ABI's promise).
                 unsafe { b.render(&mut text) };
                 text
-            }),
+            })
+        } else {
+            None
         };
         text_into(&mut row.python_stack, self.bytes(p.python_stack));
-        out.seq = p.seq;
+        out.seq = self.seq_of(p);
         out.c_frames.clear();
         out.c_frames.extend_from_slice(self.frames_of(p.c_frames));
     }
@@ -942,6 +999,39 @@ mod tests {
 
     /// A block row goes as numbers and interned texts; its Attr column is rendered when it is
     /// read, packed or (too large for a chunk) whole, the same either way.
+    #[test]
+    fn a_packed_row_is_56_bytes() {
+        assert_eq!(std::mem::size_of::<Packed>(), 56);
+    }
+
+    /// A row keeps its own sequence number and ids, which its chunk holds once for all its
+    /// rows: a row that does not share them with the chunk's first starts a chunk of its own.
+    #[test]
+    fn sequence_numbers_and_ids_come_back_as_queued() {
+        let buffer = Arc::new(ThreadBuffer::default());
+        let mut backlog = Backlog::default();
+        let row = texts(b"aten::mm.default", None, b"");
+        let far = 5 << 32;
+        for (seq, tid) in [(3, 13), (4, 13), (far, 13), (far + 1, 14), (far + 2, 13)] {
+            let mut n = numbers(Event::OpLaunch, seq);
+            n.tid = tid;
+            assert!(buffer.push_packed(seq, n, &row, &[]));
+        }
+        let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
+        let got: Vec<(u64, u64, u32)> = out.iter().map(|q| (q.seq, q.row.tid, q.row.pid)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, 13, 11),
+                (4, 13, 11),
+                (far, 13, 11),
+                (far + 1, 14, 11),
+                (far + 2, 13, 11)
+            ]
+        );
+        assert_eq!(buffer.handoff.lock().unwrap().mapped, 4);
+    }
+
     #[test]
     fn a_block_row_is_rendered_when_read() {
         use msmemscope_core::events::abi::{BlockRecord, StrRef, BLOCK_OWNER, BLOCK_USED};

@@ -87,19 +87,22 @@ impl BlockAttrs {
     /// # Safety
     /// Every text of `self` points at bytes that are still valid (interned texts are).
     pub unsafe fn render(&self, out: &mut String) {
-        use std::fmt::Write;
+        // By hand (integers through itoa): the writer renders one per block row.
+        let mut n = itoa::Buffer::new();
         out.clear();
-        // Writing to a String cannot fail.
-        let _ = write!(
-            out,
-            "{{\"allocation_id\":{},\"addr\":\"0x{:016x}\",\"size\":{}",
-            self.allocation_id, self.addr, self.size
-        );
+        out.push_str("{\"allocation_id\":");
+        out.push_str(n.format(self.allocation_id));
+        out.push_str(",\"addr\":\"0x");
+        push_hex16(out, self.addr);
+        out.push_str("\",\"size\":");
+        out.push_str(n.format(self.size));
         if let Some(used) = self.used {
-            let _ = write!(out, ",\"used\":{used}");
+            out.push_str(",\"used\":");
+            out.push_str(n.format(used));
         }
         if let Some(total) = self.total {
-            let _ = write!(out, ",\"total\":{total}");
+            out.push_str(",\"total\":");
+            out.push_str(n.format(total));
         }
         if self.owner {
             out.push_str(",\"owner\":\"PTA");
@@ -112,17 +115,29 @@ impl BlockAttrs {
                 }
             }
             out.push('"');
-            for (key, text) in [("site", self.site), ("frame", self.frame), ("op", self.op)] {
+            for (key, text) in [
+                (",\"site\":\"", self.site),
+                (",\"frame\":\"", self.frame),
+                (",\"op\":\"", self.op),
+            ] {
                 // SAFETY: the caller's promise.
                 let text = unsafe { text.as_bytes() };
                 if !text.is_empty() {
-                    let _ = write!(out, ",\"{key}\":\"");
+                    out.push_str(key);
                     push_lossy(out, text);
                     out.push('"');
                 }
             }
         }
         out.push('}');
+    }
+}
+
+/// `v` as 16 lowercase hex digits.
+fn push_hex16(out: &mut String, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(HEX[((v >> (shift * 4)) & 0xf) as usize] as char);
     }
 }
 
