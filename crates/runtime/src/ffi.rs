@@ -44,15 +44,7 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
     }
     // SAFETY: the caller passes a valid record whose strings live for the call.
     let r = unsafe { &*record };
-    guarded(|| {
-        if !pipeline::is_tracing() {
-            return FILTERED;
-        }
-        let (Some(event), Some(event_type)) =
-            (Event::from_u32(r.event), EventType::from_u32(r.event_type))
-        else {
-            return INVALID;
-        };
+    emitting(r.event, r.event_type, |event, event_type| {
         let device = device_of(r.device_kind, r.device_index);
         // The name and the stack are copied as bytes: the writer, not the program's thread,
         // reads them as UTF-8 (an invalid sequence becomes U+FFFD there).
@@ -87,6 +79,20 @@ pub unsafe extern "C" fn msmemscope_emit(record: *const EventRecord) -> i32 {
     })
 }
 
+/// Inside the runtime, while tracing (else FILTERED), `f` with a record's event and type codes
+/// read (INVALID when either is unknown).
+fn emitting(event: u32, event_type: u32, f: impl FnOnce(Event, EventType) -> i32) -> i32 {
+    guarded(|| {
+        if !pipeline::is_tracing() {
+            return FILTERED;
+        }
+        match (Event::from_u32(event), EventType::from_u32(event_type)) {
+            (Some(event), Some(event_type)) => f(event, event_type),
+            _ => INVALID,
+        }
+    })
+}
+
 fn device_of(kind: u32, index: u32) -> DeviceId {
     match kind {
         DEVICE_CPU => DeviceId::Cpu,
@@ -108,15 +114,10 @@ pub unsafe extern "C" fn msmemscope_emit_block(record: *const BlockRecord) -> i3
     }
     // SAFETY: the caller passes a valid record.
     let r = unsafe { &*record };
-    guarded(|| {
-        if !pipeline::is_tracing() {
-            return FILTERED;
-        }
-        let (Some(event @ (Event::Malloc | Event::Free)), Some(event_type)) =
-            (Event::from_u32(r.event), EventType::from_u32(r.event_type))
-        else {
+    emitting(r.event, r.event_type, |event, event_type| {
+        if !matches!(event, Event::Malloc | Event::Free) {
             return INVALID;
-        };
+        }
         let texts = pipeline::Texts {
             name: b"N/A",
             attrs: pipeline::Attrs::Block(BlockAttrs::of(r)),
