@@ -287,6 +287,19 @@ impl Chunk {
             return false;
         };
         let mut at = t;
+        let mut block = Span::EMPTY;
+        if let Attrs::Block(b) = &texts.attrs {
+            // Written as the struct (its padding is no byte a slice may show), unaligned.
+            let size = std::mem::size_of::<BlockAttrs>();
+            // SAFETY: `at..at + size` lies inside the arena (checked above: `texts.len()`
+            // counts the struct) and past every published row's bytes.
+            unsafe { self.text.add(at).cast::<BlockAttrs>().write_unaligned(*b) };
+            block = Span {
+                start: at as u16,
+                len: size as u16,
+            };
+            at += size;
+        }
         let mut copy = |bytes: &[u8]| {
             // Most rows have empty texts (an op's attrs and stack): no call to copy nothing.
             if !bytes.is_empty() {
@@ -308,16 +321,7 @@ impl Chunk {
         let (attrs, attrs_flag) = match &texts.attrs {
             Attrs::None => (Span::EMPTY, 0),
             Attrs::Json(a) => (copy(a), ATTRS_JSON),
-            Attrs::Block(b) => {
-                // SAFETY: a plain-data struct read as its bytes, for the length of the struct.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(
-                        (b as *const BlockAttrs).cast::<u8>(),
-                        std::mem::size_of::<BlockAttrs>(),
-                    )
-                };
-                (copy(bytes), ATTRS_BLOCK)
-            }
+            Attrs::Block(_) => (block, ATTRS_BLOCK),
         };
         let python_stack = copy(texts.python_stack);
         if !frames.is_empty() {
