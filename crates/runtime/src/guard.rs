@@ -18,6 +18,9 @@ struct ThreadSlots {
     passing_through: Cell<bool>,
     /// This thread's counter stripe (`usize::MAX` until first asked).
     stripe: Cell<usize>,
+    /// Where the unwinder keeps this thread's state (null until first used): a copy of its own
+    /// thread-local's pointer, which clears it before the state is freed at thread exit.
+    unwinder: Cell<*mut ()>,
 }
 
 thread_local! {
@@ -27,6 +30,7 @@ thread_local! {
             inside: Cell::new(false),
             passing_through: Cell::new(false),
             stripe: Cell::new(usize::MAX),
+            unwinder: Cell::new(std::ptr::null_mut()),
         }
     };
 }
@@ -68,6 +72,12 @@ impl Entered {
         // SAFETY: `slots` is this thread's (an `Entered` never leaves the thread that made it),
         // and thread-local storage without a destructor lives as long as the thread.
         unsafe { &*self.slots }
+    }
+
+    /// The unwinder's state for this thread, as the unwinder left it (null: not known here).
+    #[inline]
+    pub fn unwinder(&self) -> &Cell<*mut ()> {
+        &self.slots().unwinder
     }
 
     /// This thread's stripe of the striped counters: handed out in order of a thread's first
@@ -145,6 +155,12 @@ impl Drop for PassingThrough {
         slots.passing_through.set(false);
         slots.inside.set(false);
     }
+}
+
+/// The unwinder's state of this thread is being freed (its thread exits): no hook may reach
+/// it through the guard any more.
+pub fn forget_unwinder() {
+    let _ = SLOTS.try_with(|slots| slots.unwinder.set(std::ptr::null_mut()));
 }
 
 /// Whether this thread is passing an outer hook's allocation through (only meaningful when

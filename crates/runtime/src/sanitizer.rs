@@ -150,7 +150,7 @@ pub fn forget_after_fork() {
 
 fn check(op: &OpMark, stream: u64) {
     let mut frames = Vec::with_capacity(STACK_DEPTH);
-    crate::unwind::with_stack(|stack, _| {
+    crate::unwind::with_stack(None, |stack, _| {
         frames.extend(stack.as_slice().iter().take(STACK_DEPTH));
     });
     with_state(|s| {

@@ -22,11 +22,14 @@ use crate::host_leak::window;
 /// with nothing to record costs nothing more.
 #[inline(always)]
 pub(super) fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
+    // One call for both: a thread's errno stays at the address `__errno_location` gives it.
     // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
-    let errno = unsafe { *libc::__errno_location() };
-    let result = catch_unwind(AssertUnwindSafe(work)).ok();
+    let at = unsafe { libc::__errno_location() };
     // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    let errno = unsafe { *at };
+    let result = catch_unwind(AssertUnwindSafe(work)).ok();
+    // SAFETY: as above; this thread's errno is still there.
+    unsafe { *at = errno };
     result
 }
 

@@ -342,15 +342,15 @@ impl Ledger {
             // With Python frames the key keeps only the C frames above the interpreter's, so
             // the walk ends there.
             match python::interpreter_code().filter(|_| py.len > 0) {
-                Some(code) => with_stack_above(code, |stack, tag| {
+                Some(code) => with_stack_above(entered, code, |stack, tag| {
                     self.insert(ptr, size, stack, &py, tag, stripe, AllocDomain::Malloc)
                 }),
-                None => with_stack(|stack, tag| {
+                None => with_stack(Some(entered), |stack, tag| {
                     self.insert(ptr, size, stack, &py, tag, stripe, AllocDomain::Malloc)
                 }),
             }
         } else {
-            with_stack(|stack, tag| {
+            with_stack(Some(entered), |stack, tag| {
                 self.insert(
                     ptr,
                     size,

@@ -386,7 +386,7 @@ fn with_c_frames<R>(want: bool, depth: Option<u32>, f: impl FnOnce(&[u64]) -> R)
     match (want, depth) {
         (true, Some(depth)) if depth as usize <= crate::unwind::MAX_FRAMES => {
             // Memoized: allocation-heavy producers ask for stacks at every row.
-            crate::unwind::with_stack(|stack, _| {
+            crate::unwind::with_stack(None, |stack, _| {
                 let frames = stack.as_slice();
                 f(&frames[..frames.len().min(depth as usize)])
             })

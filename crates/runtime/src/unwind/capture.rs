@@ -1,12 +1,13 @@
 //! Taking the caller's stack from inside a hook.
 
-use std::cell::UnsafeCell;
+use std::cell::Cell;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
 use framehop::{MustNotAllocateDuringUnwind, Unwinder};
 
 use super::memo::{Memo, MemoKey, ReadLog, StackRange};
 use super::modules;
+use crate::guard::{self, Entered};
 
 /// Frames kept per stack: the stack key (SPEC §8, K = 20).
 pub const MAX_FRAMES: usize = msmemscope_core::host_leak::STACK_KEY_FRAMES;
@@ -91,9 +92,59 @@ macro_rules! registers {
     }};
 }
 
+/// This thread's unwinder (lookups need `&mut`, and threads never share one), freed when the
+/// thread exits. A hook holding the guard also finds it through the guard's slots, one
+/// thread-local lookup fewer per allocation; this owner clears that copy before freeing it.
+struct Owner(Cell<*mut ThreadUnwinder>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let unwinder = self.0.replace(std::ptr::null_mut());
+        if !unwinder.is_null() {
+            guard::forget_unwinder();
+            // SAFETY: made by `Box::into_raw` in `with_unwinder`, freed once, here; nothing
+            // reaches it any more (this owner and the guard's copy are cleared).
+            drop(unsafe { Box::from_raw(unwinder) });
+        }
+    }
+}
+
 thread_local! {
-    // Per thread: lookups need `&mut`, and threads never share one.
-    static THREAD: UnsafeCell<Option<Box<ThreadUnwinder>>> = const { UnsafeCell::new(None) };
+    static THREAD: Owner = const { Owner(Cell::new(std::ptr::null_mut())) };
+}
+
+/// `f` with this thread's unwinder, made on first use; `None` once the thread's storage is
+/// torn down. Must be called with the reentrancy guard held (`entered`, when the caller has
+/// it: the unwinder is then found without a thread-local lookup of its own).
+#[inline]
+fn with_unwinder<R>(
+    entered: Option<&Entered>,
+    f: impl FnOnce(&mut ThreadUnwinder) -> R,
+) -> Option<R> {
+    let known: *mut ThreadUnwinder =
+        entered.map_or(std::ptr::null_mut(), |e| e.unwinder().get().cast());
+    let unwinder: *mut ThreadUnwinder = if known.is_null() {
+        let made = THREAD
+            .try_with(|owner| {
+                let mut unwinder = owner.0.get();
+                if unwinder.is_null() {
+                    unwinder = Box::into_raw(ThreadUnwinder::new());
+                    owner.0.set(unwinder);
+                }
+                unwinder
+            })
+            .ok()?;
+        if let Some(entered) = entered {
+            entered.unwinder().set(made.cast());
+        }
+        made
+    } else {
+        known
+    };
+    // SAFETY: this thread's unwinder, alive until its owner is torn down (which clears the
+    // guard's copy first); only this thread reaches it, never re-entered (the guard keeps
+    // hooks out of the runtime while it is in use).
+    Some(f(unsafe { &mut *unwinder }))
 }
 
 /// Address range of this library's own code: frames inside it are the hook itself.
@@ -108,33 +159,34 @@ pub fn set_own_code_range(range: std::ops::Range<u64>) {
 /// its allocations would lose their stacks. Must be called with the reentrancy guard held.
 pub fn prime_this_thread() {
     let (_, sp, _) = registers!();
-    let _ = THREAD.try_with(|cell| {
-        // SAFETY: as in `with_stack`: this thread's cell, never re-entered.
-        let slot = unsafe { &mut *cell.get() };
-        let _ = slot.get_or_insert_with(ThreadUnwinder::new).stack_range(sp);
-    });
+    let _ = with_unwinder(None, |thread| thread.stack_range(sp));
 }
 
 /// Captures the current thread's stack, skipping the runtime's own frames, and calls `f` with
 /// it and its memo tag (0 when the stack was walked afresh, else what `f` stored last time for
 /// the same stack). Must be called with the reentrancy guard held: the first call on a thread
 /// allocates (rule cache, memo, stack bounds).
-pub fn with_stack<R>(f: impl FnOnce(&CapturedStack, &mut u64) -> R) -> R {
-    walk_stack(None, f)
+pub fn with_stack<R>(
+    entered: Option<&Entered>,
+    f: impl FnOnce(&CapturedStack, &mut u64) -> R,
+) -> R {
+    walk_stack(entered, None, f)
 }
 
 /// [`with_stack`], the walk ending at the first frame inside `stop` (the interpreter's code,
 /// when the allocation's Python frames say the rest): the frames above it are all a stack key
 /// keeps then, and walking the interpreter's frames below them is most of the work.
 pub fn with_stack_above<R>(
+    entered: &Entered,
     stop: std::ops::Range<u64>,
     f: impl FnOnce(&CapturedStack, &mut u64) -> R,
 ) -> R {
-    walk_stack(Some(stop), f)
+    walk_stack(Some(entered), Some(stop), f)
 }
 
 #[inline(never)]
 fn walk_stack<R>(
+    entered: Option<&Entered>,
     stop: Option<std::ops::Range<u64>>,
     f: impl FnOnce(&CapturedStack, &mut u64) -> R,
 ) -> R {
@@ -142,12 +194,8 @@ fn walk_stack<R>(
     let mut call =
         |stack: &CapturedStack, tag: &mut u64| (f.take().expect("called once"))(stack, tag);
     let (pc, sp, bp) = registers!();
-    let walked = THREAD.try_with(|cell| {
+    let walked = with_unwinder(entered, |thread| {
         let snapshot = modules::current()?;
-        // SAFETY: the cell is only touched by this thread, and never re-entered (the guard
-        // keeps hooks from running inside this function).
-        let slot = unsafe { &mut *cell.get() };
-        let thread = slot.get_or_insert_with(ThreadUnwinder::new);
         let range = thread.stack_range(sp)?;
         let key = MemoKey {
             snapshot: snapshot as *const _ as usize,
@@ -217,7 +265,7 @@ fn walk_stack<R>(
         }
     });
     match walked {
-        Ok(Some(result)) => result,
+        Some(Some(result)) => result,
         // No modules yet, a foreign stack, or thread-local storage already torn down.
         _ => {
             let mut tag = 0;
@@ -347,13 +395,10 @@ fn walk(
 pub fn capture_deep(max: usize) -> Vec<u64> {
     let (pc, sp, bp) = registers!();
     let mut frames = Vec::with_capacity(max.min(1024));
-    let _ = THREAD.try_with(|cell| {
+    let _ = with_unwinder(None, |thread| {
         let Some(snapshot) = modules::current() else {
             return;
         };
-        // SAFETY: as in `with_stack`: this thread's cell, never re-entered.
-        let slot = unsafe { &mut *cell.get() };
-        let thread = slot.get_or_insert_with(ThreadUnwinder::new);
         let Some(range) = thread.stack_range(sp) else {
             return;
         };
