@@ -21,6 +21,9 @@ struct ThreadSlots {
     /// Where the unwinder keeps this thread's state (null until first used): a copy of its own
     /// thread-local's pointer, which clears it before the state is freed at thread exit.
     unwinder: Cell<*mut ()>,
+    /// Where this thread's errno is (null until first asked): it never moves, and asking libc
+    /// is a call.
+    errno: Cell<*mut libc::c_int>,
 }
 
 thread_local! {
@@ -31,6 +34,7 @@ thread_local! {
             passing_through: Cell::new(false),
             stripe: Cell::new(usize::MAX),
             unwinder: Cell::new(std::ptr::null_mut()),
+            errno: Cell::new(std::ptr::null_mut()),
         }
     };
 }
@@ -72,6 +76,19 @@ impl Entered {
         // SAFETY: `slots` is this thread's (an `Entered` never leaves the thread that made it),
         // and thread-local storage without a destructor lives as long as the thread.
         unsafe { &*self.slots }
+    }
+
+    /// This thread's errno.
+    #[inline]
+    pub fn errno(&self) -> *mut libc::c_int {
+        let slot = &self.slots().errno;
+        let mut at = slot.get();
+        if at.is_null() {
+            // SAFETY: `__errno_location` has no precondition.
+            at = unsafe { libc::__errno_location() };
+            slot.set(at);
+        }
+        at
     }
 
     /// The unwinder's state for this thread, as the unwinder left it (null: not known here).

@@ -22,13 +22,23 @@ use crate::host_leak::window;
 /// with nothing to record costs nothing more.
 #[inline(always)]
 pub(super) fn caught<R>(work: impl FnOnce() -> R) -> Option<R> {
-    // One call for both: a thread's errno stays at the address `__errno_location` gives it.
-    // SAFETY: `__errno_location` returns this thread's errno, always valid to read and write.
-    let at = unsafe { libc::__errno_location() };
-    // SAFETY: as above.
+    // SAFETY: `__errno_location` has no precondition.
+    keeping_errno(unsafe { libc::__errno_location() }, work)
+}
+
+/// [`caught`] on a thread inside the runtime: the guard keeps where its errno is.
+#[inline(always)]
+pub(super) fn caught_entered<R>(entered: &Entered, work: impl FnOnce() -> R) -> Option<R> {
+    keeping_errno(entered.errno(), work)
+}
+
+/// `work`, stopped if it panics, with the errno at `at` (this thread's) put back after it.
+#[inline(always)]
+fn keeping_errno<R>(at: *mut c_int, work: impl FnOnce() -> R) -> Option<R> {
+    // SAFETY: `at` is this thread's errno (the caller's), always valid to read and write.
     let errno = unsafe { *at };
     let result = catch_unwind(AssertUnwindSafe(work)).ok();
-    // SAFETY: as above; this thread's errno is still there.
+    // SAFETY: as above; a thread's errno stays where it is.
     unsafe { *at = errno };
     result
 }
@@ -55,7 +65,7 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
     if let Some(ledger) = window::active().or_else(begin_run_now) {
         match Entered::try_enter() {
             Some(entered) => {
-                caught(|| {
+                caught_entered(&entered, || {
                     // An entry for this address is stale (its free passed where no hook saw
                     // it). It only matters for a block the ledger does not hold, whose free
                     // would find it: looked up off the common path, for those alone.
@@ -81,7 +91,7 @@ fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
         if let Some(ledger) = window::active() {
             match Entered::try_enter() {
                 Some(entered) => {
-                    caught(|| {
+                    caught_entered(&entered, || {
                         let taken = ledger.take(ptr as usize, &entered);
                         if !(matches!(taken, Taken::NotFound { .. })
                             && own_blocks::remove(ptr as usize))
@@ -174,7 +184,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     };
     let generation = ledger.stacks.generation();
     // `None`: the recording panicked; the reallocation still happens, once.
-    let taken = caught(|| {
+    let taken = caught_entered(&entered, || {
         let taken = ledger.take(ptr as usize, &entered);
         let own = matches!(taken, Taken::NotFound { .. }) && own_blocks::remove(ptr as usize);
         (taken, own)
@@ -184,7 +194,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     let new = unsafe { forward::realloc(ptr, size) };
     if failed(new) {
         if let Some((taken, own)) = taken {
-            caught(|| {
+            caught_entered(&entered, || {
                 if own {
                     own_blocks::insert(ptr as usize);
                 }
@@ -195,7 +205,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
         record_alloc(new, size, "realloc");
         return new;
     }
-    caught(|| {
+    caught_entered(&entered, || {
         let own = match taken {
             Some((_, true)) => true,
             Some((taken, false)) => {

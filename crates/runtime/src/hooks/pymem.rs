@@ -26,7 +26,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
-use super::malloc::caught;
+use super::malloc::caught_entered;
 use crate::guard::{Entered, PassingThrough};
 use crate::host_leak::ledger::{Ledger, Taken};
 use crate::host_leak::window;
@@ -184,7 +184,9 @@ fn record_alloc(ptr: *mut c_void, size: usize) {
     }
     if let Some(ledger) = recording() {
         if let Some(entered) = Entered::try_enter() {
-            caught(|| ledger.on_python_alloc(ptr as usize, size, &entered));
+            caught_entered(&entered, || {
+                ledger.on_python_alloc(ptr as usize, size, &entered)
+            });
         }
     }
 }
@@ -197,7 +199,8 @@ fn take(ptr: *mut c_void) -> Option<(&'static Ledger, Taken, u64)> {
     let ledger = recording()?;
     let entered = Entered::try_enter()?;
     let generation = ledger.stacks.generation();
-    caught(|| ledger.take_python(ptr as usize, &entered)).map(|t| (ledger, t, generation))
+    caught_entered(&entered, || ledger.take_python(ptr as usize, &entered))
+        .map(|t| (ledger, t, generation))
 }
 
 unsafe extern "C" fn wrapped_malloc(ctx: *mut c_void, size: usize) -> *mut c_void {
@@ -247,7 +250,9 @@ unsafe extern "C" fn wrapped_realloc(
         // failure, whatever the size).
         if let Some((ledger, taken, generation)) = taken {
             if let Some(entered) = Entered::try_enter() {
-                caught(|| ledger.restore(ptr as usize, taken, generation, &entered));
+                caught_entered(&entered, || {
+                    ledger.restore(ptr as usize, taken, generation, &entered)
+                });
             }
         }
         return new;
