@@ -102,7 +102,7 @@ impl BlockMap {
     }
 
     /// Takes the block at `key` out of the map.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: usize) -> Option<Block> {
         if key == EMPTY || self.slots.is_empty() {
             return None;

@@ -327,7 +327,7 @@ impl Ledger {
     }
 
     /// Records a successful allocation, made by the thread that holds `entered`.
-    #[inline]
+    #[inline(always)]
     pub fn on_alloc(&self, ptr: usize, size: usize, entered: &Entered) -> bool {
         let size = size as u64;
         let stripe = entered.stripe();

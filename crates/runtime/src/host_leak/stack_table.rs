@@ -189,7 +189,7 @@ impl StripedCounters {
     }
 
     /// Counts a free; `undo` takes one back (a `realloc` that failed after its block was taken).
-    #[inline]
+    #[inline(always)]
     fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool, stripe: Stripe) {
         if let Some(c) = self.mine(slot, stripe) {
             let alone = stripe.alone_in(STRIPES);
