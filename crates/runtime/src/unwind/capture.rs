@@ -514,3 +514,47 @@ fn query_stack_bounds(sp: u64) -> Option<(u64, u64, bool)> {
     }
     Some((mapping.start, mapping.end, true))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Frames a walk found, told when the thread's storage is torn down.
+    struct WalkAtExit(Arc<Mutex<Option<usize>>>);
+
+    impl Drop for WalkAtExit {
+        fn drop(&mut self) {
+            let entered = Entered::try_enter();
+            let frames = with_stack(entered.as_ref(), |stack, _| stack.len);
+            *self.0.lock().unwrap() = Some(frames);
+        }
+    }
+
+    thread_local! {
+        static AT_EXIT: RefCell<Option<WalkAtExit>> = const { RefCell::new(None) };
+    }
+
+    /// A hook that runs in a thread-local's destructor after the unwinder was freed (glibc runs
+    /// them in the reverse order of their first use) must find neither the unwinder nor the
+    /// guard's copy of its pointer: no stack, not one read through freed memory.
+    #[test]
+    fn a_walk_after_the_thread_freed_its_unwinder_finds_no_stack() {
+        modules::refresh(true);
+        let at_exit = Arc::new(Mutex::new(None));
+        let told = at_exit.clone();
+        std::thread::spawn(move || {
+            // First used before the unwinder: destroyed after it.
+            AT_EXIT.with(|slot| *slot.borrow_mut() = Some(WalkAtExit(told)));
+            let entered = Entered::try_enter().expect("outside the runtime");
+            let frames = with_stack(Some(&entered), |stack, _| stack.len);
+            assert!(frames > 0, "a live thread's walk finds its frames");
+            assert!(!entered.unwinder().get().is_null());
+        })
+        .join()
+        .unwrap();
+        assert_eq!(*at_exit.lock().unwrap(), Some(0));
+    }
+}
