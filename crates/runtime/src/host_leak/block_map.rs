@@ -64,7 +64,7 @@ impl BlockMap {
     }
 
     /// The slot holding `key`, or the empty slot where it would go.
-    #[inline]
+    #[inline(always)]
     fn probe(&self, key: usize) -> usize {
         let mask = self.mask();
         let mut i = self.home(key);

@@ -415,7 +415,7 @@ impl Ledger {
     /// generation it is valid in: `generation << 32 | id + 1`; it is only used for allocations
     /// without Python frames, since one C stack serves many Python callers. Returns the
     /// allocation's timestamp.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn insert(
         &self,
