@@ -1001,8 +1001,7 @@ mod tests {
         assert_eq!(d.row.python_stack, "\u{fffd}");
     }
 
-    /// A block row goes as numbers and interned texts; its Attr column is rendered when it is
-    /// read, packed or (too large for a chunk) whole, the same either way.
+    /// Rows stay small: each one's bytes are fresh cache lines for the program's thread.
     #[test]
     fn a_packed_row_is_56_bytes() {
         assert_eq!(std::mem::size_of::<Packed>(), 56);
@@ -1036,6 +1035,8 @@ mod tests {
         assert_eq!(buffer.handoff.lock().unwrap().mapped, 4);
     }
 
+    /// A block row goes as numbers and interned texts; its Attr column is rendered when it is
+    /// read, packed or (too large for a chunk) whole, the same either way.
     #[test]
     fn a_block_row_is_rendered_when_read() {
         use msmemscope_core::events::abi::{BlockRecord, StrRef, BLOCK_OWNER, BLOCK_USED};
