@@ -30,6 +30,13 @@ pub struct Queued {
     pub row: EventRow,
     /// Raw C frames to symbolize in the writer, when the C stack was asked for.
     pub c_frames: Vec<u64>,
+    /// The Attr text's storage while the row has none. The writer reads every packed row into
+    /// one `Queued`: a string dropped at each row without an Attr (an op's) was allocated again
+    /// at the next row with one. glibc's per-thread cache hands a thread blocks that other
+    /// threads allocated, so that churn freed and grew blocks of the program's arena, taking
+    /// the lock the program's own allocations take (about a thousand waits and wake-ups a
+    /// second on a PyTorch CPU training loop).
+    pub attrs_spare: String,
 }
 
 /// A row's texts, borrowed from its producer for the call, as bytes: they are read as UTF-8
@@ -418,7 +425,10 @@ impl Chunk {
     /// Makes `out` the whole row of `p`, in the strings `out` already has.
     fn unpack_into(&self, p: &Packed, out: &mut Queued) {
         let row = &mut out.row;
-        let attrs = row.attrs_json.take();
+        let mut attrs = row
+            .attrs_json
+            .take()
+            .unwrap_or_else(|| std::mem::take(&mut out.attrs_spare));
         row.reset(p.event, p.event_type);
         text_into(&mut row.name, self.bytes(p.name));
         row.ts_ns = p.ts_ns;
@@ -426,20 +436,23 @@ impl Chunk {
         row.tid = self.tid.load(Ordering::Relaxed);
         row.device = p.device;
         row.ptr = (p.flags & HAS_PTR != 0).then_some(p.ptr);
-        row.attrs_json = if p.flags & ATTRS_JSON != 0 {
-            let mut text = attrs.unwrap_or_default();
-            text_into(&mut text, self.bytes(p.attrs));
-            Some(text)
+        let has_attrs = if p.flags & ATTRS_JSON != 0 {
+            text_into(&mut attrs, self.bytes(p.attrs));
+            true
         } else if p.flags & ATTRS_BLOCK != 0 {
-            self.block_attrs(p.attrs).map(|b| {
-                let mut text = attrs.unwrap_or_default();
+            self.block_attrs(p.attrs).is_some_and(|b| {
                 // SAFETY: a block's texts are interned by its producer (the ABI's promise).
-                unsafe { b.render(&mut text) };
-                text
+                unsafe { b.render(&mut attrs) };
+                true
             })
         } else {
-            None
+            false
         };
+        if has_attrs {
+            row.attrs_json = Some(attrs);
+        } else {
+            out.attrs_spare = attrs;
+        }
         text_into(&mut row.python_stack, self.bytes(p.python_stack));
         out.seq = self.seq_of(p);
         out.c_frames.clear();
@@ -622,6 +635,7 @@ pub fn push(row: EventRow, c_frames: Vec<u64>) {
         seq: 0,
         row,
         c_frames,
+        attrs_spare: String::new(),
     });
     let refused = with_buffer(|buffer, seq| {
         let mut mine = q.take()?;
@@ -776,6 +790,7 @@ impl Default for Backlog {
                 seq: 0,
                 row: EventRow::new(Event::System, EventType::Step, String::new()),
                 c_frames: Vec::new(),
+                attrs_spare: String::new(),
             },
         }
     }
@@ -923,6 +938,7 @@ mod tests {
             seq,
             row,
             c_frames: Vec::new(),
+            attrs_spare: String::new(),
         }
     }
 
@@ -935,6 +951,7 @@ mod tests {
                 seq: q.seq,
                 row: q.row.clone(),
                 c_frames: q.c_frames.clone(),
+                attrs_spare: String::new(),
             })
         });
         out
@@ -1002,6 +1019,33 @@ mod tests {
     }
 
     /// Rows stay small: each one's bytes are fresh cache lines for the program's thread.
+    /// The writer keeps the Attr text's string across rows without one: after an op row, a
+    /// short Attr is written into the long one's string, not into a string of its own.
+    #[test]
+    fn rows_without_an_attr_keep_the_attr_string_for_the_next() {
+        let buffer = Arc::new(ThreadBuffer::default());
+        let mut backlog = Backlog::default();
+        let long = format!(r#"{{"site":"{}"}}"#, "x".repeat(200));
+        let rows = [
+            texts(b"m", Some(long.as_bytes()), b""),
+            texts(b"aten::mm.default", None, b""),
+            texts(b"m", Some(br#"{"size":1}"#), b""),
+        ];
+        for (seq, t) in (1..).zip(&rows) {
+            assert!(buffer.push_packed(seq, numbers(Event::Malloc, seq), t, &[]));
+        }
+        backlog.refill_from(std::slice::from_ref(&buffer));
+        let mut seen = Vec::new();
+        backlog.write_until(u64::MAX, |q| {
+            seen.push(q.row.attrs_json.as_ref().map(|a| (a.clone(), a.capacity())));
+        });
+        let [Some((a, _)), None, Some((c, capacity))] = &seen[..] else {
+            panic!("{seen:?}")
+        };
+        assert_eq!((a, c.as_str()), (&long, r#"{"size":1}"#));
+        assert!(*capacity >= long.len(), "capacity {capacity}");
+    }
+
     #[test]
     fn a_packed_row_is_56_bytes() {
         assert_eq!(std::mem::size_of::<Packed>(), 56);
