@@ -34,8 +34,8 @@ pub struct Queued {
     /// one `Queued`: a string dropped at each row without an Attr (an op's) was allocated again
     /// at the next row with one. glibc's per-thread cache hands a thread blocks that other
     /// threads allocated, so that churn freed and grew blocks of the program's arena, taking
-    /// the lock the program's own allocations take (about a thousand waits and wake-ups a
-    /// second on a PyTorch CPU training loop).
+    /// the lock the program's own allocations take: on a PyTorch CPU training loop it was
+    /// nearly every contended wait on that lock.
     pub attrs_spare: String,
 }
 
