@@ -75,7 +75,7 @@ def test_other_abi_version_is_refused(fake_libs: dict[str, Path]) -> None:
     print(nat.runtime_loaded())
     """
     out = ok(run_python(code)).splitlines()
-    assert "speaks ABI version 999, this msmemscope package speaks 2" in out[0]
+    assert "speaks ABI version 999, this msmemscope package speaks 3" in out[0]
     assert out[1] == "False"
 
 

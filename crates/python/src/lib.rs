@@ -216,15 +216,17 @@ fn tracing() -> PyResult<bool> {
     Ok(unsafe { (rt.tracing)() } == 1)
 }
 
-/// The addresses of the runtime's `msmemscope_emit` and `msmemscope_tracing`, for an in-process
-/// producer that calls the C ABI without Python (the native PyTorch capture).
+/// The addresses of the runtime's `msmemscope_emit`, `msmemscope_tracing`,
+/// `msmemscope_emit_block` and `msmemscope_emit_op`, for an in-process producer that calls the
+/// C ABI without Python (the native PyTorch capture).
 #[pyfunction]
-fn abi_entry_points() -> PyResult<(usize, usize, usize)> {
+fn abi_entry_points() -> PyResult<(usize, usize, usize, usize)> {
     let rt = require_runtime()?;
     Ok((
         rt.emit as usize,
         rt.tracing as usize,
         rt.emit_block as usize,
+        rt.emit_op as usize,
     ))
 }
 

@@ -15,6 +15,7 @@ use msmemscope_core::events::abi::{BlockRecord, EventRecord, StrRef, ABI_VERSION
 type AbiVersionFn = unsafe extern "C" fn() -> u32;
 type EmitFn = unsafe extern "C" fn(*const EventRecord) -> i32;
 type EmitBlockFn = unsafe extern "C" fn(*const BlockRecord) -> i32;
+type EmitOpFn = unsafe extern "C" fn(u32, *const u8, usize) -> i32;
 type StatusFn = unsafe extern "C" fn() -> i32;
 type ConfigureFn = unsafe extern "C" fn(StrRef) -> i32;
 type CurrentConfigFn = unsafe extern "C" fn(*mut u8, usize) -> i64;
@@ -31,6 +32,7 @@ pub struct Runtime {
     pub preloaded: bool,
     pub emit: EmitFn,
     pub emit_block: EmitBlockFn,
+    pub emit_op: EmitOpFn,
     pub tracing: StatusFn,
     pub configure: ConfigureFn,
     pub current_config: CurrentConfigFn,
@@ -141,6 +143,7 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
     let step = need(c"msmemscope_step");
     let host_hooks_active = need(c"msmemscope_host_hooks_active");
     let emit_block = need(c"msmemscope_emit_block");
+    let emit_op = need(c"msmemscope_emit_op");
     if !missing.is_empty() {
         return Err(format!(
             "{where_} does not export {}: it was built from other sources than this package \
@@ -165,6 +168,7 @@ fn resolve(handle: *mut c_void, path: Option<String>, preloaded: bool) -> Result
             preloaded,
             emit: std::mem::transmute::<*mut c_void, EmitFn>(emit),
             emit_block: std::mem::transmute::<*mut c_void, EmitBlockFn>(emit_block),
+            emit_op: std::mem::transmute::<*mut c_void, EmitOpFn>(emit_op),
             tracing: std::mem::transmute::<*mut c_void, StatusFn>(tracing),
             configure: std::mem::transmute::<*mut c_void, ConfigureFn>(configure),
             current_config: std::mem::transmute::<*mut c_void, CurrentConfigFn>(current_config),

@@ -131,6 +131,32 @@ pub unsafe extern "C" fn msmemscope_emit_block(record: *const BlockRecord) -> i3
     })
 }
 
+/// Records an operator's ATEN_START or ATEN_END row (OP_LAUNCH, no device, no Ptr): the hot
+/// producer's op rows, without a record to read and with no copy of the name.
+///
+/// # Safety
+/// `name` points at `len` bytes that stay valid and unchanged until the process exits (or is
+/// null with `len` 0).
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_emit_op(event_type: u32, name: *const u8, len: usize) -> i32 {
+    let event_type = match EventType::from_u32(event_type) {
+        Some(t @ (EventType::AtenStart | EventType::AtenEnd)) => t,
+        _ => return INVALID,
+    };
+    if name.is_null() && len != 0 {
+        return INVALID;
+    }
+    // SAFETY: as above (a null name is the empty one); the bytes outlive every row.
+    let name: &'static [u8] = unsafe { StrRef { ptr: name, len }.as_bytes() };
+    guarded(|| {
+        if !pipeline::is_tracing() {
+            return FILTERED;
+        }
+        pipeline::emit_op(event_type, name);
+        OK
+    })
+}
+
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn msmemscope_tracing() -> i32 {
     pipeline::is_tracing() as i32

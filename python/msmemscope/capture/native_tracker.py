@@ -60,7 +60,7 @@ def load_library(nat: ModuleType, notice: Callable[[str], None]) -> ctypes.CDLL:
     path = native_build.library(torch, notice=notice)
     lib = ctypes.CDLL(str(path))
     _declare(lib)
-    emit, tracing, emit_block = nat.abi_entry_points()
+    emit, tracing, emit_block, emit_op = nat.abi_entry_points()
     codes = (
         nat.EVENT_MALLOC,
         nat.EVENT_FREE,
@@ -77,7 +77,9 @@ def load_library(nat: ModuleType, notice: Callable[[str], None]) -> ctypes.CDLL:
         nat.TYPE_OOM_TRIGGER,
     )
     array = (_U32 * len(codes))(*codes)
-    rc = lib.msmemscope_torch_init(emit, tracing, emit_block, nat.ABI_VERSION, array, len(codes))
+    rc = lib.msmemscope_torch_init(
+        emit, tracing, emit_block, emit_op, nat.ABI_VERSION, array, len(codes)
+    )
     if rc != 0:
         raise native_build.Unavailable(
             f"{path} was built for another runtime ABI (init returned {rc}); delete it to rebuild"
@@ -88,7 +90,7 @@ def load_library(nat: ModuleType, notice: Callable[[str], None]) -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
     sigs = {
-        "msmemscope_torch_init": ([vp, vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t], ci),
+        "msmemscope_torch_init": ([vp, vp, vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t], ci),
         "msmemscope_torch_configure": ([ci] * 8, None),
         "msmemscope_torch_skip_prefixes": ([cp], None),
         "msmemscope_torch_library_prefixes": ([cp], None),

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #ifndef FAKE_ABI
-#define FAKE_ABI 2
+#define FAKE_ABI 3
 #endif
 
 uint32_t msmemscope_abi_version(void) { return FAKE_ABI; }
@@ -87,6 +87,11 @@ int32_t msmemscope_emit_block(const BlockRecord *r) {
     note("emit_block|%u|%u|%llu|%llu|%llu|%u\n", r->event, r->device_kind,
          (unsigned long long)r->ptr, (unsigned long long)r->allocation_id,
          (unsigned long long)r->size, r->flags);
+    return fake_emit_rc;
+}
+
+int32_t msmemscope_emit_op(uint32_t event_type, const char *name, size_t len) {
+    note("emit_op|%u|%.*s\n", event_type, (int)len, name);
     return fake_emit_rc;
 }
 

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define MSMEMSCOPE_ABI_VERSION 2u
+#define MSMEMSCOPE_ABI_VERSION 3u
 
 /* The Event column. */
 enum msmemscope_event {
@@ -84,6 +84,10 @@ uint32_t msmemscope_abi_version(void);
 /* 0 recorded, 1 filtered out or not tracing, <0 error. */
 int32_t msmemscope_emit(const msmemscope_event_record *record);
 int32_t msmemscope_emit_block(const msmemscope_block_record *record);
+/* An OP_LAUNCH row of event_type MSMEMSCOPE_ATEN_START or MSMEMSCOPE_ATEN_END for the operator
+ * `name` (len bytes, under 64 KiB), which must stay valid and unchanged until the process exits
+ * (interned): the row keeps its address, not a copy. */
+int32_t msmemscope_emit_op(uint32_t event_type, const char *name, size_t len);
 int32_t msmemscope_tracing(void);
 int32_t msmemscope_start(void);  /* Python's msmemscope.start() */
 int32_t msmemscope_stop(void);

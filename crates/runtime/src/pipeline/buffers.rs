@@ -14,7 +14,7 @@
 //! Rarer producers (steps, marks, the OOM watch) and rows too large for a chunk queue a whole
 //! [`EventRow`] through the hand-off lock.
 
-use std::cell::RefCell;
+use std::cell::{Cell, OnceCell};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -128,6 +128,9 @@ const HAS_PTR: u8 = 1;
 const ATTRS_JSON: u8 = 2;
 /// A [`BlockAttrs`], its bytes (unaligned).
 const ATTRS_BLOCK: u8 = 4;
+/// An op row's name, interned by its producer: its bytes are at `ptr` (an op row has no Ptr),
+/// and the `name` span's length is theirs.
+const NAME_INTERNED: u8 = 8;
 
 /// A row queued without its own strings: its numbers and spans of its chunk's arenas. Kept
 /// small (56 bytes): each row's bytes are fresh cache lines for the program's thread to write,
@@ -147,6 +150,27 @@ struct Packed {
     python_stack: Span,
     c_frames: Span,
     flags: u8,
+}
+
+/// Where [`Chunk::place`] put the next row: its slot, the arenas' ends before it, and its
+/// sequence number counted from the chunk's first row.
+struct Place {
+    row: usize,
+    text: usize,
+    frames: usize,
+    seq: u32,
+}
+
+/// An operator's ATEN_START/ATEN_END row, stamped (`tid` by [`push_op`]): the hot producer's
+/// most frequent row, queued without texts to copy.
+#[derive(Clone, Copy)]
+pub struct OpRow {
+    pub event_type: EventType,
+    /// Interned by the producer: valid and unchanged until the process exits.
+    pub name: &'static [u8],
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u64,
 }
 
 /// Rows, text bytes and C frames one chunk holds: about 100 KiB, which a busy thread fills in
@@ -270,36 +294,63 @@ impl Chunk {
         texts.len() <= CHUNK_TEXT && frames.len() <= CHUNK_FRAMES
     }
 
-    /// Appends and publishes a row; false when the chunk has no room for it (or the row is
-    /// another process's or thread's, or too far in sequence from the chunk's first). Only the
-    /// thread filling the chunk calls this.
-    fn push(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
+    /// Where the next row goes, when the chunk has room for it and `text` more arena bytes and
+    /// `frames` more frames (and the row is the chunk's process's and thread's, near enough in
+    /// sequence to its first). Only the thread filling the chunk calls this.
+    #[inline(always)]
+    fn place(&self, seq: u64, pid: u32, tid: u64, text: usize, frames: usize) -> Option<Place> {
         let n = self.len.load(Ordering::Relaxed);
         let t = self.text_len.load(Ordering::Relaxed);
         let f = self.frames_len.load(Ordering::Relaxed);
-        if n >= CHUNK_ROWS || t + texts.len() > CHUNK_TEXT || f + frames.len() > CHUNK_FRAMES {
-            return false;
+        if n >= CHUNK_ROWS || t + text > CHUNK_TEXT || f + frames > CHUNK_FRAMES {
+            return None;
         }
         if n == 0 {
             self.first_seq.store(seq, Ordering::Relaxed);
-            self.pid.store(numbers.pid, Ordering::Relaxed);
-            self.tid.store(numbers.tid, Ordering::Relaxed);
-        } else if numbers.tid != self.tid.load(Ordering::Relaxed)
-            || numbers.pid != self.pid.load(Ordering::Relaxed)
+            self.pid.store(pid, Ordering::Relaxed);
+            self.tid.store(tid, Ordering::Relaxed);
+        } else if tid != self.tid.load(Ordering::Relaxed) || pid != self.pid.load(Ordering::Relaxed)
         {
-            return false;
+            return None;
         }
-        let Ok(seq) = u32::try_from(seq.wrapping_sub(self.first_seq.load(Ordering::Relaxed)))
+        let seq = u32::try_from(seq.wrapping_sub(self.first_seq.load(Ordering::Relaxed))).ok()?;
+        Some(Place {
+            row: n,
+            text: t,
+            frames: f,
+            seq,
+        })
+    }
+
+    /// Writes the row at `place` and publishes it, with the arenas used up to `text_end` and
+    /// `frames_end`.
+    #[inline(always)]
+    fn publish(&self, place: &Place, packed: Packed, text_end: usize, frames_end: usize) {
+        // SAFETY: slot `place.row` is unpublished (it was `len`), so only this thread touches it.
+        unsafe { (*self.rows.add(place.row)).write(packed) };
+        if text_end != place.text {
+            self.text_len.store(text_end, Ordering::Relaxed);
+        }
+        if frames_end != place.frames {
+            self.frames_len.store(frames_end, Ordering::Relaxed);
+        }
+        self.len.store(place.row + 1, Ordering::Release);
+    }
+
+    /// Appends and publishes a row; false when the chunk has no room for it (see
+    /// [`Chunk::place`]).
+    fn push(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
+        let Some(place) = self.place(seq, numbers.pid, numbers.tid, texts.len(), frames.len())
         else {
             return false;
         };
-        let mut at = t;
+        let mut at = place.text;
         let mut block = Span::EMPTY;
         if let Attrs::Block(b) = &texts.attrs {
             // Written as the struct (its padding is no byte a slice may show), unaligned.
             let size = std::mem::size_of::<BlockAttrs>();
-            // SAFETY: `at..at + size` lies inside the arena (checked above: `texts.len()`
-            // counts the struct) and past every published row's bytes.
+            // SAFETY: `at..at + size` lies inside the arena (`place` checked `texts.len()`,
+            // which counts the struct) and past every published row's bytes.
             unsafe { self.text.add(at).cast::<BlockAttrs>().write_unaligned(*b) };
             block = Span {
                 start: at as u16,
@@ -310,13 +361,13 @@ impl Chunk {
         let mut copy = |bytes: &[u8]| {
             // Most rows have empty texts (an op's attrs and stack): no call to copy nothing.
             if !bytes.is_empty() {
-                // SAFETY: `at..at + len` lies inside the arena (checked above) and past every
-                // published row's bytes: nobody reads it until `len` publishes this row.
+                // SAFETY: `at..at + len` lies inside the arena (checked by `place`) and past
+                // every published row's bytes: nobody reads it until `len` publishes this row.
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.text.add(at), bytes.len());
                 }
             }
-            // Both fit in 16 bits: the arena is shorter (checked above).
+            // Both fit in 16 bits: the arena is shorter (checked by `place`).
             let span = Span {
                 start: at as u16,
                 len: bytes.len() as u16,
@@ -331,6 +382,7 @@ impl Chunk {
             Attrs::Block(_) => (block, ATTRS_BLOCK),
         };
         let python_stack = copy(texts.python_stack);
+        let f = place.frames;
         if !frames.is_empty() {
             // SAFETY: as for the text, in the frames arena.
             unsafe {
@@ -343,7 +395,7 @@ impl Chunk {
             event: numbers.event,
             event_type: numbers.event_type,
             device: numbers.device,
-            seq,
+            seq: place.seq,
             name,
             attrs,
             python_stack,
@@ -353,11 +405,38 @@ impl Chunk {
             },
             flags: attrs_flag | if numbers.ptr.is_some() { HAS_PTR } else { 0 },
         };
-        // SAFETY: slot `n` is unpublished (n == len), so only this thread touches it.
-        unsafe { (*self.rows.add(n)).write(packed) };
-        self.text_len.store(at, Ordering::Relaxed);
-        self.frames_len.store(f + frames.len(), Ordering::Relaxed);
-        self.len.store(n + 1, Ordering::Release);
+        self.publish(&place, packed, at, f + frames.len());
+        true
+    }
+
+    /// Appends and publishes an op row (OP_LAUNCH, no device, no Ptr) whose name is interned:
+    /// the row keeps the name's address, and nothing goes into the arenas. False as for
+    /// [`Chunk::push`], or when the name is too long for a span (its row is copied then).
+    #[inline(always)]
+    fn push_op(&self, seq: u64, op: &OpRow) -> bool {
+        let Ok(name_len) = u16::try_from(op.name.len()) else {
+            return false;
+        };
+        let Some(place) = self.place(seq, op.pid, op.tid, 0, 0) else {
+            return false;
+        };
+        let packed = Packed {
+            ts_ns: op.ts_ns,
+            ptr: op.name.as_ptr() as u64,
+            event: Event::OpLaunch,
+            event_type: op.event_type,
+            device: DeviceId::None,
+            seq: place.seq,
+            name: Span {
+                start: 0,
+                len: name_len,
+            },
+            attrs: Span::EMPTY,
+            python_stack: Span::EMPTY,
+            c_frames: Span::EMPTY,
+            flags: NAME_INTERNED,
+        };
+        self.publish(&place, packed, place.text, place.frames);
         true
     }
 
@@ -430,7 +509,14 @@ impl Chunk {
             .take()
             .unwrap_or_else(|| std::mem::take(&mut out.attrs_spare));
         row.reset(p.event, p.event_type);
-        text_into(&mut row.name, self.bytes(p.name));
+        let name = if p.flags & NAME_INTERNED != 0 {
+            // SAFETY: the producer's interned name, valid until the process exits (the ABI's
+            // promise), `p.name.len` bytes at `p.ptr`.
+            unsafe { std::slice::from_raw_parts(p.ptr as *const u8, p.name.len as usize) }
+        } else {
+            self.bytes(p.name)
+        };
+        text_into(&mut row.name, name);
         row.ts_ns = p.ts_ns;
         row.pid = self.pid.load(Ordering::Relaxed);
         row.tid = self.tid.load(Ordering::Relaxed);
@@ -555,6 +641,17 @@ impl ThreadBuffer {
                 .is_some_and(|chunk| chunk.push(seq, numbers, texts, frames))
     }
 
+    /// The thread: queues an op row (see [`Chunk::push_op`]).
+    fn push_op(&self, seq: u64, op: &OpRow) -> bool {
+        if let Some(chunk) = self.current() {
+            if chunk.push_op(seq, op) {
+                return true;
+            }
+        }
+        u16::try_from(op.name.len()).is_ok()
+            && self.rotate().is_some_and(|chunk| chunk.push_op(seq, op))
+    }
+
     /// The thread: queues a whole row (given back when it cannot be queued).
     fn push_row(&self, q: Queued) -> Option<Queued> {
         let Ok(mut handoff) = self.handoff.lock() else {
@@ -590,36 +687,97 @@ static REGISTRY: Mutex<Vec<Arc<ThreadBuffer>>> = Mutex::new(Vec::new());
 /// Sequence numbers of rows queued by threads that are exiting (they have no buffer).
 static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// A thread's buffer and the sequence number of its next row.
+/// What a thread keeps for queueing rows: its buffer, the sequence number of its next row, and
+/// its kernel id. One thread-local without a destructor for the three, read at every row (in a
+/// shared library each thread-local lookup is a call); it stays readable while the thread
+/// exits, so a row queued then still has its thread's id.
 struct Local {
-    buffer: Option<Arc<ThreadBuffer>>,
-    seq: u64,
+    /// The thread's buffer, held by [`Owner`] (null before the first row and once the owner
+    /// let it go).
+    buffer: Cell<*const ThreadBuffer>,
+    seq: Cell<u64>,
+    /// 0 until first asked.
+    tid: Cell<u64>,
+}
+
+impl Local {
+    fn tid(&self) -> u64 {
+        let mut tid = self.tid.get();
+        if tid == 0 {
+            // SAFETY: gettid has no preconditions.
+            tid = unsafe { libc::gettid() } as u64;
+            self.tid.set(tid);
+        }
+        tid
+    }
+}
+
+/// Holds the thread's reference to its buffer, let go when the thread exits; it clears
+/// [`Local::buffer`] first.
+struct Owner(OnceCell<Arc<ThreadBuffer>>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = MINE.try_with(|mine| mine.buffer.set(std::ptr::null()));
+    }
 }
 
 thread_local! {
-    static MINE: RefCell<Local> = const { RefCell::new(Local { buffer: None, seq: 0 }) };
+    static MINE: Local = const {
+        Local {
+            buffer: Cell::new(std::ptr::null()),
+            seq: Cell::new(0),
+            tid: Cell::new(0),
+        }
+    };
+    static OWNER: Owner = const { Owner(OnceCell::new()) };
 }
 
 /// Rows from threads whose thread-local buffer is already gone (emitted during thread exit).
 static ORPHANS: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
 
-/// Runs `f` on this thread's buffer with the next sequence number; `None` when the thread has
-/// none any more (it is exiting).
-fn with_buffer<R>(f: impl FnOnce(&ThreadBuffer, u64) -> R) -> Option<R> {
+/// The kernel's id of this thread (what `Thread Id` shows).
+pub fn thread_id() -> u64 {
+    MINE.try_with(Local::tid).unwrap_or(0)
+}
+
+/// This thread's buffer, made and registered on first use; `None` once the thread let it go
+/// (it is exiting).
+#[cold]
+fn own_buffer(mine: &Local) -> Option<*const ThreadBuffer> {
+    let buffer = OWNER
+        .try_with(|owner| {
+            let buffer = owner.0.get_or_init(|| {
+                let buffer = Arc::new(ThreadBuffer::default());
+                if let Ok(mut registry) = REGISTRY.lock() {
+                    registry.push(buffer.clone());
+                }
+                buffer
+            });
+            Arc::as_ptr(buffer)
+        })
+        .ok()?;
+    mine.buffer.set(buffer);
+    Some(buffer)
+}
+
+/// Runs `f` on this thread's buffer with the next sequence number and the thread's id; `None`
+/// when the thread has none any more (it is exiting).
+#[inline]
+fn with_buffer<R>(f: impl FnOnce(&ThreadBuffer, u64, u64) -> R) -> Option<R> {
     MINE.try_with(|mine| {
-        let mut mine = mine.borrow_mut();
-        let seq = mine.seq;
-        mine.seq += 1;
-        let buffer = mine.buffer.get_or_insert_with(|| {
-            let buffer = Arc::new(ThreadBuffer::default());
-            if let Ok(mut registry) = REGISTRY.lock() {
-                registry.push(buffer.clone());
-            }
-            buffer
-        });
-        f(buffer, seq)
+        let mut buffer = mine.buffer.get();
+        if buffer.is_null() {
+            buffer = own_buffer(mine)?;
+        }
+        let seq = mine.seq.get();
+        mine.seq.set(seq + 1);
+        // SAFETY: the owner's buffer, alive while the owner holds it: it clears `buffer` before
+        // letting it go, and nothing here lets the thread exit meanwhile.
+        Some(f(unsafe { &*buffer }, seq, mine.tid()))
     })
     .ok()
+    .flatten()
 }
 
 fn orphan(mut q: Queued) {
@@ -637,7 +795,7 @@ pub fn push(row: EventRow, c_frames: Vec<u64>) {
         c_frames,
         attrs_spare: String::new(),
     });
-    let refused = with_buffer(|buffer, seq| {
+    let refused = with_buffer(|buffer, seq, _| {
         let mut mine = q.take()?;
         mine.seq = seq;
         buffer.push_row(mine)
@@ -649,10 +807,41 @@ pub fn push(row: EventRow, c_frames: Vec<u64>) {
 
 /// Appends a row given by its numbers and borrowed texts, copying the texts into this thread's
 /// chunk (a row no chunk can hold, or one queued while the thread exits, goes whole).
-pub fn push_packed(numbers: Numbers, texts: &Texts, c_frames: &[u64]) {
-    let packed = with_buffer(|buffer, seq| buffer.push_packed(seq, numbers, texts, c_frames));
+/// `numbers.tid` is stamped here, from the thread's local.
+pub fn push_packed(mut numbers: Numbers, texts: &Texts, c_frames: &[u64]) {
+    let packed = with_buffer(|buffer, seq, tid| {
+        numbers.tid = tid;
+        buffer.push_packed(seq, numbers, texts, c_frames)
+    });
     if packed != Some(true) {
+        numbers.tid = thread_id();
         push(whole(numbers, texts), c_frames.to_vec());
+    }
+}
+
+/// Appends an op row, keeping the address of its interned name (a row no chunk can hold, or one
+/// queued while the thread exits, is copied as any other).
+pub fn push_op(mut op: OpRow) {
+    let packed = with_buffer(|buffer, seq, tid| {
+        op.tid = tid;
+        buffer.push_op(seq, &op)
+    });
+    if packed != Some(true) {
+        let numbers = Numbers {
+            event: Event::OpLaunch,
+            event_type: op.event_type,
+            ts_ns: op.ts_ns,
+            pid: op.pid,
+            tid: 0,
+            device: DeviceId::None,
+            ptr: None,
+        };
+        let texts = Texts {
+            name: op.name,
+            attrs: Attrs::None,
+            python_stack: b"",
+        };
+        push_packed(numbers, &texts, &[]);
     }
 }
 
@@ -1016,6 +1205,93 @@ mod tests {
         assert_eq!(d.row.ptr, Some(0x30));
         // Bytes that are not UTF-8 are read, on the writer's side, with the replacement char.
         assert_eq!(d.row.python_stack, "\u{fffd}");
+    }
+
+    /// An op row keeps its interned name's address: it comes back as the row a copied name
+    /// makes (no device, no Ptr, no texts), in queueing order with the rows around it, and
+    /// a following block row is unaffected by it. A name no span can measure goes copied.
+    #[test]
+    fn op_rows_keep_the_address_of_their_interned_name() {
+        static NAME: &[u8] = b"aten::addmm.default";
+        let buffer = Arc::new(ThreadBuffer::default());
+        let mut backlog = Backlog::default();
+        let op = |event_type, ts_ns| OpRow {
+            event_type,
+            name: NAME,
+            ts_ns,
+            pid: 11,
+            tid: 13,
+        };
+        assert!(buffer.push_op(1, &op(EventType::AtenStart, 5)));
+        assert!(buffer.push_packed(
+            2,
+            numbers(Event::Malloc, 0x10),
+            &texts(b"N/A", None, b""),
+            &[]
+        ));
+        assert!(buffer.push_op(3, &op(EventType::AtenEnd, 7)));
+        let long: &'static [u8] = Box::leak(vec![b'x'; 70_000].into_boxed_slice());
+        assert!(!buffer.push_op(
+            4,
+            &OpRow {
+                name: long,
+                ..op(EventType::AtenEnd, 8)
+            }
+        ));
+        let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
+        let got: Vec<_> = out
+            .iter()
+            .map(|q| {
+                let r = &q.row;
+                (
+                    q.seq,
+                    r.event,
+                    r.event_type,
+                    r.name.as_str(),
+                    r.ts_ns,
+                    r.ptr,
+                    r.device,
+                )
+            })
+            .collect();
+        let name = "aten::addmm.default";
+        assert_eq!(
+            got,
+            [
+                (
+                    1,
+                    Event::OpLaunch,
+                    EventType::AtenStart,
+                    name,
+                    5,
+                    None,
+                    DeviceId::None
+                ),
+                (
+                    2,
+                    Event::Malloc,
+                    EventType::Pta,
+                    "N/A",
+                    7,
+                    Some(0x10),
+                    DeviceId::Cuda(1)
+                ),
+                (
+                    3,
+                    Event::OpLaunch,
+                    EventType::AtenEnd,
+                    name,
+                    7,
+                    None,
+                    DeviceId::None
+                ),
+            ]
+        );
+        for q in &out {
+            assert_eq!((q.row.pid, q.row.tid), (11, 13));
+            assert!(q.row.attrs_json.is_none() && q.row.python_stack.is_empty());
+            assert!(q.c_frames.is_empty());
+        }
     }
 
     /// Rows stay small: each one's bytes are fresh cache lines for the program's thread.

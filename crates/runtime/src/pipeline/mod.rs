@@ -182,7 +182,6 @@ struct Pipeline {
 static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
 /// Set while the configuration asks for the OOM analysis (read by the malloc hooks).
 static OOM_ACTIVE: AtomicBool = AtomicBool::new(false);
-static THREAD_IDS: AtomicU64 = AtomicU64::new(0);
 
 fn pipeline() -> &'static Pipeline {
     PIPELINE.get_or_init(|| {
@@ -409,7 +408,7 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         row.ts_ns = precise_realtime_ns();
     }
     row.pid = process_id();
-    row.tid = thread_id();
+    row.tid = buffers::thread_id();
     let frames = with_c_frames(want_c_stack, depth, <[u64]>::to_vec);
     // The writer (and the dump file) start with the first real event: a process that only
     // starts and stops tracing, or execs another program first (a shell script, a version
@@ -458,7 +457,8 @@ pub fn emit_borrowed(
         event_type,
         ts_ns: precise_realtime_ns(),
         pid: process_id(),
-        tid: thread_id(),
+        // Stamped by `push_packed`, from the thread's local it reads anyway.
+        tid: 0,
         device,
         ptr,
     };
@@ -468,6 +468,37 @@ pub fn emit_borrowed(
     if event != Event::System {
         note_recorded();
     }
+}
+
+/// Queues an operator's ATEN_START/ATEN_END row whose name is interned (see
+/// [`buffers::OpRow`]); the same row as [`emit_borrowed`] would make of it.
+pub fn emit_op(event_type: EventType, name: &'static [u8]) {
+    if OOM_ACTIVE.load(Ordering::Relaxed) {
+        let texts = Texts {
+            name,
+            attrs: Attrs::None,
+            python_stack: b"",
+        };
+        return emit_borrowed(
+            Event::OpLaunch,
+            event_type,
+            DeviceId::None,
+            None,
+            &texts,
+            false,
+        );
+    }
+    if admission(Event::OpLaunch, DeviceId::None).is_none() {
+        return;
+    }
+    buffers::push_op(buffers::OpRow {
+        event_type,
+        name,
+        ts_ns: precise_realtime_ns(),
+        pid: process_id(),
+        tid: 0,
+    });
+    note_recorded();
 }
 
 fn note_recorded() {
@@ -511,20 +542,6 @@ fn process_id() -> u32 {
         }
         pid => pid,
     }
-}
-
-/// The kernel's id of this thread (what `Thread Id` shows).
-fn thread_id() -> u64 {
-    thread_local! { static TID: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
-    TID.try_with(|t| {
-        if t.get() == 0 {
-            // SAFETY: gettid has no preconditions.
-            t.set(unsafe { libc::gettid() } as u64);
-            THREAD_IDS.fetch_add(1, Ordering::Relaxed);
-        }
-        t.get()
-    })
-    .unwrap_or(0)
 }
 
 /// Starts the writer on first use. False when it cannot run (then rows are dropped and the

@@ -15,7 +15,8 @@
 //   describer labels (one call per hook); the owner of a block is decided here at allocation.
 //
 // Every event goes to the runtime library's C ABI (msmemscope_emit; a block's MALLOC and FREE,
-// numbers and interned texts, to msmemscope_emit_block), whose addresses the Python side hands
+// numbers and interned texts, to msmemscope_emit_block; an op's ATEN_START and ATEN_END, its
+// interned name, to msmemscope_emit_op), whose addresses the Python side hands
 // to msmemscope_torch_init. Nothing here throws into PyTorch or the program: every
 // entry point catches everything.
 
@@ -56,8 +57,8 @@ TORCH_API int get_current_graph_task_id();
 
 namespace {
 
-// --- the runtime's C ABI (crates/core/src/events/abi/, ABI_VERSION 2) ------------------------
-constexpr uint32_t kAbiVersion = 2;
+// --- the runtime's C ABI (crates/core/src/events/abi/, ABI_VERSION 3) ------------------------
+constexpr uint32_t kAbiVersion = 3;
 constexpr uint32_t kDeviceNone = 0;
 constexpr uint32_t kDeviceCpu = 1;
 constexpr uint32_t kDeviceCuda = 2;
@@ -109,6 +110,8 @@ struct BlockRecord {
 
 using EmitFn = int (*)(const EventRecord*);
 using EmitBlockFn = int (*)(const BlockRecord*);
+// An op row: its event type and its interned name (kept by address).
+using EmitOpFn = int (*)(uint32_t, const char*, size_t);
 using TracingFn = int (*)();
 
 // Event and type codes, handed in by the Python side (the runtime's numbering).
@@ -126,6 +129,7 @@ struct Config {
 
 EmitFn g_emit = nullptr;
 EmitBlockFn g_emit_block = nullptr;
+EmitOpFn g_emit_op = nullptr;
 TracingFn g_tracing = nullptr;
 Codes g_codes{};
 Config g_cfg{};
@@ -200,7 +204,9 @@ Site site_here() {
 using Text = const std::string*;  // nullptr: none
 
 std::mutex g_texts_mutex;
-std::unordered_map<std::string, std::unique_ptr<std::string>> g_texts;
+// Never destroyed: rows hold these texts' addresses, and the runtime's writer reads them until
+// the process's last exit handler (its own, which runs after this library's static destructors).
+auto& g_texts = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
 
 Text intern(const std::string& s) {
   if (s.empty()) return nullptr;
@@ -766,10 +772,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     }
     ++ops.depth;
     if (!tracing()) return nullptr;
-    if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_start, str(*text), kDeviceNone, 0, false, 0,
-           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
-    }
+    if (g_cfg.launch && g_emit_op) g_emit_op(g_codes.ty_aten_start, text->data(), text->size());
     if (g_cfg.access && fn.needsInputs()) {
       auto schema = schema_of(fn, *text);
       auto inputs = fn.inputs();
@@ -805,10 +808,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
         }
       }
     }
-    if (g_cfg.launch) {
-      emit(g_codes.ev_op_launch, g_codes.ty_aten_end, str(*text), kDeviceNone, 0, false, 0,
-           StrRef{nullptr, 0}, StrRef{nullptr, 0}, false);
-    }
+    if (g_cfg.launch && g_emit_op) g_emit_op(g_codes.ty_aten_end, text->data(), text->size());
   } catch (...) {
   }
 }
@@ -1049,12 +1049,13 @@ std::vector<std::string> split_lines(const char* joined) {
 extern "C" {
 
 // 0: ready; -1: the runtime's ABI version differs from this file's.
-int msmemscope_torch_init(void* emit_fn, void* tracing_fn, void* emit_block_fn,
+int msmemscope_torch_init(void* emit_fn, void* tracing_fn, void* emit_block_fn, void* emit_op_fn,
                           uint32_t abi_version, const uint32_t* codes, size_t ncodes) {
   try {
     if (abi_version != kAbiVersion || ncodes != sizeof(Codes) / sizeof(uint32_t)) return -1;
     g_emit = reinterpret_cast<EmitFn>(emit_fn);
     g_emit_block = reinterpret_cast<EmitBlockFn>(emit_block_fn);
+    g_emit_op = reinterpret_cast<EmitOpFn>(emit_op_fn);
     g_tracing = reinterpret_cast<TracingFn>(tracing_fn);
     std::memcpy(&g_codes, codes, sizeof(Codes));
     return 0;

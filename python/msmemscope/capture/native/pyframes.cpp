@@ -130,7 +130,9 @@ std::string msmemscope_python_stack(int depth, const std::vector<std::string>& s
 namespace {
 
 std::mutex g_site_mutex;
-std::unordered_map<std::string, std::unique_ptr<std::string>> g_site_texts;
+// Never destroyed: the runtime's writer reads these texts until the process's last exit
+// handler (its own, which runs after this library's static destructors).
+auto& g_site_texts = *new std::unordered_map<std::string, std::unique_ptr<std::string>>();
 
 const std::string* intern_site(const std::string& s) {
   std::lock_guard<std::mutex> l(g_site_mutex);

@@ -171,6 +171,36 @@ fn default_dump_has_allocs_frees_launches_and_steps() {
     assert_eq!(cuda[0], system("START_TRACE", "N/A"));
 }
 
+/// Op rows through `msmemscope_emit_op` (an interned name, kept by address) are the rows
+/// `msmemscope_emit` makes, in order with the rows around them; with the OOM analysis on they
+/// take the whole-row path, with the same result. Another event type is refused.
+#[test]
+fn op_rows_by_interned_name() {
+    let op = |t: &str| row("OP_LAUNCH", t, "aten::mm.default", "N/A", "N/A", "{}");
+    let want = vec![
+        system("START_TRACE", "N/A"),
+        op("ATEN_START"),
+        row(
+            "MALLOC",
+            "PTA",
+            "N/A",
+            "cpu",
+            "0x0000000000000040",
+            "{\"size\":64}",
+        ),
+        op("ATEN_END"),
+        system("STOP_TRACE", "N/A"),
+    ];
+    for (name, analysis) in [("ops", "--analysis=none"), ("ops-oom", "--analysis=oom")] {
+        let scratch = Scratch::new(name);
+        let out = run(&scratch, &[analysis], &["ops"]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ops done -1\n");
+        let cpu = device_dumps(&scratch, "device_cpu");
+        assert_eq!(cpu.len(), 1, "{analysis}");
+        assert_eq!(rows_of(&cpu[0]), want, "{analysis}");
+    }
+}
+
 #[test]
 fn events_option_selects_rows() {
     let scratch = Scratch::new("access");

@@ -5,7 +5,9 @@
 //! A producer fills an [`EventRecord`] and calls the runtime's `msmemscope_emit`. Strings are
 //! UTF-8 pointer/length pairs valid for the duration of the call; the runtime copies what it
 //! keeps. The blocks of an allocator go as a [`BlockRecord`] to `msmemscope_emit_block`: numbers
-//! and interned texts, whose Attr column the runtime's writer renders (block.rs). The runtime adds the timestamp, process and thread ids, the C stack when configured,
+//! and interned texts, whose Attr column the runtime's writer renders (block.rs). An operator's
+//! ATEN_START/ATEN_END row goes to `msmemscope_emit_op` as its event type and its interned name:
+//! the row holds the name's address, and the writer reads the text. The runtime adds the timestamp, process and thread ids, the C stack when configured,
 //! applies the event/device/step filters, and queues the row for its writer thread.
 
 mod block;
@@ -13,7 +15,7 @@ mod block;
 pub use block::{BlockAttrs, BlockRecord, BLOCK_OWNER, BLOCK_TOTAL, BLOCK_USED};
 
 /// Bumped on any change to the structs or functions below.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// `device_kind` values.
 pub const DEVICE_NONE: u32 = 0;
