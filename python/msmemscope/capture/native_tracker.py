@@ -90,7 +90,10 @@ def load_library(nat: ModuleType, notice: Callable[[str], None]) -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     vp, ci, cp = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
     sigs = {
-        "msmemscope_torch_init": ([vp, vp, vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t], ci),
+        "msmemscope_torch_init": (
+            [vp, vp, vp, vp, _U32, ctypes.POINTER(_U32), ctypes.c_size_t],
+            ci,
+        ),
         "msmemscope_torch_configure": ([ci] * 8, None),
         "msmemscope_torch_skip_prefixes": ([cp], None),
         "msmemscope_torch_library_prefixes": ([cp], None),

@@ -75,13 +75,18 @@ impl Sink for DbSink {
     }
 }
 
+/// Device-less rows held for the first device file at most: past them, they go to the CPU file,
+/// where the run's end would put them too. A run whose rows have no device (`--events=launch`)
+/// would otherwise hold its whole dump in memory, and write none of it before exit.
+const UNROUTED_ROWS: usize = 1 << 16;
+
 /// The dump files of one run.
 pub struct Sinks {
     run_dir: Arc<RunDir>,
     format: DataFormat,
     stamp: String,
     open: BTreeMap<DeviceId, Box<dyn Sink>>,
-    /// Device-less rows written before any device file existed.
+    /// Device-less rows written before any device file existed (at most [`UNROUTED_ROWS`]).
     unrouted: Vec<EventRow>,
     /// Files created so far (for the end-of-run summary).
     pub paths: Vec<PathBuf>,
@@ -203,7 +208,11 @@ impl Sinks {
     pub fn write(&mut self, row: &EventRow) -> Result<(), String> {
         if row.device == DeviceId::None {
             if self.open.is_empty() {
-                self.unrouted.push(row.clone());
+                if self.unrouted.len() < UNROUTED_ROWS {
+                    self.unrouted.push(row.clone());
+                    return Ok(());
+                }
+                self.sink_for(DeviceId::Cpu)?;
             }
             for sink in self.open.values_mut() {
                 sink.write(row)?;
@@ -290,5 +299,44 @@ pub fn convert_journals(run_dir: &RunDir, journals: &[PathBuf]) {
                 run_dir.path().join(journal).display()
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msmemscope_core::events::{Event, EventType};
+
+    fn rows_in(dir: &Path) -> usize {
+        let files: Vec<_> = std::fs::read_dir(dir.join("device_cpu/dump"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap().lines().count() - 1)
+            .sum()
+    }
+
+    /// Device-less rows wait for the first device file only up to a bound: then they go to the
+    /// CPU file, and later ones are written as they come.
+    #[test]
+    fn device_less_rows_wait_for_a_device_file_only_so_long() {
+        let dir = std::env::temp_dir().join(format!("msmemscope_sinks_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let run_dir = Arc::new(RunDir::open(&dir).unwrap());
+        let mut sinks = Sinks::new(&run_dir, DataFormat::Csv);
+        let row = EventRow::new(Event::OpLaunch, EventType::AtenStart, "aten::mm.default");
+        for _ in 0..UNROUTED_ROWS {
+            sinks.write(&row).unwrap();
+        }
+        sinks.flush(false).unwrap();
+        assert_eq!(rows_in(&dir), 0, "held for a device file");
+        for _ in 0..3 {
+            sinks.write(&row).unwrap();
+        }
+        sinks.flush(false).unwrap();
+        assert_eq!(rows_in(&dir), UNROUTED_ROWS + 3);
+        assert!(sinks.unrouted.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
