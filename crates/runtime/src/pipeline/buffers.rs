@@ -173,6 +173,30 @@ pub struct OpRow {
     pub tid: u64,
 }
 
+impl OpRow {
+    /// The row's numbers, as any row's (`tid` left for [`push_packed`] to stamp).
+    pub fn numbers(&self) -> Numbers {
+        Numbers {
+            event: Event::OpLaunch,
+            event_type: self.event_type,
+            ts_ns: self.ts_ns,
+            pid: self.pid,
+            tid: 0,
+            device: DeviceId::None,
+            ptr: None,
+        }
+    }
+
+    /// The row's texts, as any row's: the name alone.
+    pub fn texts(&self) -> Texts<'static> {
+        Texts {
+            name: self.name,
+            attrs: Attrs::None,
+            python_stack: b"",
+        }
+    }
+}
+
 /// Rows, text bytes and C frames one chunk holds: about 100 KiB, which a busy thread fills in
 /// a few milliseconds and which stays in its core's cache meanwhile.
 const CHUNK_ROWS: usize = 512;
@@ -628,28 +652,28 @@ impl ThreadBuffer {
         Some(unsafe { &*fresh })
     }
 
+    /// The thread: queues a row with `push` into the current chunk, or into a fresh one when
+    /// the current one is full and the row `fits` an empty chunk.
+    #[inline(always)]
+    fn push_with(&self, fits: bool, push: impl Fn(&Chunk) -> bool) -> bool {
+        if self.current().is_some_and(&push) {
+            return true;
+        }
+        fits && self.rotate().is_some_and(push)
+    }
+
     /// The thread: queues a packed row.
     fn push_packed(&self, seq: u64, numbers: Numbers, texts: &Texts, frames: &[u64]) -> bool {
-        if let Some(chunk) = self.current() {
-            if chunk.push(seq, numbers, texts, frames) {
-                return true;
-            }
-        }
-        Chunk::holds(texts, frames)
-            && self
-                .rotate()
-                .is_some_and(|chunk| chunk.push(seq, numbers, texts, frames))
+        self.push_with(Chunk::holds(texts, frames), |chunk| {
+            chunk.push(seq, numbers, texts, frames)
+        })
     }
 
     /// The thread: queues an op row (see [`Chunk::push_op`]).
     fn push_op(&self, seq: u64, op: &OpRow) -> bool {
-        if let Some(chunk) = self.current() {
-            if chunk.push_op(seq, op) {
-                return true;
-            }
-        }
-        u16::try_from(op.name.len()).is_ok()
-            && self.rotate().is_some_and(|chunk| chunk.push_op(seq, op))
+        self.push_with(u16::try_from(op.name.len()).is_ok(), |chunk| {
+            chunk.push_op(seq, op)
+        })
     }
 
     /// The thread: queues a whole row (given back when it cannot be queued).
@@ -827,21 +851,7 @@ pub fn push_op(mut op: OpRow) {
         buffer.push_op(seq, &op)
     });
     if packed != Some(true) {
-        let numbers = Numbers {
-            event: Event::OpLaunch,
-            event_type: op.event_type,
-            ts_ns: op.ts_ns,
-            pid: op.pid,
-            tid: 0,
-            device: DeviceId::None,
-            ptr: None,
-        };
-        let texts = Texts {
-            name: op.name,
-            attrs: Attrs::None,
-            python_stack: b"",
-        };
-        push_packed(numbers, &texts, &[]);
+        push_packed(op.numbers(), &op.texts(), &[]);
     }
 }
 

@@ -473,30 +473,25 @@ pub fn emit_borrowed(
 /// Queues an operator's ATEN_START/ATEN_END row whose name is interned (see
 /// [`buffers::OpRow`]); the same row as [`emit_borrowed`] would make of it.
 pub fn emit_op(event_type: EventType, name: &'static [u8]) {
+    let op = buffers::OpRow {
+        event_type,
+        name,
+        ts_ns: 0,
+        pid: 0,
+        tid: 0,
+    };
     if OOM_ACTIVE.load(Ordering::Relaxed) {
-        let texts = Texts {
-            name,
-            attrs: Attrs::None,
-            python_stack: b"",
-        };
-        return emit_borrowed(
-            Event::OpLaunch,
-            event_type,
-            DeviceId::None,
-            None,
-            &texts,
-            false,
-        );
+        // The OOM analysis sees whole rows: this one goes as any other, stamped there.
+        let n = op.numbers();
+        return emit_borrowed(n.event, n.event_type, n.device, n.ptr, &op.texts(), false);
     }
     if admission(Event::OpLaunch, DeviceId::None).is_none() {
         return;
     }
     buffers::push_op(buffers::OpRow {
-        event_type,
-        name,
         ts_ns: precise_realtime_ns(),
         pid: process_id(),
-        tid: 0,
+        ..op
     });
     note_recorded();
 }
