@@ -285,6 +285,7 @@ pub use crate::process::is_forked_child;
 
 pub(crate) extern "C" fn after_fork_in_child() {
     crate::process::mark_forked_child();
+    crate::clock::forget_ticks_after_fork();
     // Forget the window without touching its locks: another thread of the parent may have held
     // one at the moment of the fork.
     window::detach_after_fork();

@@ -40,7 +40,7 @@ use msmemscope_core::held_fd::{self, Identity};
 
 use crate::host_leak::window;
 use crate::session::{self, StartError, Started, Stopped};
-use crate::{log, pipeline};
+use crate::{clock, log, pipeline};
 use frame::{HeaderCheck, HEADER_LEN};
 
 /// The listener thread's name, as the client looks for it in `/proc/PID/task/*/comm`.
@@ -230,13 +230,18 @@ fn serve(mut listener: Held<UnixListener>) {
             .map(|c| c.deadline.saturating_duration_since(now))
             .min()
             // Rounded up: waking just before a deadline would only poll again.
-            .map_or(IDENTITY_CHECK_MS, |d| {
-                d.as_millis()
-                    .saturating_add(1)
-                    .min(IDENTITY_CHECK_MS as u128) as libc::c_int
+            .map_or(idle_wait_ms(), |d| {
+                d.as_millis().saturating_add(1).min(idle_wait_ms() as u128) as libc::c_int
             });
         // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        // Serving may take long (a command runs to its end here): the clock is kept only
+        // through waits with nothing to serve.
+        if n == 0 && conns.is_empty() {
+            clock::tick();
+        } else {
+            clock::pause_ticks();
+        }
         if n < 0 {
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(50));
@@ -283,6 +288,17 @@ fn serve(mut listener: Held<UnixListener>) {
 
 /// How often the service thread looks at its descriptors when nothing else wakes it.
 const IDENTITY_CHECK_MS: libc::c_int = 500;
+
+/// How long the service thread waits when nothing is due: while a host-leak window is open it
+/// also keeps the hooks' clock (`clock::tick`), which a thread of its own would have added to
+/// the program's threads.
+fn idle_wait_ms() -> libc::c_int {
+    if clock::ticks_wanted() {
+        clock::TICK.as_millis() as libc::c_int
+    } else {
+        IDENTITY_CHECK_MS
+    }
+}
 
 /// A socket of ours, remembered by identity: a number the program closed and reused is
 /// forgotten, never closed.
@@ -352,7 +368,11 @@ fn serve_signals_only() {
             revents: 0,
         };
         // SAFETY: one valid pollfd (a negative fd is ignored).
-        unsafe { libc::poll(&mut pfd, 1, IDENTITY_CHECK_MS) };
+        unsafe { libc::poll(&mut pfd, 1, idle_wait_ms()) };
+        clock::tick();
+        if pfd.revents != 0 {
+            clock::pause_ticks();
+        }
         signals::on_service_ready(pfd.revents != 0);
     }
 }

@@ -247,6 +247,8 @@ pub fn on_service_ready(readable: bool) {
         return;
     }
     TERMINATING.store(true, Ordering::Release);
+    // Ending the run holds this thread, the keeper of the hooks' clock, for a while.
+    crate::clock::pause_ticks();
     let _ = std::panic::catch_unwind(crate::lifecycle::finish_run);
     crate::log::info(&format!(
         "signal {sig}: run finished, default action follows"

@@ -68,6 +68,8 @@ pub fn open(settings: WindowSettings) -> Option<u32> {
         return None;
     }
     LAST_STAGE.store(stage, Ordering::Relaxed);
+    // The hooks take the time at every allocation and free now: a keeper may hold it for them.
+    crate::clock::want_ticks(true);
     log::info(&format!("host-leak window {stage} opened"));
     Some(stage)
 }
@@ -77,6 +79,7 @@ pub fn open(settings: WindowSettings) -> Option<u32> {
 pub fn close(run_dir: &RunDir) -> Option<PathBuf> {
     let _walks = WALKS.lock().unwrap_or_else(|e| e.into_inner());
     let ptr = ACTIVE.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    crate::clock::want_ticks(false);
     // SAFETY: see `active`: ledger headers are never freed.
     let ledger = unsafe { ptr.as_ref() }?;
     let deadline = Instant::now() + AGGREGATION_DEADLINE;
