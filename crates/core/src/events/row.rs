@@ -256,14 +256,15 @@ impl AttrNumbers {
         Some((self.found.present >> index & 1 != 0).then(|| self.found.values[index]))
     }
 
-    /// `Some(owner)` when these are `text`'s: its string `owner`, if it has one.
-    fn owner<'a>(&self, text: &'a str) -> Option<Option<&'a str>> {
+    /// `Some(value)` when these are `text`'s and `key` is one of the string keys they keep: its
+    /// string value, if it has one.
+    fn string<'a>(&self, text: &'a str, key: &str) -> Option<Option<&'a str>> {
         if !self.answers_for(text) {
             return None;
         }
+        let index = super::attrs::string_attr_index_of(key.as_bytes())?;
         Some(
-            self.found
-                .owner
+            self.found.strings[index]
                 .and_then(|(start, end)| text.get(start as usize..end as usize)),
         )
     }
@@ -397,10 +398,8 @@ impl EventRow {
             return value.as_str();
         }
         let text = self.attrs_json.as_deref()?;
-        if key == "owner" {
-            if let Some(known) = self.numbers.owner(text) {
-                return known;
-            }
+        if let Some(known) = self.numbers.string(text, key) {
+            return known;
         }
         let raw = raw_value(text, key)?;
         let inner = raw.strip_prefix('"')?;
@@ -461,13 +460,21 @@ mod tests {
                     Just(r#""x":"owner""#),
                     Just(r#""shape":[1,"owner"]"#),
                     Just(r#" "owner" : "spaced" "#),
+                    Just(r#""site":"train.py:26 (<module>)""#),
+                    Just(r#""site":3"#),
+                    Just(r#""frame":"a.py:1 (f)""#),
+                    Just(r#""op":"aten::addmm""#),
+                    Just(r#""op":null"#),
+                    Just(r#""x":"op""#),
                 ],
                 0..5,
             ),
         ) {
             let text = format!("{{{}}}", parts.join(","));
             let (cached, plain) = (attr_row(&text, true), attr_row(&text, false));
-            prop_assert_eq!(cached.attr_str("owner"), plain.attr_str("owner"), "{}", text);
+            for key in ["owner", "site", "frame", "op"] {
+                prop_assert_eq!(cached.attr_str(key), plain.attr_str(key), "{} {}", key, text);
+            }
             prop_assert_eq!(cached.attr_u64("size"), plain.attr_u64("size"), "{}", text);
         }
     }

@@ -546,20 +546,17 @@ impl Chunk {
         row.tid = self.tid.load(Ordering::Relaxed);
         row.device = p.device;
         row.ptr = (p.flags & HAS_PTR != 0).then_some(p.ptr);
-        let has_attrs = if p.flags & ATTRS_JSON != 0 {
+        let block = (p.flags & ATTRS_BLOCK != 0)
+            .then(|| self.block_attrs(p.attrs))
+            .flatten();
+        if p.flags & ATTRS_JSON != 0 {
             text_into(&mut attrs, self.bytes(p.attrs));
-            true
-        } else if p.flags & ATTRS_BLOCK != 0 {
-            self.block_attrs(p.attrs).is_some_and(|b| {
-                // SAFETY: a block's texts are interned by its producer (the ABI's promise).
-                unsafe { b.render(&mut attrs) };
-                true
-            })
-        } else {
-            false
-        };
-        if has_attrs {
             row.attrs_json = Some(attrs);
+        } else if let Some(b) = block {
+            // With what the online analyses read of it (size, owner, site...): found while
+            // rendering, not searched for in the text by each analysis.
+            // SAFETY: a block's texts are interned by its producer (the ABI's promise).
+            unsafe { b.render_into_row(attrs, row) };
         } else {
             out.attrs_spare = attrs;
         }

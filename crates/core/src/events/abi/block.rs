@@ -5,6 +5,8 @@
 //! producer used to write.
 
 use super::StrRef;
+use crate::events::attrs::{first_special, numeric_attr_index_of, string_attr_index_of, Plain};
+use crate::events::row::{AttrNumbers, EventRow};
 
 /// [`BlockRecord::flags`] bits besides [`super::WANT_C_STACK`]: which members the Attr object
 /// has.
@@ -87,25 +89,73 @@ impl BlockAttrs {
     /// # Safety
     /// Every text of `self` points at bytes that are still valid (interned texts are).
     pub unsafe fn render(&self, out: &mut String) {
+        // SAFETY: the caller's promise.
+        unsafe { self.render_learning(out) };
+    }
+
+    /// Renders the Attr object into `text` (as [`BlockAttrs::render`]) and makes it `row`'s,
+    /// with what the reader's quick check would learn of it (its numbers and string members,
+    /// found while rendering, not by a scan of the text): the online analyses read a block
+    /// row's size, owner and site without searching the text.
+    ///
+    /// # Safety
+    /// As for [`BlockAttrs::render`].
+    pub unsafe fn render_into_row(&self, mut text: String, row: &mut EventRow) {
+        // SAFETY: the caller's promise.
+        let found = unsafe { self.render_learning(&mut text) };
+        row.attrs_json = Some(text);
+        row.numbers = match (found, row.attrs_json.as_deref()) {
+            (Some(found), Some(text)) => AttrNumbers::of(text, found),
+            _ => AttrNumbers::default(),
+        };
+    }
+
+    /// [`BlockAttrs::render`], returning what [`plain_object`] would find in the text, or
+    /// `None` where it would take none (a string member that needs an escape).
+    unsafe fn render_learning(&self, out: &mut String) -> Option<Plain> {
         // By hand (integers through itoa): the writer renders one per block row.
         let mut n = itoa::Buffer::new();
+        let mut found = Plain::default();
+        let mut number = |out: &mut String, found: &mut Plain, key: &[u8], value: u64| {
+            out.push_str(n.format(value));
+            if let Some(index) = numeric_attr_index_of(key) {
+                found.present |= 1 << index;
+                found.values[index] = value;
+            }
+        };
         out.clear();
         out.push_str("{\"allocation_id\":");
-        out.push_str(n.format(self.allocation_id));
+        number(out, &mut found, b"allocation_id", self.allocation_id);
         out.push_str(",\"addr\":\"0x");
         push_hex16(out, self.addr);
         out.push_str("\",\"size\":");
-        out.push_str(n.format(self.size));
+        number(out, &mut found, b"size", self.size);
         if let Some(used) = self.used {
             out.push_str(",\"used\":");
-            out.push_str(n.format(used));
+            number(out, &mut found, b"used", used);
         }
         if let Some(total) = self.total {
             out.push_str(",\"total\":");
-            out.push_str(n.format(total));
+            number(out, &mut found, b"total", total);
         }
+        let mut plain = true;
+        let mut string = |out: &str, found: &mut Plain, key: &[u8], start: usize| {
+            plain &= first_special(&out.as_bytes()[start..]).is_none();
+            if let (Some(index), Ok(start), Ok(end)) = (
+                string_attr_index_of(key),
+                u32::try_from(start),
+                u32::try_from(out.len()),
+            ) {
+                found.strings_seen |= 1 << index;
+                found.strings[index] = Some((start, end));
+            } else {
+                plain = false;
+            }
+        };
         if self.owner {
-            out.push_str(",\"owner\":\"PTA");
+            out.push_str(",\"owner\":\"");
+            let start = out.len();
+            out.push_str("PTA");
             for part in [self.category, self.labels] {
                 // SAFETY: the caller's promise.
                 let text = unsafe { part.as_bytes() };
@@ -114,22 +164,26 @@ impl BlockAttrs {
                     push_lossy(out, text);
                 }
             }
+            string(out, &mut found, b"owner", start);
             out.push('"');
-            for (key, text) in [
-                (",\"site\":\"", self.site),
-                (",\"frame\":\"", self.frame),
-                (",\"op\":\"", self.op),
+            for (member, key, text) in [
+                (",\"site\":\"", &b"site"[..], self.site),
+                (",\"frame\":\"", &b"frame"[..], self.frame),
+                (",\"op\":\"", &b"op"[..], self.op),
             ] {
                 // SAFETY: the caller's promise.
                 let text = unsafe { text.as_bytes() };
                 if !text.is_empty() {
-                    out.push_str(key);
+                    out.push_str(member);
+                    let start = out.len();
                     push_lossy(out, text);
+                    string(out, &mut found, key, start);
                     out.push('"');
                 }
             }
         }
         out.push('}');
+        plain.then_some(found)
     }
 }
 
@@ -171,6 +225,57 @@ mod tests {
             frame: StrRef::new("torch/nn/modules/linear.py:125 (forward)"),
             op: StrRef::new("aten::empty"),
             python_stack: StrRef::EMPTY,
+        }
+    }
+
+    /// What rendering learns is what the reader's quick check finds in the text, whatever
+    /// the texts hold (escapes, control characters, bytes that are not UTF-8, nothing).
+    #[test]
+    fn rendering_learns_what_the_quick_check_finds() {
+        let texts: [&[u8]; 7] = [
+            b"",
+            b"weight",
+            b"train.py:12 (step)",
+            b"a\\\"b",
+            b"tab\there",
+            &[b'a', 0xff],
+            "\u{e9}t\u{e9}".as_bytes(),
+        ];
+        let at = |i: usize| StrRef {
+            ptr: texts[i % texts.len()].as_ptr(),
+            len: texts[i % texts.len()].len(),
+        };
+        for flags in [
+            0,
+            BLOCK_OWNER,
+            BLOCK_OWNER | BLOCK_USED,
+            BLOCK_TOTAL | BLOCK_OWNER,
+        ] {
+            for i in 0..texts.len() * 3 {
+                let mut r = record(flags);
+                (r.category, r.labels, r.site) = (at(i), at(i + 1), at(i + 2));
+                (r.frame, r.op) = (at(i + 3), at(i * 5));
+                let mut text = String::new();
+                // SAFETY: the texts are the array's, alive for the test.
+                let learned = unsafe { BlockAttrs::of(&r).render_learning(&mut text) };
+                let scanned = crate::events::attrs::plain_object(&text);
+                assert_eq!(learned, scanned, "{text}");
+                let mut row = EventRow::new(
+                    crate::events::Event::Malloc,
+                    crate::events::EventType::Pta,
+                    "",
+                );
+                // SAFETY: as above.
+                unsafe { BlockAttrs::of(&r).render_into_row(String::new(), &mut row) };
+                let mut searched = row.clone();
+                searched.numbers = Default::default();
+                for key in ["owner", "site", "frame", "op"] {
+                    assert_eq!(row.attr_str(key), searched.attr_str(key), "{key} {text}");
+                }
+                for key in ["size", "used", "total", "allocation_id"] {
+                    assert_eq!(row.attr_u64(key), searched.attr_u64(key), "{key} {text}");
+                }
+            }
         }
     }
 

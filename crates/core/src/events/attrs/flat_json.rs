@@ -5,7 +5,7 @@
 //! else (escapes, nesting, exponents, anything malformed) to the full check, which also words
 //! the error. So it may only answer "yes" where the full check would.
 
-use super::{decimal_digits, numeric_attr_index_of};
+use super::{decimal_digits, numeric_attr_index_of, string_attr_index_of};
 
 /// Whether `attrs` is a JSON object whose keys and string values have no escapes and no
 /// control characters, whose values are strings, integers, plain decimals, `true`, `false`,
@@ -19,15 +19,17 @@ pub(crate) fn plainly_valid(attrs: &str) -> bool {
 
 /// What the quick accept learns of an object it takes, for the row to answer from without
 /// searching the text again.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plain {
     /// Which [`NUMERIC_ATTRS`](super::reader::NUMERIC_ATTRS) keys the object has (bit i for key
     /// i), and their values.
     pub(crate) present: u8,
     pub(crate) values: [u64; 8],
-    /// The text of the first `owner` key's value when it is a string (between its quotes):
-    /// decompose and the report read it on every MALLOC row.
-    pub(crate) owner: Option<(u32, u32)>,
+    /// Which [`STRING_ATTRS`](super::STRING_ATTRS) keys the object has (bit i for key i), and
+    /// the text of each one's first value when it is a string (between its quotes): decompose,
+    /// the leaks analysis and the report read them on every MALLOC row.
+    pub(crate) strings_seen: u8,
+    pub(crate) strings: [Option<(u32, u32)>; super::STRING_ATTRS.len()],
 }
 
 /// When [`plainly_valid`] says yes: what it learnt of the object.
@@ -36,7 +38,6 @@ pub(crate) fn plain_object(attrs: &str) -> Option<Plain> {
         b: attrs.as_bytes(),
         at: 0,
         found: Plain::default(),
-        owner_seen: false,
     };
     scan.object()?;
     scan.skip_ws();
@@ -46,9 +47,8 @@ pub(crate) fn plain_object(attrs: &str) -> Option<Plain> {
 struct Scan<'a> {
     b: &'a [u8],
     at: usize,
-    /// The numeric keys met and their values, and the owner.
+    /// The numeric keys met and their values, and the string keys.
     found: Plain,
-    owner_seen: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -92,18 +92,20 @@ impl<'a> Scan<'a> {
                     self.found.present |= 1 << index;
                     self.found.values[index] = self.u64_digits()?;
                 }
-                None if key == b"owner" && !self.owner_seen => {
-                    self.owner_seen = true;
-                    let start = self.at + 1;
-                    let is_string = self.peek() == Some(b'"');
-                    self.scalar()?;
-                    if is_string {
-                        let (start, end) =
-                            (u32::try_from(start).ok()?, u32::try_from(self.at - 1).ok()?);
-                        self.found.owner = Some((start, end));
+                None => match string_attr_index_of(key) {
+                    Some(index) if self.found.strings_seen & (1 << index) == 0 => {
+                        self.found.strings_seen |= 1 << index;
+                        let start = self.at + 1;
+                        let is_string = self.peek() == Some(b'"');
+                        self.scalar()?;
+                        if is_string {
+                            let (start, end) =
+                                (u32::try_from(start).ok()?, u32::try_from(self.at - 1).ok()?);
+                            self.found.strings[index] = Some((start, end));
+                        }
                     }
-                }
-                None => self.scalar()?,
+                    _ => self.scalar()?,
+                },
             }
             self.skip_ws();
             match self.peek()? {
@@ -225,7 +227,7 @@ impl<'a> Scan<'a> {
 
 /// The offset of the first quote, backslash or control character in `b`, eight bytes at a time
 /// (a dump's keys and values are short, and a loop over bytes costs more than they do).
-fn first_special(b: &[u8]) -> Option<usize> {
+pub(crate) fn first_special(b: &[u8]) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x80 * ONES;
     // Bit 7 of each byte that is `"`, `\` or below 0x20. A borrow can flag bytes after a

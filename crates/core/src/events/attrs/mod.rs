@@ -4,7 +4,7 @@
 
 mod flat_json;
 
-pub(crate) use flat_json::{plain_object, Plain};
+pub(crate) use flat_json::{first_special, plain_object, Plain};
 
 /// At most 60 characters of `text`, quoted, for a message that must stay one line.
 pub(crate) fn excerpt(text: &str) -> String {
@@ -96,6 +96,21 @@ pub const NUMERIC_ATTRS: [&str; 8] = [
 /// The index of `key` in [`NUMERIC_ATTRS`].
 pub(crate) fn numeric_attr_index(key: &str) -> Option<usize> {
     numeric_attr_index_of(key.as_bytes())
+}
+
+/// The Attr keys whose string values the analyses read on every MALLOC row
+/// (`EventRow::attr_str`): the quick check keeps where their values are.
+pub(crate) const STRING_ATTRS: [&str; 4] = ["owner", "site", "frame", "op"];
+
+/// The index of `key` in [`STRING_ATTRS`].
+pub(crate) fn string_attr_index_of(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"owner" => 0,
+        b"site" => 1,
+        b"frame" => 2,
+        b"op" => 3,
+        _ => return None,
+    })
 }
 
 /// [`numeric_attr_index`] of a key's bytes (a match: found by length, then compared once).

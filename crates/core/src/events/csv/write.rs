@@ -72,12 +72,15 @@ pub fn push_field(out: &mut String, field: &str) {
         .any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'))
     {
         out.push('"');
-        for c in field.chars() {
-            if c == '"' {
-                out.push('"');
-            }
-            out.push(c);
+        // Runs between quotes copied whole: the Attr column (a JSON object, quoted on every
+        // row) is most of what a writer copies.
+        let mut rest = field;
+        while let Some(quote) = memchr::memchr(b'"', rest.as_bytes()) {
+            out.push_str(&rest[..=quote]);
+            out.push('"');
+            rest = &rest[quote + 1..];
         }
+        out.push_str(rest);
         out.push('"');
     } else {
         out.push_str(field);
@@ -88,6 +91,23 @@ pub fn push_field(out: &mut String, field: &str) {
 mod tests {
     use super::*;
     use crate::events::{DeviceId, Event, EventType};
+
+    /// Quotes are doubled wherever they are (first, last, in runs), and the rest is copied as
+    /// it is, multi-byte characters too.
+    #[test]
+    fn quoted_fields_double_every_quote() {
+        for (field, written) in [
+            (r#""a""#, r#""""a""""#),
+            (r#"{"k":"v""}"#, r#""{""k"":""v""""}""#),
+            ("é,ü\"x", "\"é,ü\"\"x\""),
+            ("line\nnext", "\"line\nnext\""),
+            ("plain", "plain"),
+        ] {
+            let mut out = String::from("|");
+            push_field(&mut out, field);
+            assert_eq!(out, format!("|{written}"), "{field}");
+        }
+    }
 
     #[test]
     fn malloc_row_format() {
