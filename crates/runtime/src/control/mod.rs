@@ -235,13 +235,7 @@ fn serve(mut listener: Held<UnixListener>) {
             });
         // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        // Serving may take long (a command runs to its end here): the clock is kept only
-        // through waits with nothing to serve.
-        if n == 0 && conns.is_empty() {
-            clock::tick();
-        } else {
-            clock::pause_ticks();
-        }
+        keep_clock(n == 0 && conns.is_empty());
         if n < 0 {
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(50));
@@ -297,6 +291,16 @@ fn idle_wait_ms() -> libc::c_int {
         clock::TICK.as_millis() as libc::c_int
     } else {
         IDENTITY_CHECK_MS
+    }
+}
+
+/// After a wait: the hooks' clock is kept only through waits that end with nothing to serve,
+/// since serving may hold the thread long (a command runs to its end here).
+fn keep_clock(quiet: bool) {
+    if quiet {
+        clock::tick();
+    } else {
+        clock::pause_ticks();
     }
 }
 
@@ -369,10 +373,7 @@ fn serve_signals_only() {
         };
         // SAFETY: one valid pollfd (a negative fd is ignored).
         unsafe { libc::poll(&mut pfd, 1, idle_wait_ms()) };
-        clock::tick();
-        if pfd.revents != 0 {
-            clock::pause_ticks();
-        }
+        keep_clock(pfd.revents == 0);
         signals::on_service_ready(pfd.revents != 0);
     }
 }

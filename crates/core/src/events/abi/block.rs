@@ -103,11 +103,10 @@ impl BlockAttrs {
     pub unsafe fn render_into_row(&self, mut text: String, row: &mut EventRow) {
         // SAFETY: the caller's promise.
         let found = unsafe { self.render_learning(&mut text) };
+        // Taken before the move, which keeps the text where it is (what the numbers answer for).
+        row.numbers =
+            found.map_or_else(AttrNumbers::default, |found| AttrNumbers::of(&text, found));
         row.attrs_json = Some(text);
-        row.numbers = match (found, row.attrs_json.as_deref()) {
-            (Some(found), Some(text)) => AttrNumbers::of(text, found),
-            _ => AttrNumbers::default(),
-        };
     }
 
     /// [`BlockAttrs::render`], returning what [`plain_object`] would find in the text, or
