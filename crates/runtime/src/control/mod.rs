@@ -196,7 +196,17 @@ fn remove_socket() {
 fn serve(mut listener: Held<UnixListener>) {
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(MAX_CONNECTIONS + 2);
+    let mut identities = IdentityChecks::default();
     loop {
+        if !identities.due() {
+            // A quiet wait while keeping the clock: the same descriptors, checked lately.
+            fds.iter_mut().for_each(|p| p.revents = 0);
+            let n = poll_all(&mut fds, idle_wait_ms());
+            identities.after_wait(n == 0);
+            keep_clock(n == 0);
+            // Whatever woke it is acted on after the descriptors are checked, at the top.
+            continue;
+        }
         // The program may have closed any of our descriptors and reused the numbers: what is
         // no longer ours is forgotten (never read, written or closed), the listener and the
         // signal pipe made again.
@@ -208,6 +218,7 @@ fn serve(mut listener: Held<UnixListener>) {
             }
         }
         let signal_fd = signals::service_fd();
+        identities.checked();
         fds.clear();
         fds.push(libc::pollfd {
             fd: listener.socket.as_raw_fd(),
@@ -233,8 +244,8 @@ fn serve(mut listener: Held<UnixListener>) {
             .map_or(idle_wait_ms(), |d| {
                 d.as_millis().saturating_add(1).min(idle_wait_ms() as u128) as libc::c_int
             });
-        // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+        let n = poll_all(&mut fds, timeout);
+        identities.after_wait(n == 0 && conns.is_empty());
         keep_clock(n == 0 && conns.is_empty());
         if n < 0 {
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
@@ -291,6 +302,42 @@ fn idle_wait_ms() -> libc::c_int {
         clock::TICK.as_millis() as libc::c_int
     } else {
         IDENTITY_CHECK_MS
+    }
+}
+
+/// Waits on `fds` (at most `timeout_ms`); what `poll` returned.
+fn poll_all(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> libc::c_int {
+    // SAFETY: `fds` holds `fds.len()` valid pollfd entries (a negative fd is ignored).
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) }
+}
+
+/// When the service thread looks again at whether its descriptors are still its own. While it
+/// keeps the hooks' clock it wakes every few milliseconds; those quiet wakes wait again on the
+/// same descriptors until [`IDENTITY_CHECK_MS`] has passed since the last look, rather than
+/// asking the kernel about each descriptor hundreds of times a second. Any wake with something
+/// ready, or with a connection open, is followed by a look before anything is read, written
+/// or accepted.
+#[derive(Default)]
+struct IdentityChecks {
+    last: Option<Instant>,
+    quiet: bool,
+}
+
+impl IdentityChecks {
+    fn due(&self) -> bool {
+        !self.quiet
+            || self
+                .last
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(IDENTITY_CHECK_MS as u64))
+    }
+
+    fn checked(&mut self) {
+        self.last = Some(Instant::now());
+    }
+
+    /// After a wait: `quiet` when it ended with nothing ready and nobody connected.
+    fn after_wait(&mut self, quiet: bool) {
+        self.quiet = quiet;
     }
 }
 
@@ -364,17 +411,23 @@ fn rebind(lost: Held<UnixListener>) -> Option<Held<UnixListener>> {
 
 /// Without a listener: the signal pipe alone, until the process ends.
 fn serve_signals_only() {
+    let mut identities = IdentityChecks::default();
+    let mut pfd = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }];
     loop {
-        let fd = signals::service_fd();
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd (a negative fd is ignored).
-        unsafe { libc::poll(&mut pfd, 1, idle_wait_ms()) };
-        keep_clock(pfd.revents == 0);
-        signals::on_service_ready(pfd.revents != 0);
+        if identities.due() {
+            pfd[0].fd = signals::service_fd();
+            identities.checked();
+        }
+        pfd[0].revents = 0;
+        let n = poll_all(&mut pfd, idle_wait_ms());
+        identities.after_wait(n == 0);
+        keep_clock(n == 0);
+        // The pipe is read only after `on_service_ready` checked it is still ours.
+        signals::on_service_ready(pfd[0].revents != 0);
     }
 }
 
