@@ -316,3 +316,42 @@ def test_the_library_builds_into_a_fresh_cache(tmp_path: Path) -> None:
     assert Path(ok(again).strip()) == path and again.stderr == ""
     exported = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True)
     assert b"msmemscope_torch_install" in exported.stdout
+
+
+OPS_THAT_COME_AND_GO = """
+import torch
+
+x = torch.ones(4)
+for i in range(24):
+    # Names of every length around the capture's word-sized checks (8, 16, 24, 32 bytes),
+    # each defined in a library of its own that goes before the next is made: the next op's
+    # texts may land where the last one's were.
+    name = "op" + "x" * i
+    overload = "o" + "v" * (i % 17)
+    lib = torch.library.Library("mstest", "FRAGMENT")
+    lib.define(f"{name}.{overload}(Tensor a) -> Tensor")
+    lib.define(f"{name}(Tensor a) -> Tensor")
+    lib.impl(f"{name}.{overload}", lambda a: a + 1, "CPU")
+    lib.impl(name, lambda a: a + 2, "CPU")
+    op = getattr(torch.ops.mstest, name)
+    op.default(x)
+    getattr(op, overload)(x)
+    op.default(x)
+    del op
+    lib._destroy()
+    del lib
+"""
+
+
+def test_each_op_is_named_by_its_own_texts_when_ops_come_and_go(tmp_path: Path) -> None:
+    _, out = run_cli(tmp_path, OPS_THAT_COME_AND_GO)
+    names = [
+        r["Name"]
+        for r in dump_rows(out)
+        if r["Event Type"] == "ATEN_START" and r["Name"].startswith("mstest::")
+    ]
+    want = []
+    for i in range(24):
+        name = "mstest::op" + "x" * i
+        want += [f"{name}.default", f"{name}.o" + "v" * (i % 17), f"{name}.default"]
+    assert names == want

@@ -131,6 +131,10 @@ const ATTRS_BLOCK: u8 = 4;
 /// An op row's name, interned by its producer: its bytes are at `ptr` (an op row has no Ptr),
 /// and the `name` span's length is theirs.
 const NAME_INTERNED: u8 = 8;
+/// The row's name is `N/A` (every block row's), which is not copied into the arena.
+const NAME_NA: u8 = 16;
+/// The dump's Name of a row that names nothing.
+const NA: &[u8] = b"N/A";
 
 /// A row queued without its own strings: its numbers and spans of its chunk's arenas. Kept
 /// small (56 bytes): each row's bytes are fresh cache lines for the program's thread to write,
@@ -399,7 +403,11 @@ impl Chunk {
             at += bytes.len();
             span
         };
-        let name = copy(texts.name);
+        let (name, name_flag) = if texts.name == NA {
+            (Span::EMPTY, NAME_NA)
+        } else {
+            (copy(texts.name), 0)
+        };
         let (attrs, attrs_flag) = match &texts.attrs {
             Attrs::None => (Span::EMPTY, 0),
             Attrs::Json(a) => (copy(a), ATTRS_JSON),
@@ -427,7 +435,7 @@ impl Chunk {
                 start: f as u16,
                 len: frames.len() as u16,
             },
-            flags: attrs_flag | if numbers.ptr.is_some() { HAS_PTR } else { 0 },
+            flags: attrs_flag | name_flag | if numbers.ptr.is_some() { HAS_PTR } else { 0 },
         };
         self.publish(&place, packed, at, f + frames.len());
         true
@@ -537,6 +545,8 @@ impl Chunk {
             // SAFETY: the producer's interned name, valid until the process exits (the ABI's
             // promise), `p.name.len` bytes at `p.ptr`.
             unsafe { std::slice::from_raw_parts(p.ptr as *const u8, p.name.len as usize) }
+        } else if p.flags & NAME_NA != 0 {
+            NA
         } else {
             self.bytes(p.name)
         };

@@ -35,6 +35,7 @@
 
 #include <atomic>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -379,7 +380,7 @@ class LiveTable {
   }
 
   bool grow() {
-    int bits = slots_ == nullptr ? 12 : bits_ + 1;
+    int bits = slots_ == nullptr ? 8 : bits_ + 1;
     size_t cap = size_t(1) << bits;
     void* mem = mmap(nullptr, cap * sizeof(Slot), PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -591,6 +592,44 @@ bool is_op_name(const char* name) {
   return true;
 }
 
+// A short text held as NUL-ended, zero-padded 8-byte words, so that a text in memory is
+// compared with it a word at a time (an op's name at each op start: strncmp's calls cost more
+// than the op's row).
+template <int W>
+struct Words {
+  uint64_t w[W] = {};
+  size_t len = SIZE_MAX;  // SIZE_MAX: too long to hold (the text is compared byte by byte)
+
+  static Words of(const char* s) {
+    Words out;
+    size_t n = std::strlen(s);
+    if (n < size_t(8 * W)) {
+      std::memcpy(out.w, s, n);  // the rest stays zero: the NUL and the padding
+      out.len = n;
+    }
+    return out;
+  }
+
+  // Whether the NUL-ended text at `s` is the one held (`chars`: the same text, for one too
+  // long to hold). Whole words of `s` are read only where they stay inside its page; bytes
+  // past its NUL are masked off, so they never decide.
+  bool match(const char* s, const char* chars) const {
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "masks take the low bytes first");
+    uintptr_t a = reinterpret_cast<uintptr_t>(s);
+    if (len == SIZE_MAX || (a & 4095) > size_t(4096 - 8 * W)) return std::strcmp(s, chars) == 0;
+    size_t bytes = len + 1;  // with the NUL
+    uint64_t diff = 0;
+    for (int i = 0; i < W && size_t(8 * i) < bytes; ++i) {
+      uint64_t word;
+      std::memcpy(&word, s + 8 * i, 8);
+      size_t left = bytes - size_t(8 * i);
+      uint64_t mask = left >= 8 ? ~0ull : (1ull << (8 * left)) - 1;
+      diff |= (word ^ w[i]) & mask;
+    }
+    return diff == 0;
+  }
+};
+
 // An op's name as the dump writes it, made once: a dispatcher op's name and overload texts
 // live as long as the op, so a thread remembers the written name by their addresses (and
 // checks the texts still match: an op defined in Python can go, and its memory be reused).
@@ -598,8 +637,12 @@ struct OpText {
   const char* name = nullptr;      // the RecordFunction's texts this entry stands for
   const char* overload = nullptr;
   Text text = nullptr;             // `name.overload`, interned
-  const char* chars = nullptr;     // its characters: checked without loading the string object
+  const char* chars = nullptr;     // its characters
   size_t name_len = 0;
+  Words<4> name_words;             // the two texts as they were, to check them against
+  Words<2> overload_words;
+  const char* name_chars = nullptr;      // the name alone and the overload, interned (for
+  const char* overload_chars = nullptr;  // texts too long for their words)
 };
 
 constexpr int kOpDepth = 64;
@@ -617,12 +660,11 @@ struct ThreadOps {
 
 thread_local ThreadOps tl_ops;
 
-// Whether the entry's text is still `name.overload` (compared up to the texts' ends: a reused
-// text may be shorter than the entry's).
+// Whether the entry's texts are still the ones it was made for (a reused text may be shorter
+// or longer than the entry's).
 bool same_op(const OpText& e, const char* name, const char* overload) {
-  const char* ov = overload != nullptr && *overload ? overload : "default";
-  return std::strncmp(e.chars, name, e.name_len) == 0 && name[e.name_len] == '\0' &&
-         std::strcmp(e.chars + e.name_len + 1, ov) == 0;
+  return e.name_words.match(name, e.name_chars) &&
+         (overload == nullptr || e.overload_words.match(overload, e.overload_chars));
 }
 
 // The names of the op a RecordFunction stands for, both interned.
@@ -648,13 +690,27 @@ OpNames op_text(ThreadOps& ops, const char* name, const char* overload) {
   Text t = intern(buf);
   if (t == nullptr) return OpNames{};
   size_t name_len = std::strlen(name);
-  // A name cut at the buffer's end is written as cut, and not kept: `same_op` reads the
-  // overload after the name.
-  if (t->size() > name_len + 1 && (*t)[name_len] == '.') {
-    e = OpText{name, overload, t, t->c_str(), name_len};
+  // A name cut at the buffer's end is written as cut, and not kept: its row names another
+  // op's text.
+  Text whole = intern(name);
+  // The default overload's text is empty (and `intern` keeps no empty text).
+  const char* ov = overload == nullptr || *overload == '\0' ? "" : nullptr;
+  if (ov == nullptr) {
+    Text t_ov = intern(overload);
+    ov = t_ov != nullptr ? t_ov->c_str() : nullptr;
+  }
+  if (t->size() > name_len + 1 && (*t)[name_len] == '.' && whole != nullptr && ov != nullptr) {
+    e = OpText{name,
+               overload,
+               t,
+               t->c_str(),
+               name_len,
+               Words<4>::of(name),
+               Words<2>::of(ov),
+               whole->c_str(),
+               ov};
     return OpNames{t, StrRef{t->data(), name_len}};
   }
-  Text whole = intern(name);
   return OpNames{t, whole != nullptr ? str(*whole) : StrRef{nullptr, 0}};
 }
 
