@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use msmemscope_core::events::abi::BlockAttrs;
+use msmemscope_core::events::abi::{BlockAttrs, StrRef};
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
 /// A row and its sequence number: rows with equal timestamps are written in the order of
@@ -88,7 +88,7 @@ impl Texts<'_> {
         let attrs = match self.attrs {
             Attrs::None => 0,
             Attrs::Json(a) => a.len(),
-            Attrs::Block(_) => std::mem::size_of::<BlockAttrs>(),
+            Attrs::Block(b) => queued_size(&b),
         };
         self.name.len() + attrs + self.python_stack.len()
     }
@@ -104,6 +104,64 @@ pub struct Numbers {
     pub tid: u64,
     pub device: DeviceId,
     pub ptr: Option<u64>,
+}
+
+/// A block row's Attr without the owner member (every FREE row's), as queued: the texts are
+/// not rendered without it, so only the numbers are kept, in a third of a [`BlockAttrs`]'s
+/// bytes (each byte a row queues is one the program's thread writes).
+#[derive(Clone, Copy)]
+struct BareBlock {
+    allocation_id: u64,
+    addr: u64,
+    size: u64,
+    used: u64,
+    total: u64,
+    /// [`BARE_USED`], [`BARE_TOTAL`]: which of the two are given.
+    given: u64,
+}
+
+const BARE_USED: u64 = 1;
+const BARE_TOTAL: u64 = 2;
+// The two forms are told apart by their queued length.
+const _: () = assert!(std::mem::size_of::<BareBlock>() != std::mem::size_of::<BlockAttrs>());
+
+impl BareBlock {
+    fn of(b: &BlockAttrs) -> BareBlock {
+        BareBlock {
+            allocation_id: b.allocation_id,
+            addr: b.addr,
+            size: b.size,
+            used: b.used.unwrap_or(0),
+            total: b.total.unwrap_or(0),
+            given: if b.used.is_some() { BARE_USED } else { 0 }
+                | if b.total.is_some() { BARE_TOTAL } else { 0 },
+        }
+    }
+
+    fn attrs(&self) -> BlockAttrs {
+        BlockAttrs {
+            allocation_id: self.allocation_id,
+            addr: self.addr,
+            size: self.size,
+            used: (self.given & BARE_USED != 0).then_some(self.used),
+            total: (self.given & BARE_TOTAL != 0).then_some(self.total),
+            owner: false,
+            category: StrRef::EMPTY,
+            labels: StrRef::EMPTY,
+            site: StrRef::EMPTY,
+            frame: StrRef::EMPTY,
+            op: StrRef::EMPTY,
+        }
+    }
+}
+
+/// The bytes a block's Attr takes in a chunk's arena.
+fn queued_size(b: &BlockAttrs) -> usize {
+    if b.owner {
+        std::mem::size_of::<BlockAttrs>()
+    } else {
+        std::mem::size_of::<BareBlock>()
+    }
 }
 
 /// A range of a chunk's arena (a chunk's arenas are shorter than 64 Ki entries).
@@ -376,10 +434,19 @@ impl Chunk {
         let mut block = Span::EMPTY;
         if let Attrs::Block(b) = &texts.attrs {
             // Written as the struct (its padding is no byte a slice may show), unaligned.
-            let size = std::mem::size_of::<BlockAttrs>();
+            let size = queued_size(b);
             // SAFETY: `at..at + size` lies inside the arena (`place` checked `texts.len()`,
             // which counts the struct) and past every published row's bytes.
-            unsafe { self.text.add(at).cast::<BlockAttrs>().write_unaligned(*b) };
+            unsafe {
+                if b.owner {
+                    self.text.add(at).cast::<BlockAttrs>().write_unaligned(*b);
+                } else {
+                    self.text
+                        .add(at)
+                        .cast::<BareBlock>()
+                        .write_unaligned(BareBlock::of(b));
+                }
+            }
             block = Span {
                 start: at as u16,
                 len: size as u16,
@@ -519,9 +586,17 @@ impl Chunk {
     /// The block copied into the arena at `span` (none if the span cannot hold one).
     fn block_attrs(&self, span: Span) -> Option<BlockAttrs> {
         let bytes = self.bytes(span);
-        // SAFETY: the bytes `push` copied from a `BlockAttrs`, read unaligned.
-        (bytes.len() == std::mem::size_of::<BlockAttrs>())
-            .then(|| unsafe { bytes.as_ptr().cast::<BlockAttrs>().read_unaligned() })
+        let len = bytes.len();
+        // `push` copied a `BlockAttrs` or a `BareBlock`, told apart by their length.
+        if len == std::mem::size_of::<BlockAttrs>() {
+            // SAFETY: the bytes of a `BlockAttrs`, read unaligned.
+            Some(unsafe { bytes.as_ptr().cast::<BlockAttrs>().read_unaligned() })
+        } else if len == std::mem::size_of::<BareBlock>() {
+            // SAFETY: the bytes of a `BareBlock`, read unaligned.
+            Some(unsafe { bytes.as_ptr().cast::<BareBlock>().read_unaligned() }.attrs())
+        } else {
+            None
+        }
     }
 
     fn frames_of(&self, span: Span) -> &[u64] {
@@ -1376,7 +1451,7 @@ mod tests {
     /// read, packed or (too large for a chunk) whole, the same either way.
     #[test]
     fn a_block_row_is_rendered_when_read() {
-        use msmemscope_core::events::abi::{BlockRecord, StrRef, BLOCK_OWNER, BLOCK_USED};
+        use msmemscope_core::events::abi::{BlockRecord, BLOCK_OWNER, BLOCK_USED};
         let record = BlockRecord {
             event: Event::Malloc as u32,
             event_type: EventType::Pta as u32,
@@ -1410,6 +1485,69 @@ mod tests {
         assert_eq!(out[0].row.attr_u64("allocation_id"), Some(5));
         let whole = block.row(Event::Malloc, EventType::Pta, DeviceId::Cpu, Some(0x1000));
         assert_eq!(whole.attrs_json.as_deref(), Some(expected));
+    }
+
+    /// A block row without the owner member (a FREE row) queues its numbers alone, and reads
+    /// back as the same Attr as its whole row; its `N/A` name takes no arena byte.
+    #[test]
+    fn a_block_row_without_owner_queues_its_numbers_alone() {
+        use msmemscope_core::events::abi::{BlockRecord, BLOCK_TOTAL, BLOCK_USED};
+        let record = |flags, used, total| BlockRecord {
+            event: Event::Free as u32,
+            event_type: EventType::Pta as u32,
+            device_kind: 2,
+            device_index: 1,
+            ptr: 0xdead_beef_0000,
+            allocation_id: u64::MAX,
+            size: 1 << 40,
+            flags,
+            reserved: 0,
+            used,
+            total,
+            // Not rendered without the owner member, so not queued either.
+            category: StrRef::new("activation"),
+            labels: StrRef::EMPTY,
+            site: StrRef::new("train.py:7 (step)"),
+            frame: StrRef::EMPTY,
+            op: StrRef::EMPTY,
+            python_stack: StrRef::EMPTY,
+        };
+        let cases = [
+            (
+                record(BLOCK_USED | BLOCK_TOTAL, 7, 0),
+                r#"{"allocation_id":18446744073709551615,"addr":"0x0000deadbeef0000","size":1099511627776,"used":7,"total":0}"#,
+            ),
+            (
+                record(BLOCK_TOTAL, 7, 9),
+                r#"{"allocation_id":18446744073709551615,"addr":"0x0000deadbeef0000","size":1099511627776,"total":9}"#,
+            ),
+            (
+                record(0, 7, 9),
+                r#"{"allocation_id":18446744073709551615,"addr":"0x0000deadbeef0000","size":1099511627776}"#,
+            ),
+        ];
+        for (record, expected) in cases {
+            let block = Texts {
+                name: b"N/A",
+                attrs: Attrs::Block(BlockAttrs::of(&record)),
+                python_stack: b"",
+            };
+            let buffer = Arc::new(ThreadBuffer::default());
+            let mut backlog = Backlog::default();
+            assert!(buffer.push_packed(0, numbers(Event::Free, record.ptr), &block, &[]));
+            let queued = buffer.current().map(|c| c.text_len.load(Ordering::Relaxed));
+            assert_eq!(queued, Some(std::mem::size_of::<BareBlock>()));
+            let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
+            assert_eq!(out[0].row.name, "N/A");
+            assert_eq!(out[0].row.attrs_json.as_deref(), Some(expected));
+            let whole = block.row(
+                Event::Free,
+                EventType::Pta,
+                DeviceId::Cuda(1),
+                Some(record.ptr),
+            );
+            assert_eq!(whole.attrs_json.as_deref(), Some(expected));
+        }
     }
 
     #[test]
