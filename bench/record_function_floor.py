@@ -6,12 +6,12 @@ RecordFunction for every dispatcher op and calls the callback at the op's start 
 part of the capture's cost is PyTorch's, the same for torch.profiler, and no callback of ours
 can go below it. This benchmark measures it: it compiles an empty callback (one ``g++`` call
 against the running torch's headers, the flags the native capture uses) and times blocks of
-MLP training steps (``torch_overhead.py``'s ``mlp`` workload: 256-512-256-10, batch 64, Adam)
-with the callback registered and removed, alternating in one process. It prints the median and
-quartiles of the per-round ratios registered / removed.
+training steps (``torch_overhead.py``'s workloads; ``mlp`` by default: 256-512-256-10, batch
+64, Adam) with the callback registered and removed, alternating in one process. It prints the
+median and quartiles of the per-round ratios registered / removed.
 
 Usage: ``OMP_NUM_THREADS=1 .venv/bin/python bench/record_function_floor.py [--rounds 40]
-[--steps 30]``
+[--steps 30] [--workload mlp]``
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ import time
 from pathlib import Path
 
 import torch
+
+from msmemscope.capture import native_build
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_overhead import build
 
 SOURCE = r"""
 #include <ATen/record_function.h>
@@ -54,33 +59,11 @@ extern "C" __attribute__((visibility("default"))) void floor_remove() {
 """
 
 
-def build(directory: Path) -> ctypes.CDLL:
-    root = Path(torch.__file__).resolve().parent
+def compile_floor(directory: Path) -> ctypes.CDLL:
     source = directory / "floor.cpp"
     source.write_text(SOURCE)
     library = directory / "floor.so"
-    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
-    cmd = [
-        "g++",
-        "-O2",
-        "-std=c++20",
-        "-shared",
-        "-fPIC",
-        "-fvisibility=hidden",
-        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-isystem",
-        str(root / "include"),
-        "-isystem",
-        str(root / "include" / "torch" / "csrc" / "api" / "include"),
-        str(source),
-        "-o",
-        str(library),
-        f"-L{root / 'lib'}",
-        f"-Wl,-rpath,{root / 'lib'}",
-        "-lc10",
-        "-ltorch_cpu",
-    ]
-    subprocess.run(cmd, check=True)
+    subprocess.run(native_build.compile_command(torch, "g++", [source], library), check=True)
     return ctypes.CDLL(str(library))
 
 
@@ -88,24 +71,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per block")
+    ap.add_argument("--workload", default="mlp", help="one of torch_overhead.py's workloads")
     args = ap.parse_args()
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 256),
-        torch.nn.ReLU(),
-        torch.nn.Linear(256, 10),
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 256)
-    y = torch.randint(0, 10, (64,))
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    step, _ = build(args.workload)
 
     def block() -> float:
         for _ in range(2):  # untimed after each switch
@@ -116,7 +85,7 @@ def main() -> None:
         return (time.perf_counter() - t0) / args.steps
 
     with tempfile.TemporaryDirectory() as tmp:
-        lib = build(Path(tmp))
+        lib = compile_floor(Path(tmp))
         for _ in range(10):
             step()
         ratios, removed_times = [], []
@@ -131,7 +100,7 @@ def main() -> None:
     q = statistics.quantiles(ratios, n=4)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}")
     print(
-        f"MLP step, empty RecordFunction callback registered / removed: "
+        f"{args.workload} step, empty RecordFunction callback registered / removed: "
         f"{statistics.median(ratios):.3f}x (quartiles {q[0]:.3f}-{q[2]:.3f}; {args.rounds} rounds "
         f"of {args.steps} steps; removed: {statistics.median(removed_times) * 1e3:.2f} ms/step)"
     )

@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,12 @@ def _key(torch: Any, cxx: str) -> str:
 
 
 def _command(torch: Any, cxx: str, out: Path) -> list[str]:
+    return compile_command(torch, cxx, SOURCES, out)
+
+
+def compile_command(torch: Any, cxx: str, sources: Sequence[Path], out: Path) -> list[str]:
+    """The one compiler call that builds ``sources`` into the shared library ``out`` against
+    ``torch``'s C++ headers and libraries (raises ``Unavailable`` without the headers)."""
     root = Path(torch.__file__).resolve().parent
     include = root / "include"
     lib = root / "lib"
@@ -102,7 +108,7 @@ def _command(torch: Any, cxx: str, out: Path) -> list[str]:
         str(include / "torch" / "csrc" / "api" / "include"),
         "-isystem",
         py_include,
-        *(str(source) for source in SOURCES),
+        *(str(source) for source in sources),
         "-o",
         str(out),
         f"-L{lib}",

@@ -1472,19 +1472,34 @@ mod tests {
             python_stack: StrRef::EMPTY,
         };
         let expected = r#"{"allocation_id":5,"addr":"0x0000000000001000","size":256,"used":512,"owner":"PTA@activation","site":"train.py:7 (step)","op":"aten::mm"}"#;
+        let (read, queued, whole) = block_round_trip(&record, Event::Malloc, DeviceId::Cpu);
+        assert_eq!(queued, std::mem::size_of::<BlockAttrs>());
+        assert_eq!(read.row.attrs_json.as_deref(), Some(expected));
+        assert_eq!(read.row.attr_u64("allocation_id"), Some(5));
+        assert_eq!(whole.attrs_json.as_deref(), Some(expected));
+    }
+
+    /// A block row of `record` queued alone in a fresh buffer and read back, the arena bytes it
+    /// took, and the whole row its texts make.
+    fn block_round_trip(
+        record: &msmemscope_core::events::abi::BlockRecord,
+        event: Event,
+        device: DeviceId,
+    ) -> (Queued, usize, EventRow) {
         let block = Texts {
             name: b"N/A",
-            attrs: Attrs::Block(BlockAttrs::of(&record)),
+            attrs: Attrs::Block(BlockAttrs::of(record)),
             python_stack: b"",
         };
         let buffer = Arc::new(ThreadBuffer::default());
         let mut backlog = Backlog::default();
-        assert!(buffer.push_packed(0, numbers(Event::Malloc, 0x1000), &block, &[]));
-        let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
-        assert_eq!(out[0].row.attrs_json.as_deref(), Some(expected));
-        assert_eq!(out[0].row.attr_u64("allocation_id"), Some(5));
-        let whole = block.row(Event::Malloc, EventType::Pta, DeviceId::Cpu, Some(0x1000));
-        assert_eq!(whole.attrs_json.as_deref(), Some(expected));
+        assert!(buffer.push_packed(0, numbers(event, record.ptr), &block, &[]));
+        let queued = buffer
+            .current()
+            .map_or(0, |c| c.text_len.load(Ordering::Relaxed));
+        let mut out = write_all(&mut backlog, std::slice::from_ref(&buffer));
+        let whole = block.row(event, EventType::Pta, device, Some(record.ptr));
+        (out.remove(0), queued, whole)
     }
 
     /// A block row without the owner member (a FREE row) queues its numbers alone, and reads
@@ -1527,25 +1542,10 @@ mod tests {
             ),
         ];
         for (record, expected) in cases {
-            let block = Texts {
-                name: b"N/A",
-                attrs: Attrs::Block(BlockAttrs::of(&record)),
-                python_stack: b"",
-            };
-            let buffer = Arc::new(ThreadBuffer::default());
-            let mut backlog = Backlog::default();
-            assert!(buffer.push_packed(0, numbers(Event::Free, record.ptr), &block, &[]));
-            let queued = buffer.current().map(|c| c.text_len.load(Ordering::Relaxed));
-            assert_eq!(queued, Some(std::mem::size_of::<BareBlock>()));
-            let out = write_all(&mut backlog, std::slice::from_ref(&buffer));
-            assert_eq!(out[0].row.name, "N/A");
-            assert_eq!(out[0].row.attrs_json.as_deref(), Some(expected));
-            let whole = block.row(
-                Event::Free,
-                EventType::Pta,
-                DeviceId::Cuda(1),
-                Some(record.ptr),
-            );
+            let (read, queued, whole) = block_round_trip(&record, Event::Free, DeviceId::Cuda(1));
+            assert_eq!(queued, std::mem::size_of::<BareBlock>());
+            assert_eq!(read.row.name, "N/A");
+            assert_eq!(read.row.attrs_json.as_deref(), Some(expected));
             assert_eq!(whole.attrs_json.as_deref(), Some(expected));
         }
     }
