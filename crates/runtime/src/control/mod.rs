@@ -245,8 +245,9 @@ fn serve(mut listener: Held<UnixListener>) {
                 d.as_millis().saturating_add(1).min(idle_wait_ms() as u128) as libc::c_int
             });
         let n = poll_all(&mut fds, timeout);
-        identities.after_wait(n == 0 && conns.is_empty());
-        keep_clock(n == 0 && conns.is_empty());
+        let quiet = n == 0 && conns.is_empty();
+        identities.after_wait(quiet);
+        keep_clock(quiet);
         if n < 0 {
             if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 std::thread::sleep(Duration::from_millis(50));

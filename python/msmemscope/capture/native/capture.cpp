@@ -592,31 +592,36 @@ bool is_op_name(const char* name) {
   return true;
 }
 
-// A short text held as NUL-ended, zero-padded 8-byte words, so that a text in memory is
-// compared with it a word at a time (an op's name at each op start: strncmp's calls cost more
-// than the op's row).
+// A text kept for comparing with texts in memory: `len` bytes at `chars` (which live for the
+// process), and, when short enough, the same as NUL-ended, zero-padded 8-byte words, so that
+// the comparison goes a word at a time (an op's name at each op start: strncmp's calls cost
+// more than the op's row).
 template <int W>
 struct Words {
   uint64_t w[W] = {};
-  size_t len = SIZE_MAX;  // SIZE_MAX: too long to hold (the text is compared byte by byte)
+  const char* chars = nullptr;
+  size_t len = 0;
+  bool held = false;  // the words hold the text (false: it is compared byte by byte)
 
-  static Words of(const char* s) {
+  static Words of(const char* chars, size_t len) {
     Words out;
-    size_t n = std::strlen(s);
-    if (n < size_t(8 * W)) {
-      std::memcpy(out.w, s, n);  // the rest stays zero: the NUL and the padding
-      out.len = n;
+    out.chars = chars;
+    out.len = len;
+    if (len < size_t(8 * W)) {
+      std::memcpy(out.w, chars, len);  // the rest stays zero: the NUL and the padding
+      out.held = true;
     }
     return out;
   }
 
-  // Whether the NUL-ended text at `s` is the one held (`chars`: the same text, for one too
-  // long to hold). Whole words of `s` are read only where they stay inside its page; bytes
-  // past its NUL are masked off, so they never decide.
-  bool match(const char* s, const char* chars) const {
+  // Whether the NUL-ended text at `s` is this one. Whole words of `s` are read only where
+  // they stay inside its page; bytes past its NUL are masked off, so they never decide.
+  bool match(const char* s) const {
     static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "masks take the low bytes first");
     uintptr_t a = reinterpret_cast<uintptr_t>(s);
-    if (len == SIZE_MAX || (a & 4095) > size_t(4096 - 8 * W)) return std::strcmp(s, chars) == 0;
+    if (!held || (a & 4095) > size_t(4096 - 8 * W)) {
+      return std::strncmp(s, chars, len) == 0 && s[len] == '\0';
+    }
     size_t bytes = len + 1;  // with the NUL
     uint64_t diff = 0;
     for (int i = 0; i < W && size_t(8 * i) < bytes; ++i) {
@@ -634,15 +639,11 @@ struct Words {
 // live as long as the op, so a thread remembers the written name by their addresses (and
 // checks the texts still match: an op defined in Python can go, and its memory be reused).
 struct OpText {
-  const char* name = nullptr;      // the RecordFunction's texts this entry stands for
+  const char* name = nullptr;  // the RecordFunction's texts this entry stands for
   const char* overload = nullptr;
-  Text text = nullptr;             // `name.overload`, interned
-  const char* chars = nullptr;     // its characters
-  size_t name_len = 0;
-  Words<4> name_words;             // the two texts as they were, to check them against
+  Text text = nullptr;         // `name.overload`, interned
+  Words<4> name_words;         // the two texts as they were, in `text`, to check them against
   Words<2> overload_words;
-  const char* name_chars = nullptr;      // the name alone and the overload, interned (for
-  const char* overload_chars = nullptr;  // texts too long for their words)
 };
 
 constexpr int kOpDepth = 64;
@@ -663,8 +664,7 @@ thread_local ThreadOps tl_ops;
 // Whether the entry's texts are still the ones it was made for (a reused text may be shorter
 // or longer than the entry's).
 bool same_op(const OpText& e, const char* name, const char* overload) {
-  return e.name_words.match(name, e.name_chars) &&
-         (overload == nullptr || e.overload_words.match(overload, e.overload_chars));
+  return e.name_words.match(name) && (overload == nullptr || e.overload_words.match(overload));
 }
 
 // The names of the op a RecordFunction stands for, both interned.
@@ -682,7 +682,7 @@ OpNames op_text(ThreadOps& ops, const char* name, const char* overload) {
   OpText& e = ops.texts[slot];
   if (e.name == name && e.overload == overload && e.text != nullptr &&
       same_op(e, name, overload)) {
-    return OpNames{e.text, StrRef{e.chars, e.name_len}};
+    return OpNames{e.text, StrRef{e.name_words.chars, e.name_words.len}};
   }
   if (!is_op_name(name)) return OpNames{};  // not kept: prose names can be made per call
   char buf[256];
@@ -690,27 +690,19 @@ OpNames op_text(ThreadOps& ops, const char* name, const char* overload) {
   Text t = intern(buf);
   if (t == nullptr) return OpNames{};
   size_t name_len = std::strlen(name);
-  // A name cut at the buffer's end is written as cut, and not kept: its row names another
-  // op's text.
-  Text whole = intern(name);
-  // The default overload's text is empty (and `intern` keeps no empty text).
-  const char* ov = overload == nullptr || *overload == '\0' ? "" : nullptr;
-  if (ov == nullptr) {
-    Text t_ov = intern(overload);
-    ov = t_ov != nullptr ? t_ov->c_str() : nullptr;
-  }
-  if (t->size() > name_len + 1 && (*t)[name_len] == '.' && whole != nullptr && ov != nullptr) {
-    e = OpText{name,
-               overload,
-               t,
-               t->c_str(),
-               name_len,
-               Words<4>::of(name),
-               Words<2>::of(ov),
-               whole->c_str(),
-               ov};
+  // The default overload is written `default`; a text cut at the buffer's end is written as
+  // cut and not kept (its row names another op's text).
+  size_t overload_len = overload != nullptr ? std::strlen(overload) : 0;
+  bool whole_text = overload_len == 0
+                        ? t->size() == name_len + 1 + std::strlen("default")
+                        : t->size() == name_len + 1 + overload_len;
+  if (whole_text && (*t)[name_len] == '.') {
+    const char* overload_chars = overload_len == 0 ? "" : t->c_str() + name_len + 1;
+    e = OpText{name, overload, t, Words<4>::of(t->c_str(), name_len),
+               Words<2>::of(overload_chars, overload_len)};
     return OpNames{t, StrRef{t->data(), name_len}};
   }
+  Text whole = intern(name);
   return OpNames{t, whole != nullptr ? str(*whole) : StrRef{nullptr, 0}};
 }
 
