@@ -305,7 +305,7 @@ def test_online_and_offline_agree_on_a_pytorch_run(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("ok 2000.0 3100.0"), run.stdout
     (run_dir,) = out.iterdir()
-    (dump,) = (run_dir / "device_cpu" / "dump").iterdir()
+    (dump,) = (run_dir / "device_cpu" / "dump").glob("memscope_dump_*.csv")
     with (run_dir / "inefficient" / "inefficient_blocks.csv").open(newline="") as f:
         online = [
             {

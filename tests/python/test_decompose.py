@@ -103,6 +103,24 @@ def test_per_step_owners_agree_with_memtracker(tmp_path: Path) -> None:
     )
 
 
+def test_optimizer_steps_end_steps_without_the_leaks_analysis(tmp_path: Path) -> None:
+    """A loop that marks no steps, under --analysis=decompose alone: each optimizer.step() offers
+    the runtime a step boundary, and the runtime writes every offer but the first (a program that
+    marks its steps at their end would otherwise count its first step twice). Four calls make
+    three STEP rows, steps 1 to 3, so the console's last step is step 3."""
+    proc, rows, dump_dir = run(tmp_path, "optimizer_steps.py")
+    assert proc.stdout == "trained 4 steps\n", proc.stdout
+    steps = [r for r in rows if r["Event"] == "SYSTEM" and r["Event Type"] == "STEP"]
+    assert [r["Name"] for r in steps] == ["1", "2", "3"], steps
+    assert all(json.loads(r["Attr"])["source"] == "optimizer.step" for r in steps), steps
+    assert sorted({step for step, _ in table(dump_dir)}) == [0, 1, 2, 3]
+    assert (
+        "====== Memory decomposition on device cpu (PTA pool) ======\nStep 3 (last step):\n"
+        in proc.stderr
+    ), proc.stderr
+    assert "Step 0 (last step)" not in proc.stderr, proc.stderr
+
+
 def test_describer_forms(tmp_path: Path) -> None:
     proc, rows, _ = run(tmp_path, "describe_forms.py")
     known = {}

@@ -206,7 +206,30 @@ fn convert_journals(run: &RunDir) {
         let Ok(dir) = run.open_dir(&Path::new(&device).join("dump")) else {
             continue;
         };
+        let mut journals: Vec<(RunDir, String)> = Vec::new();
         for name in crate::report::parquet::dump_names(&dir, &["csv"]).unwrap_or_default() {
+            // A bounded run's step parts beside the head are journals too.
+            let parts = msmemscope_core::recorder::parts_dir(Path::new(&name));
+            if let Ok(parts_dir) = dir.open_dir(&parts) {
+                let mut names: Vec<String> = std::fs::read_dir(parts_dir.resolved())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("step_") && n.ends_with(".csv"))
+                    .collect();
+                names.sort();
+                for part in names {
+                    if let Ok(held) = parts_dir.try_clone() {
+                        journals.push((held, part));
+                    }
+                }
+            }
+            if let Ok(held) = dir.try_clone() {
+                journals.insert(0, (held, name));
+            }
+        }
+        for (dir, name) in journals {
             let started = std::time::Instant::now();
             let exported = export(&dir, &name, Source::Journal, true);
             if let Ok(done) = &exported {
@@ -263,8 +286,9 @@ fn report_event_dump(
         })
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
+            p.is_file()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
         })
         .map(|p| shown.join(p.strip_prefix(&dir).unwrap_or(&p)))
         .collect();
@@ -292,6 +316,20 @@ fn report_event_dump(
                 dump.display()
             ),
             None => eprintln!("msmemscope: event dump: {}", dump.display()),
+        }
+        if let Some(kept) = msmemscope_core::recorder::coverage(
+            &dir.join(dump.strip_prefix(shown).unwrap_or(&dump)),
+        ) {
+            let parts = msmemscope_core::recorder::parts_dir(&dump);
+            eprintln!(
+                "msmemscope:   longer than its dump budget (--dump-budget): the rows of steps {} \
+                 are kept (the later ones in {}/); all {} steps are summarized in {}/{}",
+                msmemscope_core::recorder::ranges(&kept.kept),
+                parts.display(),
+                kept.steps,
+                parts.display(),
+                msmemscope_core::recorder::SUMMARY_FILE,
+            );
         }
     }
     match run.read_to_string(Path::new(launch_env::ANALYSIS_REPORT)) {

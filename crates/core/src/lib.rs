@@ -14,6 +14,8 @@ pub mod host_leak;
 pub mod launch_env;
 // Native Python frames: line numbers from code objects' line tables.
 pub mod pyframes;
+// The flight recorder: which steps of a long run keep their rows, and every step's summary.
+pub mod recorder;
 pub mod run_dir;
 // Stream-race sanitizer: sanitizer-op marks and the vector-clock checker.
 pub mod sanitizer;

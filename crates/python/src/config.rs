@@ -73,6 +73,7 @@ fn example(option: OptionName) -> &'static str {
         OptionName::Pid => "1234",
         OptionName::Follow => "exec",
         OptionName::PythonObjects => "off",
+        OptionName::DumpBudget => "1GiB",
     }
 }
 

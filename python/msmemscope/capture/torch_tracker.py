@@ -741,40 +741,52 @@ def _make_tracker(nat: ModuleType) -> _Tracker | NativeTracker:
     return _Tracker(nat)
 
 
-def _leaks_support() -> None:
-    """With the leaks analysis on: the holders of leaked tensors are searched for once at exit,
-    while the interpreter still has them (msmemscope.holders), and each ``step()`` of the first
-    optimizer that steps ends a step while the program marks none itself."""
+def _step_boundaries() -> None:
+    """Each ``step()`` of the first optimizer that steps offers the runtime a step boundary
+    (``nat.optimizer_step()``), whatever analyses are configured: the runtime records it as a
+    STEP row with the Attr ``source: optimizer.step`` while the program marks no steps itself,
+    and never records the first offer. The global optimizer step hook is registered once."""
     global _optimizer_hook
+    if _optimizer_hook is not None:
+        return
     try:
         from .._runtime import native
 
         nat = native()
-        if "leaks" not in json.loads(nat.current_config()).get("analysis", []):
+        first: list[int] = []
+
+        def after_optimizer_step(
+            optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None:
+            if not first:
+                first.append(id(optimizer))
+            if first[0] == id(optimizer):
+                try:
+                    nat.optimizer_step()
+                except Exception as exc:
+                    # install() set the tracker before it called _step_boundaries.
+                    report_once(cast("Tracker", _tracker), exc)
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _optimizer_hook = register_optimizer_step_post_hook(after_optimizer_step)
+    except Exception as exc:
+        _warn(f"warning: optimizer steps do not end steps: {exc}")
+
+
+def _leaks_support() -> None:
+    """With the leaks analysis on: the holders of leaked tensors are searched for once at exit,
+    while the interpreter still has them (msmemscope.holders)."""
+    try:
+        from .._runtime import native
+
+        if "leaks" not in json.loads(native().current_config()).get("analysis", []):
             return
         search_at_exit = extensions.leaks_at_exit  # msmemscope.holders
         if search_at_exit is not None:
             search_at_exit()
-        if _optimizer_hook is None:
-            first: list[int] = []
-
-            def after_optimizer_step(
-                optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
-            ) -> None:
-                if not first:
-                    first.append(id(optimizer))
-                if first[0] == id(optimizer):
-                    try:
-                        nat.optimizer_step()
-                    except Exception as exc:
-                        # install() set the tracker before it called _leaks_support.
-                        report_once(cast("Tracker", _tracker), exc)
-
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            _optimizer_hook = register_optimizer_step_post_hook(after_optimizer_step)
     except Exception as exc:
-        _warn(f"warning: the leaks analysis's helpers are off: {exc}")
+        _warn(f"warning: the leaks analysis's holder search is off: {exc}")
 
 
 _optimizer_hook: Any = None  # the optimizer step hook's handle, once registered
@@ -799,6 +811,7 @@ def install() -> None:
             if isinstance(_tracker, _Tracker):  # capture() == "python"
                 _mode = MemscopeDispatchMode(_tracker)
         reload_config()
+        _step_boundaries()
         _leaks_support()
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
         from . import cuda_allocator

@@ -131,6 +131,13 @@ pub(super) const OPTIONS: &[OptSpec] = &[
         "host-leaks tracks about 1 in N allocations (default 1, all): ",
     ),
     opt(
+        Some("dump-budget"),
+        None,
+        Kind::Config(OptionName::DumpBudget),
+        "SIZE",
+        "most bytes a process's event dump keeps (default 256MiB; past it the first, the newest, the peak's, the leaks' and OOM steps stay, every step summarized): ",
+    ),
+    opt(
         Some("events"),
         None,
         Kind::Config(OptionName::Events),

@@ -26,8 +26,19 @@
 //! ```
 //! (the last line once, after every table).
 //! Columns: `{:<6}{:>16}{:>16}{:>10}`; the gap with 4 decimals (Rust's `{:.4}`); min and max
-//! gap name the first step that has them. Nothing is printed (and no file is written) when no
-//! pool has a step from 2 on.
+//! gap name the first step that has them, over all of the pool's steps. Nothing is printed (and
+//! no file is written) when no pool has a step from 2 on.
+//!
+//! The file always has every step line. On the console, a pool with more than
+//! [`CONSOLE_MAX_LINES`] (12) step lines shows only its first and last [`CONSOLE_ENDS`] (5) with,
+//! between them, one line for the rest; the min and max gap lines still name their steps,
+//! shown or not:
+//! ```text
+//! 6                 1000            3000    0.3333
+//! ... 1488 steps not shown (all of them in leaks/gap_analysis.txt)
+//! 1495              1000            3000    0.3333
+//! ```
+//! Tables of 12 or fewer step lines print the same on the console as in the file.
 
 use std::collections::BTreeMap;
 
@@ -127,21 +138,27 @@ impl Analysis for Fluctuation {
 
     fn finish(&mut self) -> AnalysisOutput {
         self.end_step();
-        let text = render(&self.tables());
-        let files = if text.is_empty() {
-            Vec::new()
-        } else {
-            vec![(REPORT_FILE.to_string(), text.clone())]
-        };
+        let tables = self.tables();
+        let text = render(&tables, false);
+        if text.is_empty() {
+            return AnalysisOutput::default();
+        }
         AnalysisOutput {
-            console: text,
-            files,
+            console: render(&tables, true),
+            files: vec![(REPORT_FILE.to_string(), text)],
         }
     }
 }
 
-/// The Gap Analysis tables.
-pub fn render(tables: &[((DeviceId, EventType), Vec<StepRange>)]) -> String {
+/// A pool's table on the console is cut when it has more step lines than this.
+pub const CONSOLE_MAX_LINES: usize = 12;
+/// How many step lines a cut table keeps at each end.
+pub const CONSOLE_ENDS: usize = 5;
+
+/// The Gap Analysis tables: every step line (`short` false: the file), or a pool's first and
+/// last [`CONSOLE_ENDS`] step lines when it has more than [`CONSOLE_MAX_LINES`] (`short` true:
+/// the console).
+pub fn render(tables: &[((DeviceId, EventType), Vec<StepRange>)], short: bool) -> String {
     let mut out = String::new();
     for ((device, pool), steps) in tables {
         let Some(first) = steps.first() else { continue };
@@ -153,15 +170,23 @@ pub fn render(tables: &[((DeviceId, EventType), Vec<StepRange>)]) -> String {
             "{:<6}{:>16}{:>16}{:>10}\n",
             "Step", "MinUsed(byte)", "MaxUsed(byte)", "Gap"
         ));
+        let cut = short && steps.len() > CONSOLE_MAX_LINES;
         let (mut lo, mut hi) = (first, first);
-        for s in steps {
-            out.push_str(&format!(
-                "{:<6}{:>16}{:>16}{:>10.4}\n",
-                s.step,
-                s.min_used,
-                s.max_used,
-                s.gap()
-            ));
+        for (i, s) in steps.iter().enumerate() {
+            if !cut || i < CONSOLE_ENDS || i >= steps.len() - CONSOLE_ENDS {
+                out.push_str(&format!(
+                    "{:<6}{:>16}{:>16}{:>10.4}\n",
+                    s.step,
+                    s.min_used,
+                    s.max_used,
+                    s.gap()
+                ));
+            } else if i == CONSOLE_ENDS {
+                out.push_str(&format!(
+                    "... {} steps not shown (all of them in {REPORT_FILE})\n",
+                    steps.len() - 2 * CONSOLE_ENDS
+                ));
+            }
             if s.gap() < lo.gap() {
                 lo = s;
             }
@@ -266,6 +291,111 @@ Max gap: 1.0000 at step 2
 Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
 "
         );
+    }
+
+    /// Steps 2..=31 in one pool: 30 step lines. `used` starts every step at 1000, rises to
+    /// 2000 + the step number (8000 in step 10, the min gap; nothing above 1000 in step 20, the
+    /// max gap) and falls back to 1000.
+    fn thirty_steps() -> Vec<EventRow> {
+        let mut rows = vec![step(1), used(Event::Malloc, EventType::Pta, CPU, 1000)];
+        for s in 2..=31 {
+            let high = match s {
+                10 => 8000,
+                20 => 1000,
+                _ => 2000 + s,
+            };
+            rows.push(step(s));
+            rows.push(used(Event::Malloc, EventType::Pta, CPU, high));
+            rows.push(used(Event::Free, EventType::Pta, CPU, 1000));
+        }
+        rows
+    }
+
+    #[test]
+    fn long_table_is_cut_on_the_console_and_whole_in_the_file() {
+        let out = run(thirty_steps());
+        let console = "\
+====== Gap Analysis on device cpu, pool PTA ======
+Step     MinUsed(byte)   MaxUsed(byte)       Gap
+2                 1000            2002    0.4995
+3                 1000            2003    0.4993
+4                 1000            2004    0.4990
+5                 1000            2005    0.4988
+6                 1000            2006    0.4985
+... 20 steps not shown (all of them in leaks/gap_analysis.txt)
+27                1000            2027    0.4933
+28                1000            2028    0.4931
+29                1000            2029    0.4929
+30                1000            2030    0.4926
+31                1000            2031    0.4924
+Min gap: 0.1250 at step 10
+Max gap: 1.0000 at step 20
+Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
+";
+        let file = "\
+====== Gap Analysis on device cpu, pool PTA ======
+Step     MinUsed(byte)   MaxUsed(byte)       Gap
+2                 1000            2002    0.4995
+3                 1000            2003    0.4993
+4                 1000            2004    0.4990
+5                 1000            2005    0.4988
+6                 1000            2006    0.4985
+7                 1000            2007    0.4983
+8                 1000            2008    0.4980
+9                 1000            2009    0.4978
+10                1000            8000    0.1250
+11                1000            2011    0.4973
+12                1000            2012    0.4970
+13                1000            2013    0.4968
+14                1000            2014    0.4965
+15                1000            2015    0.4963
+16                1000            2016    0.4960
+17                1000            2017    0.4958
+18                1000            2018    0.4955
+19                1000            2019    0.4953
+20                1000            1000    1.0000
+21                1000            2021    0.4948
+22                1000            2022    0.4946
+23                1000            2023    0.4943
+24                1000            2024    0.4941
+25                1000            2025    0.4938
+26                1000            2026    0.4936
+27                1000            2027    0.4933
+28                1000            2028    0.4931
+29                1000            2029    0.4929
+30                1000            2030    0.4926
+31                1000            2031    0.4924
+Min gap: 0.1250 at step 10
+Max gap: 1.0000 at step 20
+Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed) that rises from step to step is memory kept
+";
+        assert_eq!(out.console, console);
+        assert_eq!(out.files, vec![(REPORT_FILE.to_string(), file.to_string())]);
+    }
+
+    #[test]
+    fn twelve_step_lines_print_whole_thirteen_are_cut() {
+        let step_lines = |text: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+                .count()
+        };
+        // Steps 2..=13: 12 lines, the console is the file.
+        let mut rows = thirty_steps();
+        rows.truncate(2 + 3 * 12);
+        let out = run(rows);
+        assert_eq!(step_lines(&out.console), 12);
+        assert!(!out.console.contains("not shown"));
+        assert_eq!(out.files[0].1, out.console);
+        // Steps 2..=14: 13 lines; the console shows steps 2 to 6 and 10 to 14.
+        let mut rows = thirty_steps();
+        rows.truncate(2 + 3 * 13);
+        let out = run(rows);
+        assert_eq!(step_lines(&out.console), 10);
+        assert!(out
+            .console
+            .contains("\n... 3 steps not shown (all of them in leaks/gap_analysis.txt)\n10    "));
+        assert_eq!(step_lines(&out.files[0].1), 13);
     }
 
     #[test]

@@ -155,7 +155,12 @@ pub struct Leaks {
     source: Option<findings::SourceLine>,
     /// The findings by site, once `finish` has run.
     findings: findings::Findings,
+    /// At the last step end: the sites that rose, and their bytes' growth.
+    growth: (u64, u64),
 }
+
+/// Leak sites whose first and latest steps a bounded dump keeps in full.
+const SITES_KEPT_IN_DETAIL: usize = 4;
 
 impl Leaks {
     pub fn new() -> Leaks {
@@ -231,7 +236,7 @@ impl Leaks {
             self.candidates.push(b.leak(*key, !marked));
         }
         if marked {
-            self.sites.step_ended(self.step);
+            self.growth = self.sites.step_ended(self.step);
         }
         self.last_step = std::mem::take(&mut self.this_step);
         // Reuse the old vector's allocation for the new step.
@@ -327,9 +332,10 @@ impl Analysis for Leaks {
         let file = if text.is_empty() {
             "====== No memory leaks detected ======\n".to_string()
         } else {
-            text.clone()
+            text
         };
-        let mut console = text;
+        let mut console = render_lines(&self.leaks, CONSOLE_BLOCKS);
+        console.push_str(&found.render());
         console.push_str(&found.notice());
         let json = found.to_json();
         self.findings = found;
@@ -345,10 +351,44 @@ impl Analysis for Leaks {
     fn leak_suspects(&self) -> Vec<(DeviceId, u64, u64, String)> {
         self.suspects(10, 3)
     }
+
+    /// The steps where the largest leak sites' first and latest candidate blocks were
+    /// allocated: where their rows show what leaks and how it started.
+    fn step_notes(&self) -> Option<crate::recorder::StepNotes> {
+        let mut leaking: Vec<&sites::Site> = self
+            .sites
+            .sites()
+            .iter()
+            .filter(|s| s.verdict() == Verdict::Leak)
+            .collect();
+        leaking.sort_by_key(|s| std::cmp::Reverse(s.live_bytes));
+        let keep = leaking
+            .iter()
+            .take(SITES_KEPT_IN_DETAIL)
+            .flat_map(|s| [s.steps.first(), s.steps.last()])
+            .flatten()
+            .copied()
+            .collect();
+        Some(crate::recorder::StepNotes {
+            keep,
+            sites_grown: self.growth.0,
+            bytes_grown: self.growth.1,
+        })
+    }
 }
 
 /// The seed's report text for `leaks` (empty when there are none).
 pub fn render(leaks: &[Leak]) -> String {
+    render_lines(leaks, usize::MAX)
+}
+
+/// Blocks listed per device on the console, at each end of the list: a leak of a block a step
+/// would otherwise print a line per step of the run (the whole list is in [`REPORT_FILE`]).
+pub const CONSOLE_BLOCKS: usize = 5;
+
+/// [`render`] with at most `shown` blocks from each end of a device's list, the rest counted
+/// in one line; the summary line counts them all.
+fn render_lines(leaks: &[Leak], shown: usize) -> String {
     let mut by_device: BTreeMap<DeviceId, Vec<&Leak>> = BTreeMap::new();
     for leak in leaks {
         by_device.entry(leak.device).or_default().push(leak);
@@ -359,9 +399,18 @@ pub fn render(leaks: &[Leak]) -> String {
         out.push_str(&format!(
             "====== ERROR: Detected memory leaks on device {device} ======\n"
         ));
-        let mut total = 0u64;
-        for leak in &leaks {
-            total += leak.size;
+        let total: u64 = leaks.iter().map(|l| l.size).sum();
+        let cut = leaks.len() > shown.saturating_mul(2).saturating_add(1);
+        for (i, leak) in leaks.iter().enumerate() {
+            if cut && i >= shown && i < leaks.len() - shown {
+                if i == shown {
+                    out.push_str(&format!(
+                        "... {} more block(s) (all of them in {REPORT_FILE})\n",
+                        leaks.len() - 2 * shown
+                    ));
+                }
+                continue;
+            }
             let kernel = leak
                 .kernel
                 .map_or_else(|| "N/A".to_string(), |k| k.to_string());
@@ -385,6 +434,42 @@ pub fn render(leaks: &[Leak]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The console lists a device's first and last five blocks and counts the others; the
+    /// summary line counts them all; eleven blocks or fewer are all listed.
+    #[test]
+    fn a_long_block_list_is_cut_on_the_console() {
+        let leak = |i: u64| Leak {
+            device: DeviceId::Cpu,
+            pool: EventType::Pta,
+            ptr: 0x1000 + i,
+            size: 1 << 20,
+            kernel: Some(i),
+            step: i,
+            row_id: i,
+            site: 0,
+            late: false,
+        };
+        let leaks: Vec<Leak> = (2..14).map(leak).collect();
+        let line = |i: u64| {
+            format!(
+                "Direct PTA leak of 1.000 Mb(s) at 0x{:016x} in kernel_{i} at step {i}.\n",
+                0x1000 + i
+            )
+        };
+        let mut want = "====== ERROR: Detected memory leaks on device cpu ======\n".to_string();
+        (2..7).for_each(|i| want.push_str(&line(i)));
+        want.push_str("... 2 more block(s) (all of them in leaks/leak_report.txt)\n");
+        (9..14).for_each(|i| want.push_str(&line(i)));
+        want.push_str("====== SUMMARY: 12.000 Mb(s) leaked in 12 allocation(s) ======\n");
+        assert_eq!(render_lines(&leaks, CONSOLE_BLOCKS), want);
+        let whole = render(&leaks);
+        assert_eq!(whole.lines().count(), 14);
+        assert_eq!(
+            render_lines(&leaks[..11], CONSOLE_BLOCKS),
+            render(&leaks[..11])
+        );
+    }
 
     pub fn step(n: u64) -> EventRow {
         EventRow::new(Event::System, EventType::Step, n.to_string())

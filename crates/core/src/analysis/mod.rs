@@ -41,6 +41,11 @@ pub trait Analysis: Send {
     fn leak_suspects(&self) -> Vec<(crate::events::DeviceId, u64, u64, String)> {
         Vec::new()
     }
+    /// What the analysis saw at the step end just fed (a STEP row): the steps whose rows it
+    /// wants kept in a bounded dump, and its sites' growth. Only `leaks` has any.
+    fn step_notes(&self) -> Option<crate::recorder::StepNotes> {
+        None
+    }
 }
 
 /// The analyses a run asked for (`RunConfig::analysis`) that run online, in the writer.

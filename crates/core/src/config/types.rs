@@ -137,10 +137,18 @@ pub struct RunConfig {
     /// For a process traced because an earlier process of the job started it: which job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobLink>,
+    /// The most bytes the process's event dump keeps on disk (`--dump-budget`); `None` keeps
+    /// every row. Past it the flight recorder keeps the first, newest and wanted steps.
+    #[serde(default = "dump_budget_default")]
+    pub dump_budget: Option<u64>,
 }
 
 fn python_objects_default() -> bool {
     true
+}
+
+fn dump_budget_default() -> Option<u64> {
+    Some(crate::recorder::DEFAULT_BUDGET)
 }
 
 /// `--follow`: which processes of the job a launched run traces.
@@ -211,6 +219,7 @@ impl Default for RunConfig {
             follow: Follow::Exec,
             python_objects: true,
             job: None,
+            dump_budget: dump_budget_default(),
         }
     }
 }

@@ -495,6 +495,44 @@ pub fn parse_block_size_threshold(value: &str) -> Result<u64, ConfigError> {
     parse_digits(value).ok_or_else(|| ConfigError::invalid(OptionName::BlockSizeThreshold, value))
 }
 
+/// The smallest `--dump-budget`: a budget smaller than a few steps' rows keeps too little.
+pub const MIN_DUMP_BUDGET: u64 = 1 << 20;
+
+/// `--dump-budget SIZE|unlimited`: `None` keeps every row. Sizes are bytes, or a number with
+/// `K`/`M`/`G` (powers of 1000) or `KiB`/`MiB`/`GiB` (powers of 1024), at least 1 MiB.
+pub fn parse_dump_budget(value: &str) -> Result<Option<u64>, ConfigError> {
+    let option = OptionName::DumpBudget;
+    let text = value.trim();
+    if text.eq_ignore_ascii_case("unlimited") {
+        return Ok(None);
+    }
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(digits_end);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        _ => return Err(ConfigError::invalid(option, value)),
+    };
+    let bytes = parse_digits::<u64>(digits)
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| ConfigError::invalid(option, value))?;
+    if bytes < MIN_DUMP_BUDGET {
+        return Err(ConfigError::invalid_because(
+            option,
+            value,
+            "less than 1MiB",
+        ));
+    }
+    Ok(Some(bytes))
+}
+
 /// A sample rate as asked for and as applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleRate {
@@ -585,6 +623,7 @@ pub fn set_option(
         }
         OptionName::Follow => config.follow = parse_follow(value)?,
         OptionName::PythonObjects => config.python_objects = parse_python_objects(value)?,
+        OptionName::DumpBudget => config.dump_budget = parse_dump_budget(value)?,
         OptionName::InputPath | OptionName::Pid => {
             return Err(ConfigError::NotConfigurable { option })
         }
@@ -803,6 +842,25 @@ mod tests {
                 .unwrap()
                 .to_string(),
             "aten::add.Tensor:1,aten::mul,full-content"
+        );
+    }
+
+    #[test]
+    fn dump_budgets() {
+        assert_eq!(parse_dump_budget("unlimited"), Ok(None));
+        assert_eq!(parse_dump_budget("UNLIMITED"), Ok(None));
+        assert_eq!(parse_dump_budget("256MiB"), Ok(Some(256 << 20)));
+        assert_eq!(parse_dump_budget("2G"), Ok(Some(2_000_000_000)));
+        assert_eq!(parse_dump_budget("1048576"), Ok(Some(1 << 20)));
+        assert_eq!(parse_dump_budget("4 kib").ok(), None, "below 1MiB");
+        for bad in ["", "MiB", "1.5GiB", "-1", "10TB", "99999999999999999999GiB"] {
+            assert!(parse_dump_budget(bad).is_err(), "{bad}");
+        }
+        let e = parse_dump_budget("1000").unwrap_err();
+        assert_eq!(
+            e.render(NameStyle::Cli),
+            "invalid --dump-budget \"1000\": less than 1MiB; accepted values are a size of at \
+             least 1MiB (bytes, or with K, M, G, KiB, MiB, GiB: 256MiB, 2G), or unlimited (keep every row)"
         );
     }
 

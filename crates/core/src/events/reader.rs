@@ -19,8 +19,154 @@ use super::csv::scan::FastCsv;
 pub use super::source::{count_line_ends, Progress, ReadError, RowSource, MAX_ROW_BYTES};
 pub use super::sqlite::read::DbRows;
 
-/// The rows of a dump file (`.csv` or `.db`), in file order.
+/// The rows of a dump (`.csv`, `.db` or `.parquet`), in file order: the file, then the step
+/// parts a bounded run kept beside it (`crate::recorder`), with one note on stderr naming the
+/// steps whose rows are gone.
 pub fn open(
+    path: &Path,
+) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>, ReadError> {
+    let mut files = parts_of(path);
+    if files.is_empty() {
+        return open_file(path);
+    }
+    let first = open_file(path)?;
+    files.reverse();
+    Ok(Box::new(Chain {
+        current: first,
+        path: path.to_path_buf(),
+        rest: files,
+        last_id: None,
+        failed: false,
+    }))
+}
+
+/// The step part files kept beside a dump's head (none for a run within its budget), after the
+/// note about the steps whose rows are gone.
+fn parts_of(path: &Path) -> Vec<PathBuf> {
+    let files = crate::recorder::dump_files(path);
+    if files.len() > 1 {
+        if let Some(note) = crate::recorder::coverage_note(path) {
+            eprintln!("msmemscope: note: {note}");
+        }
+    }
+    files.into_iter().skip(1).collect()
+}
+
+/// A dump's files read one after another, as one stream of rows in ascending ID order.
+struct Chain<S> {
+    current: S,
+    /// The file being read.
+    path: PathBuf,
+    /// The files still to read, the next one last.
+    rest: Vec<PathBuf>,
+    last_id: Option<u64>,
+    failed: bool,
+}
+
+impl<S> Chain<S> {
+    /// Whether `row` (the first of a file) comes after the previous file's rows.
+    fn in_order(&mut self, id: u64) -> Result<(), ReadError> {
+        if self.last_id.is_some_and(|last| id <= last) {
+            self.failed = true;
+            return Err(ReadError::BadRow {
+                path: self.path.clone(),
+                line: 2,
+                reason: format!(
+                    "ID {id} comes after ID {} of the dump's earlier file: rows must be in \
+                     ascending ID order",
+                    self.last_id.unwrap_or(0)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+type Rows = Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>;
+
+impl Iterator for Chain<Rows> {
+    type Item = Result<EventRow, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.failed {
+                return None;
+            }
+            match self.current.next() {
+                Some(Ok(row)) => {
+                    if let Err(e) = self.in_order(row.id) {
+                        return Some(Err(e));
+                    }
+                    self.last_id = Some(row.id);
+                    return Some(Ok(row));
+                }
+                Some(Err(e)) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+                None => {
+                    let next = self.rest.pop()?;
+                    match open_file(&next) {
+                        Ok(rows) => {
+                            self.current = rows;
+                            self.path = next;
+                        }
+                        Err(e) => {
+                            self.failed = true;
+                            return Some(Err(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl RowSource for Chain<Box<dyn RowSource>> {
+    fn next_row(&mut self) -> Result<Option<&EventRow>, ReadError> {
+        loop {
+            if self.failed {
+                return Ok(None);
+            }
+            let id = match self.current.next_row() {
+                Ok(Some(row)) => Some(row.id),
+                Ok(None) => None,
+                Err(e) => {
+                    self.failed = true;
+                    return Err(e);
+                }
+            };
+            match id {
+                Some(id) => {
+                    self.in_order(id)?;
+                    self.last_id = Some(id);
+                    return Ok(self.current.current());
+                }
+                None => {
+                    let Some(next) = self.rest.pop() else {
+                        return Ok(None);
+                    };
+                    self.current = open_rows_file(&next).inspect_err(|_| self.failed = true)?;
+                    self.path = next;
+                }
+            }
+        }
+    }
+
+    fn current(&self) -> Option<&EventRow> {
+        if self.failed {
+            return None;
+        }
+        self.current.current()
+    }
+
+    fn progress(&self) -> Option<Progress> {
+        self.current.progress()
+    }
+}
+
+/// The rows of one dump file, in file order.
+fn open_file(
     path: &Path,
 ) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>, ReadError> {
     if let Some(rewritten) = super::original::normalize_if_original(path)? {
@@ -125,9 +271,27 @@ impl<R: RowSource> RowSource for CutTail<R> {
     }
 }
 
-/// The rows of a dump file (`.csv`, `.db` or `.parquet`), in file order, through the fastest
-/// reader for its format: CSV dumps are parsed on worker threads ([`super::scan`]).
+/// The rows of a dump (`.csv`, `.db` or `.parquet`, and the step parts a bounded run kept
+/// beside it), in file order, through the fastest reader for its format: CSV dumps are parsed
+/// on worker threads ([`super::scan`]).
 pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
+    let mut files = parts_of(path);
+    if files.is_empty() {
+        return open_rows_file(path);
+    }
+    let first = open_rows_file(path)?;
+    files.reverse();
+    Ok(Box::new(Chain {
+        current: first,
+        path: path.to_path_buf(),
+        rest: files,
+        last_id: None,
+        failed: false,
+    }))
+}
+
+/// [`open_rows`] of one file.
+fn open_rows_file(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
     if let Some(rewritten) = super::original::normalize_if_original(path)? {
         return Ok(Box::new(Rewritten {
             inner: FastCsv::open(&rewritten.csv)?,
@@ -136,7 +300,7 @@ pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
     }
     match path.extension().and_then(|e| e.to_str()) {
         Some("db") | Some("parquet") => Ok(Box::new(Owned {
-            rows: open(path)?,
+            rows: open_file(path)?,
             row: None,
         })),
         _ => Ok(Box::new(CutTail {

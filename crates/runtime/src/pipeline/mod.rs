@@ -232,6 +232,7 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
 struct WriterPlan {
     format: DataFormat,
     analyses: Vec<Requested>,
+    dump_budget: Option<u64>,
 }
 
 impl WriterPlan {
@@ -239,6 +240,7 @@ impl WriterPlan {
         WriterPlan {
             format: config.format,
             analyses: config.analysis.clone(),
+            dump_budget: config.dump_budget,
         }
     }
 }
@@ -558,7 +560,8 @@ fn ensure_writer() -> bool {
     let started = run_dir().and_then(|dir| {
         let plan = writer_plan();
         let analyses = msmemscope_core::analysis::online_for(&plan.analyses);
-        Writer::start(sinks::Sinks::new(&dir, plan.format), analyses, dir.clone())
+        let sinks = sinks::Sinks::new(&dir, plan.format, plan.dump_budget);
+        Writer::start(sinks, analyses, dir.clone())
             .ok_or_else(|| "cannot start the writer thread".to_string())
     });
     match started {

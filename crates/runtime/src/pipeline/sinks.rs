@@ -1,8 +1,14 @@
-//! Where rows go: `device_{id}/dump/memscope_dump_{ts}.csv` or `.db` (SPEC §6). One file per
-//! device, opened on the first row for that device; rows without a device (marks, steps, op
-//! launches) go to every device file open at the time. Until the first device file opens they
-//! wait in memory (so `--device=cuda:0` makes no CPU file just for them); if the run ends
-//! without any device row, they go to the CPU file.
+//! Where rows go: `device_{id}/dump/memscope_dump_{ts}.csv` or `.db`. One file per device,
+//! opened on the first row for that device; rows without a device (marks, steps, op launches)
+//! go to every device file open at the time. Until the first device file opens they wait in
+//! memory (so `--device=cuda:0` makes no CPU file just for them); if the run ends without any
+//! device row, they go to the CPU file.
+//!
+//! A run longer than its dump budget (`--dump-budget`) is kept as core's flight recorder
+//! (`msmemscope_core::recorder`) decides: the head file takes the first steps, then each step's
+//! rows go to part files in `memscope_dump_{ts}.steps/`, removed oldest first past the budget
+//! unless a step is still wanted (the peak's, the leaks', an OOM's); every step appends its
+//! summary line to `steps.csv` there.
 //!
 //! `--format parquet` writes the CSV as a journal (a Parquet file is only readable once its
 //! footer is written, and a killed process writes none): flushed as the CSV is, so a crash
@@ -18,10 +24,12 @@ use msmemscope_core::config::DataFormat;
 use msmemscope_core::events::sqlite::write as db;
 use msmemscope_core::events::{csv, DeviceId, EventRow};
 use msmemscope_core::held_fd::HeldFile;
+use msmemscope_core::recorder::{self, KeepPolicy, StepNotes, StepStats};
 use msmemscope_core::run_dir::RunDir;
 
 trait Sink: Send {
-    fn write(&mut self, row: &EventRow) -> Result<(), String>;
+    /// Writes one row; the bytes it took in the file (an estimate where the format can't say).
+    fn write(&mut self, row: &EventRow) -> Result<u64, String>;
     /// Makes everything written so far durable against a crash of the process.
     fn flush(&mut self) -> Result<(), String>;
 }
@@ -33,12 +41,13 @@ struct CsvSink {
 }
 
 impl Sink for CsvSink {
-    fn write(&mut self, row: &EventRow) -> Result<(), String> {
+    fn write(&mut self, row: &EventRow) -> Result<u64, String> {
         self.scratch.clear();
         csv::write_row(&mut self.scratch, row);
         self.file
             .write_all(self.scratch.as_bytes())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(self.scratch.len() as u64)
     }
 
     fn flush(&mut self) -> Result<(), String> {
@@ -53,7 +62,7 @@ struct DbSink {
 }
 
 impl Sink for DbSink {
-    fn write(&mut self, row: &EventRow) -> Result<(), String> {
+    fn write(&mut self, row: &EventRow) -> Result<u64, String> {
         if !self.pending {
             self.conn
                 .execute_batch("BEGIN")
@@ -61,7 +70,12 @@ impl Sink for DbSink {
             self.pending = true;
         }
         db::insert(&self.conn, row).map_err(|e| e.to_string())?;
-        Ok(())
+        // SQLite says its size only per page: the texts and the numbers' columns.
+        Ok((row.name.len()
+            + row.attrs_json.as_ref().map_or(64, String::len)
+            + row.python_stack.len()
+            + row.c_stack.len()
+            + 48) as u64)
     }
 
     fn flush(&mut self) -> Result<(), String> {
@@ -80,29 +94,54 @@ impl Sink for DbSink {
 /// would otherwise hold its whole dump in memory, and write none of it before exit.
 const UNROUTED_ROWS: usize = 1 << 16;
 
+/// One device's dump: its head file while the head is open, the part its rows go to after.
+struct DeviceDump {
+    /// Relative to the run directory.
+    head_path: PathBuf,
+    head: Option<Box<dyn Sink>>,
+    /// The part being written: its path relative to the run directory, the bytes written.
+    part: Option<(PathBuf, u64, Box<dyn Sink>)>,
+    /// The next part's number within the current step.
+    next_part: u32,
+    /// `steps.csv`, from the first step end on.
+    summary: Option<std::io::BufWriter<HeldFile>>,
+    stats: StepStats,
+}
+
+impl DeviceDump {
+    /// `memscope_dump_{ts}.steps/`, relative to the run directory.
+    fn parts_dir(&self) -> PathBuf {
+        recorder::parts_dir(&self.head_path)
+    }
+}
+
 /// The dump files of one run.
 pub struct Sinks {
     run_dir: Arc<RunDir>,
     format: DataFormat,
     stamp: String,
-    open: BTreeMap<DeviceId, Box<dyn Sink>>,
+    open: BTreeMap<DeviceId, DeviceDump>,
+    /// Which part files stay, the whole run's (every device's) dump under one budget. Parts are
+    /// named by their path relative to the run directory.
+    policy: KeepPolicy<PathBuf>,
     /// Device-less rows written before any device file existed (at most [`UNROUTED_ROWS`]).
     unrouted: Vec<EventRow>,
     /// Files created so far (for the end-of-run summary).
     pub paths: Vec<PathBuf>,
     /// The same files reached through the run directory's descriptor, for reading back.
     held_paths: Vec<PathBuf>,
-    /// `--format parquet`: the CSV journals, relative to the run directory.
+    /// `--format parquet`: the head journals, relative to the run directory.
     journals: Vec<PathBuf>,
 }
 
 impl Sinks {
-    pub fn new(run_dir: &Arc<RunDir>, format: DataFormat) -> Sinks {
+    pub fn new(run_dir: &Arc<RunDir>, format: DataFormat, budget: Option<u64>) -> Sinks {
         Sinks {
             run_dir: run_dir.clone(),
             format,
             stamp: msmemscope_core::run_dir::local_timestamp(),
             open: BTreeMap::new(),
+            policy: KeepPolicy::new(budget),
             unrouted: Vec::new(),
             paths: Vec::new(),
             held_paths: Vec::new(),
@@ -110,68 +149,88 @@ impl Sinks {
         }
     }
 
-    /// `--format parquet`: the CSV journals written so far (relative to the run directory).
+    /// `--format parquet`: the CSV journals on disk now (the heads and the parts kept),
+    /// relative to the run directory.
     pub fn journals(&self) -> Vec<PathBuf> {
-        self.journals.clone()
+        let mut journals = self.journals.clone();
+        if self.format == DataFormat::Parquet {
+            journals.extend(self.policy.parts().map(|p| p.key.clone()));
+        }
+        journals
     }
 
-    fn sink_for(&mut self, device: DeviceId) -> Result<&mut Box<dyn Sink>, String> {
+    /// A new dump file of the run's format at `relative` (created before, exclusively).
+    fn sink_at(&self, relative: &Path, file: std::fs::File) -> Result<Box<dyn Sink>, String> {
+        match self.format {
+            DataFormat::Csv | DataFormat::Parquet => {
+                let mut file = file;
+                writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
+                let file = HeldFile::new(file, &self.run_dir.path().join(relative))
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(CsvSink {
+                    file: std::io::BufWriter::with_capacity(1 << 20, file),
+                    scratch: String::new(),
+                }))
+            }
+            DataFormat::Db => {
+                drop(file);
+                // SQLite opens by name (and makes its journal next to it): the name goes
+                // through the held descriptor (/proc/self/fd/N/...), not the run's path.
+                let conn = rusqlite::Connection::open(self.run_dir.resolved().join(relative))
+                    .map_err(|e| e.to_string())?;
+                conn.execute_batch(db::CREATE_TABLE)
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(DbSink {
+                    conn,
+                    pending: false,
+                }))
+            }
+        }
+    }
+
+    fn extension(&self) -> &'static str {
+        match self.format {
+            DataFormat::Db => "db",
+            DataFormat::Csv | DataFormat::Parquet => "csv",
+        }
+    }
+
+    fn device_for(&mut self, device: DeviceId) -> Result<&mut DeviceDump, String> {
         if !self.open.contains_key(&device) {
             let dir = Path::new(device.dir_name().as_str()).join("dump");
-            let (sink, relative): (Box<dyn Sink>, PathBuf) = match self.format {
-                DataFormat::Csv | DataFormat::Parquet => {
-                    let (path, mut file) = if self.format == DataFormat::Parquet {
-                        // The Parquet file's name must be free too when the journal ends.
-                        create_unique(&self.run_dir, &dir, &self.stamp, "csv", Some("parquet"))?
-                    } else {
-                        create_unique(&self.run_dir, &dir, &self.stamp, "csv", None)?
-                    };
-                    if self.format == DataFormat::Parquet {
-                        self.journals.push(path.clone());
-                    }
-                    writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
-                    let file = HeldFile::new(file, &self.run_dir.path().join(&path))
-                        .map_err(|e| e.to_string())?;
-                    let file = std::io::BufWriter::with_capacity(1 << 20, file);
-                    (
-                        Box::new(CsvSink {
-                            file,
-                            scratch: String::new(),
-                        }),
-                        path,
-                    )
-                }
-                DataFormat::Db => {
-                    // Create the file ourselves first: exclusive and never through a symlink.
-                    let (path, file) = create_unique(&self.run_dir, &dir, &self.stamp, "db", None)?;
-                    drop(file);
-                    // SQLite opens by name (and makes its journal next to it): the name goes
-                    // through the held descriptor (/proc/self/fd/N/...), not the run's path.
-                    let conn = rusqlite::Connection::open(self.run_dir.resolved().join(&path))
-                        .map_err(|e| e.to_string())?;
-                    conn.execute_batch(db::CREATE_TABLE)
-                        .map_err(|e| e.to_string())?;
-                    (
-                        Box::new(DbSink {
-                            conn,
-                            pending: false,
-                        }),
-                        path,
-                    )
-                }
-            };
-            let mut sink = sink;
+            let ext = self.extension();
+            // The Parquet file's name must be free too when the journal ends.
+            let also = (self.format == DataFormat::Parquet).then_some("parquet");
+            let (relative, file) = create_unique(&self.run_dir, &dir, &self.stamp, ext, also)?;
+            if self.format == DataFormat::Parquet {
+                self.journals.push(relative.clone());
+            }
+            let mut sink = self.sink_at(&relative, file)?;
+            let mut bytes = 0;
             if self.open.is_empty() {
-                for waiting in self.unrouted.drain(..) {
-                    sink.write(&waiting)?;
+                for waiting in std::mem::take(&mut self.unrouted) {
+                    bytes += sink.write(&waiting)?;
                 }
             } else {
-                self.replay_deviceless(sink.as_mut())?;
+                bytes += self.replay_deviceless(sink.as_mut())?;
             }
+            self.policy.head_wrote(bytes);
             self.paths.push(self.run_dir.path().join(&relative));
             self.held_paths
                 .push(self.run_dir.resolved().join(&relative));
-            self.open.insert(device, sink);
+            let mut stats = StepStats::new();
+            stats.starts_in(self.policy.head_open());
+            self.open.insert(
+                device,
+                DeviceDump {
+                    head_path: relative,
+                    head: Some(sink),
+                    part: None,
+                    next_part: 0,
+                    summary: None,
+                    stats,
+                },
+            );
         }
         Ok(self.open.get_mut(&device).expect("just inserted"))
     }
@@ -179,12 +238,12 @@ impl Sinks {
     /// A device file that opens after another starts with the rows without a device written so
     /// far (marks, steps, op launches), read back from the first file: every device's dump then
     /// holds the whole step and mark structure, as offline analyses of one file need.
-    fn replay_deviceless(&mut self, sink: &mut dyn Sink) -> Result<(), String> {
-        for open in self.open.values_mut() {
-            open.flush()?;
+    fn replay_deviceless(&mut self, sink: &mut dyn Sink) -> Result<u64, String> {
+        for dump in self.open.values_mut() {
+            flush_dump(dump)?;
         }
         let Some(first) = self.held_paths.first() else {
-            return Ok(());
+            return Ok(0);
         };
         // The reader of the format written (not `reader::open`, whose Parquet reader the
         // runtime does not need to carry).
@@ -195,13 +254,14 @@ impl Sinks {
                 Box::new(CsvRows::open(first).map_err(|e| e.to_string())?)
             }
         };
+        let mut bytes = 0;
         for row in rows {
             let row = row.map_err(|e| e.to_string())?;
             if row.device == DeviceId::None {
-                sink.write(&row)?;
+                bytes += sink.write(&row)?;
             }
         }
-        Ok(())
+        Ok(bytes)
     }
 
     /// Writes one row (rows arrive in time order).
@@ -212,27 +272,219 @@ impl Sinks {
                     self.unrouted.push(row.clone());
                     return Ok(());
                 }
-                self.sink_for(DeviceId::Cpu)?;
+                self.device_for(DeviceId::Cpu)?;
             }
-            for sink in self.open.values_mut() {
-                sink.write(row)?;
+            let devices: Vec<DeviceId> = self.open.keys().copied().collect();
+            for device in devices {
+                self.write_to(device, row)?;
             }
             Ok(())
         } else {
-            self.sink_for(row.device)?.write(row)
+            self.device_for(row.device)?;
+            self.write_to(row.device, row)
         }
+    }
+
+    /// Writes `row` into the head or the current part of an open device's dump.
+    fn write_to(&mut self, device: DeviceId, row: &EventRow) -> Result<(), String> {
+        let Some(dump) = self.open.get_mut(&device) else {
+            return Ok(());
+        };
+        dump.stats.feed(row);
+        if self.policy.head_open() {
+            if let Some(head) = dump.head.as_mut() {
+                let bytes = head.write(row)?;
+                self.policy.head_wrote(bytes);
+                if !self.policy.head_open() {
+                    self.close_heads()?;
+                }
+                return Ok(());
+            }
+        }
+        let full = dump
+            .part
+            .as_ref()
+            .is_none_or(|(_, bytes, _)| *bytes >= self.policy.chunk());
+        if full {
+            self.open_part(device)?;
+        }
+        let Some(dump) = self.open.get_mut(&device) else {
+            return Ok(());
+        };
+        dump.stats.left_head();
+        let Some((path, written, sink)) = dump.part.as_mut() else {
+            return Ok(());
+        };
+        let bytes = sink.write(row)?;
+        *written += bytes;
+        self.policy.part_wrote(path, bytes);
+        Ok(())
+    }
+
+    /// The head has its share of the budget: every device's head is flushed and closed.
+    fn close_heads(&mut self) -> Result<(), String> {
+        for dump in self.open.values_mut() {
+            if let Some(mut head) = dump.head.take() {
+                head.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's next part file (its previous one flushed and closed), then the parts the
+    /// budget no longer has room for removed.
+    fn open_part(&mut self, device: DeviceId) -> Result<(), String> {
+        let ext = self.extension();
+        let (dir, name) = {
+            let Some(dump) = self.open.get_mut(&device) else {
+                return Ok(());
+            };
+            if let Some((_, _, mut sink)) = dump.part.take() {
+                sink.flush()?;
+            }
+            let number = dump.next_part;
+            dump.next_part += 1;
+            (
+                dump.parts_dir(),
+                recorder::part_name(dump.stats.step(), number, ext),
+            )
+        };
+        let relative = dir.join(&name);
+        let file = self.run_dir.create_file(&relative)?;
+        let sink = self.sink_at(&relative, file)?;
+        let step = self.open.get(&device).map_or(0, |d| d.stats.step());
+        self.policy.part_opened(relative.clone(), step);
+        if let Some(dump) = self.open.get_mut(&device) {
+            dump.part = Some((relative, 0, sink));
+        }
+        self.remove_over_budget();
+        Ok(())
+    }
+
+    /// Removes the part files past the budget (never one being written).
+    fn remove_over_budget(&mut self) {
+        let writing: Vec<PathBuf> = self
+            .open
+            .values()
+            .filter_map(|d| d.part.as_ref().map(|(path, _, _)| path.clone()))
+            .collect();
+        for part in self.policy.over_budget(&writing) {
+            let (Some(dir), Some(name)) = (part.key.parent(), part.key.file_name()) else {
+                continue;
+            };
+            let removed = self
+                .run_dir
+                .open_dir(dir)
+                .and_then(|d| d.remove_file(Path::new(name)));
+            if let Err(e) = removed {
+                crate::log::info(&format!(
+                    "event dump: cannot remove {} past the dump budget: {e}",
+                    self.run_dir.path().join(&part.key).display()
+                ));
+            }
+        }
+    }
+
+    /// A STEP row starts step `next` (the one after the current when its Name is no number):
+    /// each device's summary line of the step that ended, the
+    /// steps the analyses want kept, the head closed once it has its share; then the row itself
+    /// is written into the new step.
+    pub fn step(
+        &mut self,
+        row: &EventRow,
+        next: Option<u64>,
+        notes: &StepNotes,
+    ) -> Result<(), String> {
+        let mut wanted: Vec<u64> = notes.keep.clone();
+        let devices: Vec<DeviceId> = self.open.keys().copied().collect();
+        for device in devices {
+            self.summarize(device, next, notes)?;
+            if let Some(dump) = self.open.get(&device) {
+                wanted.extend(dump.stats.wanted());
+            }
+        }
+        self.policy.want(wanted);
+        let head_was_open = self.policy.head_open();
+        self.policy.step_starts();
+        if head_was_open && !self.policy.head_open() {
+            self.close_heads()?;
+        }
+        let head_open = self.policy.head_open();
+        for dump in self.open.values_mut() {
+            if let Some((_, _, mut sink)) = dump.part.take() {
+                sink.flush()?;
+            }
+            dump.next_part = 0;
+            dump.stats.starts_in(head_open);
+        }
+        self.remove_over_budget();
+        self.write(row)
+    }
+
+    /// Appends the ended step's line to the device's `steps.csv` (made at the first step end).
+    fn summarize(
+        &mut self,
+        device: DeviceId,
+        next: Option<u64>,
+        notes: &StepNotes,
+    ) -> Result<(), String> {
+        let run_dir = self.run_dir.clone();
+        let Some(dump) = self.open.get_mut(&device) else {
+            return Ok(());
+        };
+        let next = next.unwrap_or(dump.stats.step() + 1);
+        let line = dump.stats.end_step(next, notes);
+        if dump.summary.is_none() {
+            let relative = dump.parts_dir().join(recorder::SUMMARY_FILE);
+            let mut file = run_dir.create_file(&relative)?;
+            writeln!(file, "{}", recorder::SUMMARY_HEADER).map_err(|e| e.to_string())?;
+            let file =
+                HeldFile::new(file, &run_dir.path().join(&relative)).map_err(|e| e.to_string())?;
+            dump.summary = Some(std::io::BufWriter::new(file));
+        }
+        if let Some(summary) = dump.summary.as_mut() {
+            // Flushed at once, as the step's part is: a killed run's summary is as far on.
+            summary
+                .write_all(line.as_bytes())
+                .and_then(|()| summary.flush())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The run ends: the summary line of each device's last step (no step row ends it).
+    pub fn finish(&mut self) -> Result<(), String> {
+        let devices: Vec<DeviceId> = self.open.keys().copied().collect();
+        for device in devices {
+            self.summarize(device, None, &StepNotes::default())?;
+        }
+        self.flush(true)
     }
 
     /// Makes everything written durable; `last` also places rows still waiting for a device.
     pub fn flush(&mut self, last: bool) -> Result<(), String> {
         if last && self.open.is_empty() && !self.unrouted.is_empty() {
-            self.sink_for(DeviceId::Cpu)?;
+            self.device_for(DeviceId::Cpu)?;
         }
-        for sink in self.open.values_mut() {
-            sink.flush()?;
+        for dump in self.open.values_mut() {
+            flush_dump(dump)?;
         }
         Ok(())
     }
+}
+
+/// Flushes a device's open files: its head, its part, its summary.
+fn flush_dump(dump: &mut DeviceDump) -> Result<(), String> {
+    if let Some(head) = dump.head.as_mut() {
+        head.flush()?;
+    }
+    if let Some((_, _, part)) = dump.part.as_mut() {
+        part.flush()?;
+    }
+    if let Some(summary) = dump.summary.as_mut() {
+        summary.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// `memscope_dump_{stamp}.{ext}`, or with `_2`, `_3`… when a file of that name exists (another
@@ -324,7 +576,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("msmemscope_sinks_{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let run_dir = Arc::new(RunDir::open(&dir).unwrap());
-        let mut sinks = Sinks::new(&run_dir, DataFormat::Csv);
+        let mut sinks = Sinks::new(&run_dir, DataFormat::Csv, None);
         let row = EventRow::new(Event::OpLaunch, EventType::AtenStart, "aten::mm.default");
         for _ in 0..UNROUTED_ROWS {
             sinks.write(&row).unwrap();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use msmemscope_core::analysis::Analysis;
+use msmemscope_core::events::{Event, EventType};
 use msmemscope_core::symbolize::Symbolizer;
 use std::path::{Path, PathBuf};
 
@@ -195,6 +196,9 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
                 .collect::<Vec<_>>()
         });
         if stop {
+            if let Err(e) = state.sinks.finish() {
+                crate::log::error(&format!("event dump: the last step's summary: {e}"));
+            }
             finish_analyses(state);
             if let Ok(mut journals) = state.journals.lock() {
                 *journals = state.sinks.journals();
@@ -291,6 +295,23 @@ fn write_batch(state: &mut State, all: bool) -> usize {
         *next_id += 1;
         if !q.c_frames.is_empty() {
             q.row.c_stack = symbolize(symbolizer, symbols, &q.c_frames);
+        }
+        if q.row.event == Event::System && q.row.event_type == EventType::Step {
+            // The analyses judge the step that ended first: the flight recorder keeps the
+            // steps they want and summarizes the step with what they saw.
+            for analysis in analyses.iter_mut() {
+                analysis.feed(&q.row);
+            }
+            let notes = analyses
+                .iter()
+                .find_map(|a| a.step_notes())
+                .unwrap_or_default();
+            if result.is_ok() {
+                let next = q.row.name.trim().parse().ok();
+                result = sinks.step(&q.row, next, &notes);
+                written += 1;
+            }
+            return;
         }
         if result.is_ok() {
             result = sinks.write(&q.row);

@@ -180,12 +180,14 @@ pub fn only_run_dir(out: &Path) -> PathBuf {
     dirs.pop().unwrap()
 }
 
-/// The files of a run's `{device}/dump/` (`device_cpu`, `device_0`).
+/// The files of a run's `{device}/dump/` (`device_cpu`, `device_0`); not the directory of a
+/// dump's step summary and parts (`memscope_dump_{ts}.steps/`).
 pub fn dump_files(run: &Path, device: &str) -> Vec<PathBuf> {
     std::fs::read_dir(run.join(device).join("dump"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
+        .filter(|p| p.is_file())
         .collect()
 }
 

@@ -224,11 +224,15 @@ impl SiteBook {
         s.live_bytes = s.live_bytes.saturating_sub(size);
     }
 
-    /// Step `step` ended (a step the program marked): new highs are rises.
-    pub fn step_ended(&mut self, step: u64) {
+    /// Step `step` ended (a step the program marked): new highs are rises. The sites that
+    /// rose, and by how many bytes in all.
+    pub fn step_ended(&mut self, step: u64) -> (u64, u64) {
+        let (mut grown, mut bytes) = (0, 0);
         for s in &mut self.sites {
             let peak = s.rises.last().map_or(0, |r| r.bytes);
             if s.live_bytes > peak {
+                grown += 1;
+                bytes += s.live_bytes - peak;
                 s.rises.push(Rise {
                     step,
                     bytes: s.live_bytes,
@@ -239,6 +243,7 @@ impl SiteBook {
                 s.series.push((step, s.live_bytes));
             }
         }
+        (grown, bytes)
     }
 
     /// A holder chain for a block of site `id`.

@@ -45,11 +45,13 @@ pub enum OptionName {
     Follow,
     /// `--python-objects on|off`: whether a host-leak window accounts CPython's own allocators.
     PythonObjects,
+    /// `--dump-budget SIZE|unlimited`: the most bytes a process's event dump keeps on disk.
+    DumpBudget,
 }
 
 impl OptionName {
     /// Every option that sets a field of [`RunConfig`](crate::config::RunConfig).
-    pub const CONFIG: [OptionName; 16] = [
+    pub const CONFIG: [OptionName; 17] = [
         OptionName::LogLevel,
         OptionName::Events,
         OptionName::Level,
@@ -66,6 +68,7 @@ impl OptionName {
         OptionName::BlockSizeThreshold,
         OptionName::SampleRate,
         OptionName::PythonObjects,
+        OptionName::DumpBudget,
     ];
 
     /// The long command-line spelling, with its leading `--`.
@@ -90,6 +93,7 @@ impl OptionName {
             OptionName::Pid => "--pid",
             OptionName::Follow => "--follow",
             OptionName::PythonObjects => "--python-objects",
+            OptionName::DumpBudget => "--dump-budget",
         }
     }
 
@@ -115,6 +119,7 @@ impl OptionName {
             OptionName::Pid => "pid",
             OptionName::Follow => "follow",
             OptionName::PythonObjects => "python_objects",
+            OptionName::DumpBudget => "dump_budget",
         }
     }
 
@@ -155,6 +160,7 @@ impl OptionName {
             OptionName::Pid => "a positive process id",
             OptionName::Follow => "exec (every process the program starts with exec is traced too), none (only the program)",
             OptionName::PythonObjects => "on (host leaks include Python objects, CPython's own allocators), off (only the C heap)",
+            OptionName::DumpBudget => "a size of at least 1MiB (bytes, or with K, M, G, KiB, MiB, GiB: 256MiB, 2G), or unlimited (keep every row)",
         }
     }
 }
