@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,6 +150,12 @@ def main() -> None:
     )
     print(f"first window {first:.2f}x, last window {last:.2f}x (goal: last no dearer than first)")
     print(f"run directory at the end: {final / 2**20:.0f} MiB (goal <= 300 MiB)")
+    for log in sorted(out.glob("*/msmemscope_logs/runtime_*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            match = re.search(r"writer: (\d+) rows written in ([\d.]+) s of writer CPU", line)
+            if match:
+                rows, cpu = int(match.group(1)), float(match.group(2))
+                print(f"writer: {rows} rows, {cpu:.1f} s of its CPU, {cpu / rows * 1e9:.0f} ns/row")
     print(f"console lines of the tool: {len(console)}")
     print("\n".join(f"    {line}" for line in console))
     if args.out is None:

@@ -110,6 +110,17 @@ def test_a_long_run_keeps_its_budget_the_first_last_peak_and_leak_steps(tmp_path
     chains = [h["chain"] for h in leaks[0]["holders"]]
     assert any(c.startswith("late_cache (global of long_train.py) -> list[") for c in chains)
 
+    # The page reads the kept steps, says which are summarized only, and shows the findings
+    # the run made online over every step.
+    (run_dir,) = out.iterdir()
+    page = subprocess.run(
+        [str(CLI), "report", str(run_dir)], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert page.returncode == 0, page.stderr
+    assert "steps are in the step summary only" in page.stderr
+    html = (run_dir / "msmemscope_report.html").read_text()
+    assert "late_cache (global of long_train.py)" in html
+
 
 def test_a_killed_run_leaves_the_steps_kept_so_far_readable(tmp_path: Path) -> None:
     kill_at = random.randint(700, 1500)

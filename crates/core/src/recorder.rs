@@ -14,7 +14,8 @@
 //!
 //! Every step also appends one line to `memscope_dump_{ts}.steps/steps.csv` (its rows, where
 //! they went, each pool's bytes in use at its end and its high, the leak sites that grew): the
-//! whole run at a glance, for the steps whose rows are gone too.
+//! whole run at a glance, for the steps whose rows are gone too. The lines wait in memory while
+//! the head is open (up to 4,096 of them), so a run that fits its budget stays one file.
 //!
 //! This module decides; the runtime's sinks do the file work, and the dump readers chain the
 //! head and its parts back into one stream ([`dump_files`]).

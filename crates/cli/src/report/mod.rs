@@ -175,7 +175,14 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
             timeline.to_json(label, &file)
         })
         .collect();
-    let leaks = leaks.finish();
+    let mut leaks = leaks.finish();
+    if dumps
+        .iter()
+        .any(|(_, path)| msmemscope_core::recorder::coverage(path).is_some())
+    {
+        // Rows of some steps are gone: the findings the run made online saw them all.
+        online_findings(run, &mut leaks);
+    }
     let data = json!({
         "run": run.file_name().map(|n| n.to_string_lossy().into_owned()),
         "generated_by": crate::args::version_text(),
@@ -193,6 +200,28 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     write_file(&path, html.as_bytes())?;
     Ok(path)
 }
+
+/// The leaks analysis's findings and report text as the run wrote them online, in place of
+/// those made again from a dump that kept only some steps' rows (where the files are there).
+fn online_findings(run: &Path, outcome: &mut sections::LeakOutcome) {
+    let read = |relative: &str| {
+        let path = run.join(relative);
+        let small = std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| m.is_file() && m.len() <= MAX_ONLINE_FILE);
+        small.then(|| std::fs::read_to_string(&path).ok()).flatten()
+    };
+    if let Some(findings) = read(msmemscope_core::analysis::leaks::findings::FINDINGS_FILE)
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+    {
+        outcome.findings = findings;
+    }
+    if let Some(text) = read(msmemscope_core::analysis::leaks::REPORT_FILE) {
+        outcome.text = text;
+    }
+}
+
+/// The largest online analysis file the page takes in place of its own.
+const MAX_ONLINE_FILE: u64 = 64 << 20;
 
 /// The run's `config.json` as text, when it is a regular file of a config's size: the page
 /// shows it if it can, and a FIFO or a device in its place must neither block nor fill memory.

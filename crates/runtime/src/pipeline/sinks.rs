@@ -94,6 +94,9 @@ impl Sink for DbSink {
 /// would otherwise hold its whole dump in memory, and write none of it before exit.
 const UNROUTED_ROWS: usize = 1 << 16;
 
+/// Summary lines held while the head is open, at most: past them `steps.csv` is written.
+const SUMMARY_LINES_WAITING: usize = 4_096;
+
 /// One device's dump: its head file while the head is open, the part its rows go to after.
 struct DeviceDump {
     /// Relative to the run directory.
@@ -103,8 +106,12 @@ struct DeviceDump {
     part: Option<(PathBuf, u64, Box<dyn Sink>)>,
     /// The next part's number within the current step.
     next_part: u32,
-    /// `steps.csv`, from the first step end on.
+    /// `steps.csv`, once the head has closed (or the lines waiting are many).
     summary: Option<std::io::BufWriter<HeldFile>>,
+    /// Summary lines waiting for `steps.csv`: a run that fits its budget keeps every row in
+    /// its one file, and needs no summary beside it.
+    summary_waiting: String,
+    summary_lines_waiting: usize,
     stats: StepStats,
 }
 
@@ -228,6 +235,8 @@ impl Sinks {
                     part: None,
                     next_part: 0,
                     summary: None,
+                    summary_waiting: String::new(),
+                    summary_lines_waiting: 0,
                     stats,
                 },
             );
@@ -435,12 +444,20 @@ impl Sinks {
         let next = next.unwrap_or(dump.stats.step() + 1);
         let line = dump.stats.end_step(next, notes);
         if dump.summary.is_none() {
+            if self.policy.head_open() && dump.summary_lines_waiting < SUMMARY_LINES_WAITING {
+                dump.summary_waiting.push_str(&line);
+                dump.summary_lines_waiting += 1;
+                return Ok(());
+            }
             let relative = dump.parts_dir().join(recorder::SUMMARY_FILE);
             let mut file = run_dir.create_file(&relative)?;
             writeln!(file, "{}", recorder::SUMMARY_HEADER).map_err(|e| e.to_string())?;
             let file =
                 HeldFile::new(file, &run_dir.path().join(&relative)).map_err(|e| e.to_string())?;
-            dump.summary = Some(std::io::BufWriter::new(file));
+            let mut file = std::io::BufWriter::new(file);
+            file.write_all(std::mem::take(&mut dump.summary_waiting).as_bytes())
+                .map_err(|e| e.to_string())?;
+            dump.summary = Some(file);
         }
         if let Some(summary) = dump.summary.as_mut() {
             // Flushed at once, as the step's part is: a killed run's summary is as far on.
