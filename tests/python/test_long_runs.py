@@ -134,3 +134,33 @@ def test_a_killed_run_leaves_the_steps_kept_so_far_readable(tmp_path: Path) -> N
     read = _steps_read(head)
     assert set(range(10)) <= read, f"killed at iteration {kill_at}"
     assert PEAK_STEP in read and max(read) >= max(steps), f"killed at iteration {kill_at}"
+
+
+@pytest.mark.parametrize("fmt", ["db", "parquet"])
+def test_the_other_formats_keep_the_same_steps(tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            str(CLI),
+            "--dump-budget=4MiB",
+            f"--format={fmt}",
+            "-o",
+            str(out),
+            str(PYTHON),
+            str(SCRIPT),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "not converted" not in proc.stderr, proc.stderr
+    (head,) = glob.glob(str(out / "*" / "device_cpu" / "dump" / f"memscope_dump_*.{fmt}"))
+    parts = head.removesuffix(f".{fmt}") + ".steps"
+    names = sorted(os.listdir(parts))
+    assert names[-1] == "steps.csv"
+    assert {Path(n).suffix for n in names[:-1]} == {f".{fmt}"}, names
+    read = _steps_read(Path(head))
+    assert set(range(10)) | {PEAK_STEP, LEAK_FIRST_STEP, LAST_STEP} <= read
+    assert len(read) < LAST_STEP // 2

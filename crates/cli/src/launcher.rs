@@ -206,7 +206,8 @@ fn convert_journals(run: &RunDir) {
         let Ok(dir) = run.open_dir(&Path::new(&device).join("dump")) else {
             continue;
         };
-        let mut journals: Vec<(RunDir, String)> = Vec::new();
+        // (directory, file, its path in the run for the log)
+        let mut journals: Vec<(RunDir, String, String)> = Vec::new();
         for name in crate::report::parquet::dump_names(&dir, &["csv"]).unwrap_or_default() {
             // A bounded run's step parts beside the head are journals too.
             let parts = msmemscope_core::recorder::parts_dir(Path::new(&name));
@@ -221,15 +222,17 @@ fn convert_journals(run: &RunDir) {
                 names.sort();
                 for part in names {
                     if let Ok(held) = parts_dir.try_clone() {
-                        journals.push((held, part));
+                        let shown = format!("{device}/dump/{}/{part}", parts.display());
+                        journals.push((held, part, shown));
                     }
                 }
             }
             if let Ok(held) = dir.try_clone() {
-                journals.insert(0, (held, name));
+                let shown = format!("{device}/dump/{name}");
+                journals.push((held, name, shown));
             }
         }
-        for (dir, name) in journals {
+        for (dir, name, shown) in journals {
             let started = std::time::Instant::now();
             let exported = export(&dir, &name, Source::Journal, true);
             if let Ok(done) = &exported {
@@ -237,7 +240,7 @@ fn convert_journals(run: &RunDir) {
                 log(
                     run,
                     &format!(
-                        "converted {device}/dump/{name} to Parquet: {} rows in {seconds:.3} s \
+                        "converted {shown} to Parquet: {} rows in {seconds:.3} s \
                          ({:.0} rows/s)",
                         done.rows,
                         done.rows as f64 / seconds.max(1e-9)

@@ -42,6 +42,11 @@ pub fn part_name(step: u64, part: u32, ext: &str) -> String {
     format!("step_{step:010}_{part:03}.{ext}")
 }
 
+/// Whether `name` is a part file's (`step_{S}_{P}.{ext}`).
+pub fn is_part_name(name: &str) -> bool {
+    parse_part_name(name).is_some()
+}
+
 /// The summary file, inside [`parts_dir`].
 pub const SUMMARY_FILE: &str = "steps.csv";
 

@@ -54,7 +54,9 @@ pub enum ExportError {
     #[error("cannot write {path}: {message}")]
     Write { path: PathBuf, message: String },
     /// The name is not a dump's.
-    #[error("{path}: not a dump file name (memscope_dump_*.csv or .db)")]
+    #[error(
+        "{path}: not a dump file name (memscope_dump_*.csv or .db, or a step part step_*_*.csv)"
+    )]
     NotADumpName { path: PathBuf },
 }
 
@@ -70,12 +72,13 @@ impl ExportError {
     }
 }
 
-/// `memscope_dump_{ts}.parquet` for the dump `memscope_dump_{ts}.csv` or `.db`.
+/// `memscope_dump_{ts}.parquet` for the dump `memscope_dump_{ts}.csv` or `.db`, and
+/// `step_{S}_{P}.parquet` for a bounded run's step part (`crate::recorder`).
 pub fn parquet_name(dump: &str) -> Option<String> {
     let stem = dump
         .strip_suffix(".csv")
         .or_else(|| dump.strip_suffix(".db"))?;
-    stem.starts_with("memscope_dump_")
+    (stem.starts_with("memscope_dump_") || crate::recorder::is_part_name(dump))
         .then(|| format!("{stem}.parquet"))
 }
 
