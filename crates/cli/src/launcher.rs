@@ -210,7 +210,7 @@ fn convert_journals(run: &RunDir) {
         let mut journals: Vec<(RunDir, String, String)> = Vec::new();
         for name in crate::report::parquet::dump_names(&dir, &["csv"]).unwrap_or_default() {
             // A bounded run's step parts beside the head are journals too.
-            let parts = msmemscope_core::recorder::parts_dir(Path::new(&name));
+            let parts = msmemscope_core::events::parts::parts_dir(Path::new(&name));
             if let Ok(parts_dir) = dir.open_dir(&parts) {
                 let mut names: Vec<String> = std::fs::read_dir(parts_dir.resolved())
                     .into_iter()
@@ -320,18 +320,18 @@ fn report_event_dump(
             ),
             None => eprintln!("msmemscope: event dump: {}", dump.display()),
         }
-        if let Some(kept) = msmemscope_core::recorder::coverage(
+        if let Some(kept) = msmemscope_core::events::parts::coverage(
             &dir.join(dump.strip_prefix(shown).unwrap_or(&dump)),
         ) {
-            let parts = msmemscope_core::recorder::parts_dir(&dump);
+            let parts = msmemscope_core::events::parts::parts_dir(&dump);
             eprintln!(
                 "msmemscope:   longer than its dump budget (--dump-budget): the rows of steps {} \
                  are kept (the later ones in {}/); all {} steps are summarized in {}/{}",
-                msmemscope_core::recorder::ranges(&kept.kept),
+                msmemscope_core::events::parts::ranges(&kept.kept),
                 parts.display(),
                 kept.steps,
                 parts.display(),
-                msmemscope_core::recorder::SUMMARY_FILE,
+                msmemscope_core::events::parts::SUMMARY_FILE,
             );
         }
     }

@@ -178,7 +178,7 @@ pub fn generate(run: &Path) -> Result<PathBuf, Failure> {
     let mut leaks = leaks.finish();
     if dumps
         .iter()
-        .any(|(_, path)| msmemscope_core::recorder::coverage(path).is_some())
+        .any(|(_, path)| msmemscope_core::events::parts::coverage(path).is_some())
     {
         // Rows of some steps are gone: the findings the run made online saw them all.
         online_findings(run, &mut leaks);

@@ -147,8 +147,11 @@ fn python_objects_default() -> bool {
     true
 }
 
+/// The default `--dump-budget` of a process's dump: 256 MiB.
+pub const DEFAULT_DUMP_BUDGET: u64 = 256 << 20;
+
 fn dump_budget_default() -> Option<u64> {
-    Some(crate::recorder::DEFAULT_BUDGET)
+    Some(DEFAULT_DUMP_BUDGET)
 }
 
 /// `--follow`: which processes of the job a launched run traces.

@@ -4,6 +4,8 @@
 //!
 //! Layers, each importing only from those above it in this list (`tests/events_layers.rs`
 //! checks it):
+//! - `parts.rs`: the names of a dump's files (the head, a bounded run's step parts and
+//!   summary), a leaf;
 //! - `attrs/`: Attr keys, the Attr check (with `flat_json.rs`, its one-pass accept of plain
 //!   objects) and number parsing;
 //! - `row.rs`: the row and its columns;
@@ -24,6 +26,7 @@ pub mod csv;
 pub mod fields;
 pub mod original;
 pub mod parquet;
+pub mod parts;
 pub mod reader;
 pub mod row;
 pub mod source;

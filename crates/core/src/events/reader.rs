@@ -20,7 +20,7 @@ pub use super::source::{count_line_ends, Progress, ReadError, RowSource, MAX_ROW
 pub use super::sqlite::read::DbRows;
 
 /// The rows of a dump (`.csv`, `.db` or `.parquet`), in file order: the file, then the step
-/// parts a bounded run kept beside it (`crate::recorder`), with one note on stderr naming the
+/// parts a bounded run kept beside it (`super::parts`), with one note on stderr naming the
 /// steps whose rows are gone.
 pub fn open(
     path: &Path,
@@ -43,9 +43,9 @@ pub fn open(
 /// The step part files kept beside a dump's head (none for a run within its budget), after the
 /// note about the steps whose rows are gone.
 fn parts_of(path: &Path) -> Vec<PathBuf> {
-    let files = crate::recorder::dump_files(path);
+    let files = super::parts::dump_files(path);
     if files.len() > 1 {
-        if let Some(note) = crate::recorder::coverage_note(path) {
+        if let Some(note) = super::parts::coverage_note(path) {
             eprintln!("msmemscope: note: {note}");
         }
     }

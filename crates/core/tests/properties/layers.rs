@@ -21,7 +21,9 @@ fn layer_in(table: &[(&str, u32)], module: &str) -> Option<u32> {
 
 /// The layer of a module of `events`, by its path below `events/` (first match wins).
 fn layer(module: &str) -> Option<u32> {
-    const LAYERS: [(&str, u32); 14] = [
+    const LAYERS: [(&str, u32); 15] = [
+        // The names of a dump's files: a leaf.
+        ("parts", 0),
         ("attrs", 0),
         ("row", 1),
         // The producers' ABI renders a block row's Attr into a row, with what the check keeps.

@@ -21,10 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use msmemscope_core::config::DataFormat;
+use msmemscope_core::events::parts;
 use msmemscope_core::events::sqlite::write as db;
 use msmemscope_core::events::{csv, DeviceId, EventRow};
 use msmemscope_core::held_fd::HeldFile;
-use msmemscope_core::recorder::{self, KeepPolicy, StepNotes, StepStats};
+use msmemscope_core::recorder::{KeepPolicy, StepNotes, StepStats};
 use msmemscope_core::run_dir::RunDir;
 
 trait Sink: Send {
@@ -118,7 +119,7 @@ struct DeviceDump {
 impl DeviceDump {
     /// `memscope_dump_{ts}.steps/`, relative to the run directory.
     fn parts_dir(&self) -> PathBuf {
-        recorder::parts_dir(&self.head_path)
+        parts::parts_dir(&self.head_path)
     }
 }
 
@@ -355,7 +356,7 @@ impl Sinks {
             dump.next_part += 1;
             (
                 dump.parts_dir(),
-                recorder::part_name(dump.stats.step(), number, ext),
+                parts::part_name(dump.stats.step(), number, ext),
             )
         };
         let relative = dir.join(&name);
@@ -449,9 +450,9 @@ impl Sinks {
                 dump.summary_lines_waiting += 1;
                 return Ok(());
             }
-            let relative = dump.parts_dir().join(recorder::SUMMARY_FILE);
+            let relative = dump.parts_dir().join(parts::SUMMARY_FILE);
             let mut file = run_dir.create_file(&relative)?;
-            writeln!(file, "{}", recorder::SUMMARY_HEADER).map_err(|e| e.to_string())?;
+            writeln!(file, "{}", parts::SUMMARY_HEADER).map_err(|e| e.to_string())?;
             let file =
                 HeldFile::new(file, &run_dir.path().join(&relative)).map_err(|e| e.to_string())?;
             let mut file = std::io::BufWriter::new(file);

@@ -73,12 +73,12 @@ impl ExportError {
 }
 
 /// `memscope_dump_{ts}.parquet` for the dump `memscope_dump_{ts}.csv` or `.db`, and
-/// `step_{S}_{P}.parquet` for a bounded run's step part (`crate::recorder`).
+/// `step_{S}_{P}.parquet` for a bounded run's step part (`crate::events::parts`).
 pub fn parquet_name(dump: &str) -> Option<String> {
     let stem = dump
         .strip_suffix(".csv")
         .or_else(|| dump.strip_suffix(".db"))?;
-    (stem.starts_with("memscope_dump_") || crate::recorder::is_part_name(dump))
+    (stem.starts_with("memscope_dump_") || crate::events::parts::is_part_name(dump))
         .then(|| format!("{stem}.parquet"))
 }
 

@@ -1,0 +1,221 @@
+//! The files of one dump: the head file (`memscope_dump_{ts}.csv`, `.db`, `.parquet`) and, for a
+//! run longer than its dump budget, the step parts kept beside it in `memscope_dump_{ts}.steps/`
+//! (`step_{S}_{P}.{ext}`: part P of step S) with every step's summary line (`steps.csv`). The
+//! flight recorder (`crate::recorder`) decides what is kept; the readers chain the files here
+//! into one stream of rows and say which steps are in the summary only.
+//!
+//! A leaf of `events`: names and texts only, no rows.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The directory of a head file's step parts: `memscope_dump_{ts}.steps` beside it.
+pub fn parts_dir(head: &Path) -> PathBuf {
+    let stem = head.file_stem().unwrap_or_default().to_string_lossy();
+    head.with_file_name(format!("{stem}.steps"))
+}
+
+/// The file of one part of a step, inside [`parts_dir`].
+pub fn part_name(step: u64, part: u32, ext: &str) -> String {
+    format!("step_{step:010}_{part:03}.{ext}")
+}
+
+/// Whether `name` is a part file's (`step_{S}_{P}.{ext}`).
+pub fn is_part_name(name: &str) -> bool {
+    parse_part_name(name).is_some()
+}
+
+/// The summary file, inside [`parts_dir`].
+pub const SUMMARY_FILE: &str = "steps.csv";
+
+/// (step, part) of a part file's name, `None` for any other name.
+fn parse_part_name(name: &str) -> Option<(u64, u32, &str)> {
+    let rest = name.strip_prefix("step_")?;
+    let (stem, ext) = rest.split_once('.')?;
+    let (step, part) = stem.split_once('_')?;
+    if step.len() != 10 || part.len() != 3 {
+        return None;
+    }
+    Some((step.parse().ok()?, part.parse().ok()?, ext))
+}
+
+/// The files that make one dump, in the order of their rows: the head, then the step parts
+/// kept beside it, by step and part. A part with the head's extension is taken over another
+/// of the same step and part (a Parquet run's journal being converted).
+pub fn dump_files(head: &Path) -> Vec<PathBuf> {
+    let mut files = vec![head.to_path_buf()];
+    let head_ext = head.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let dir = parts_dir(head);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return files;
+    };
+    let mut parts: Vec<((u64, u32), bool, PathBuf)> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((step, part, ext)) =
+            parse_part_name(&name.to_string_lossy()).map(|(s, p, e)| (s, p, e.to_string()))
+        else {
+            continue;
+        };
+        if !matches!(ext.as_str(), "csv" | "db" | "parquet") {
+            continue;
+        }
+        parts.push(((step, part), ext == head_ext, entry.path()));
+    }
+    // The head's own extension first within one (step, part), then one file per (step, part).
+    parts.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    parts.dedup_by(|later, first| later.0 == first.0);
+    files.extend(parts.into_iter().map(|(_, _, path)| path));
+    files
+}
+
+/// What a bounded run's dump holds: the steps summarized, and which of them kept their rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    /// Steps in the summary.
+    pub steps: u64,
+    /// Steps whose rows are in the dump (the head's and the parts kept), ascending.
+    pub kept: Vec<u64>,
+    /// Steps in the summary only, ascending.
+    pub summarized_only: Vec<u64>,
+}
+
+/// What the dump at `head` holds, from its summary and its part files: `None` when it has no
+/// summary, or when no step's rows were removed.
+pub fn coverage(head: &Path) -> Option<Coverage> {
+    let summary = std::fs::read_to_string(parts_dir(head).join(SUMMARY_FILE)).ok()?;
+    let parts: BTreeSet<u64> = dump_files(head)
+        .iter()
+        .skip(1)
+        .filter_map(|p| parse_part_name(&p.file_name()?.to_string_lossy()).map(|(s, _, _)| s))
+        .collect();
+    let mut coverage = Coverage {
+        steps: 0,
+        kept: Vec::new(),
+        summarized_only: Vec::new(),
+    };
+    let mut kept = parts.clone();
+    for line in summary.lines().skip(1) {
+        let mut fields = line.split(',');
+        let (Some(step), Some(detail)) = (fields.next(), fields.nth(3)) else {
+            continue;
+        };
+        let Ok(step) = step.parse::<u64>() else {
+            continue;
+        };
+        coverage.steps += 1;
+        if detail == "head" {
+            kept.insert(step);
+        } else if !parts.contains(&step) {
+            coverage.summarized_only.push(step);
+        }
+    }
+    // Parts of the steps a killed run had no time to summarize count as kept too.
+    coverage.kept = kept.into_iter().collect();
+    (!coverage.summarized_only.is_empty()).then_some(coverage)
+}
+
+/// One line for a reader of a bounded run's dump: which steps are in the summary only.
+pub fn coverage_note(head: &Path) -> Option<String> {
+    let c = coverage(head)?;
+    Some(format!(
+        "{}: the run was longer than its dump budget: {} of {} steps are in the step summary \
+         only ({}); the rows read are those of steps {}",
+        head.display(),
+        c.summarized_only.len(),
+        c.steps,
+        ranges(&c.summarized_only),
+        ranges(&c.kept),
+    ))
+}
+
+/// `1-40, 45, 50-60` of ascending numbers.
+pub fn ranges(steps: &[u64]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < steps.len() {
+        let start = steps[i];
+        let mut end = start;
+        while i + 1 < steps.len() && steps[i + 1] == end + 1 {
+            i += 1;
+            end = steps[i];
+        }
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        if start == end {
+            let _ = write!(out, "{start}");
+        } else {
+            let _ = write!(out, "{start}-{end}");
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The summary's header.
+pub const SUMMARY_HEADER: &str = "Step,Rows,First ID,Last ID,Detail,PTA Used(byte),PTA Max Used(byte),HAL Used(byte),HAL Max Used(byte),OOM,Leak Sites Grown,Leak Growth(byte)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_names_round_trip_and_ranges_read_well() {
+        assert_eq!(part_name(42, 1, "csv"), "step_0000000042_001.csv");
+        assert_eq!(
+            parse_part_name("step_0000000042_001.csv"),
+            Some((42, 1, "csv"))
+        );
+        assert_eq!(parse_part_name("step_42_1.csv"), None);
+        assert_eq!(parse_part_name("steps.csv"), None);
+        assert_eq!(ranges(&[1, 2, 3, 5, 7, 8]), "1-3, 5, 7-8");
+        assert_eq!(
+            parts_dir(Path::new("/r/device_cpu/dump/memscope_dump_1_2.csv")),
+            Path::new("/r/device_cpu/dump/memscope_dump_1_2.steps")
+        );
+    }
+
+    /// A bounded run's files: the head first, then the parts by step and part; the steps in
+    /// the summary only are those with neither head rows nor a part, and a part whose step
+    /// has no summary line yet (a killed run) counts as kept.
+    #[test]
+    fn the_files_of_a_dump_and_what_they_cover() {
+        let dir = std::env::temp_dir().join(format!("msmemscope_recorder_{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let head = dir.join("memscope_dump_1.csv");
+        let parts = parts_dir(&head);
+        std::fs::create_dir_all(&parts).unwrap();
+        std::fs::write(&head, "").unwrap();
+        let mut summary = format!("{SUMMARY_HEADER}\n");
+        for step in 0..8u64 {
+            let detail = if step < 2 { "head" } else { "part" };
+            summary.push_str(&format!("{step},1,1,1,{detail},,,,,0,0,0\n"));
+        }
+        std::fs::write(parts.join(SUMMARY_FILE), summary).unwrap();
+        for (step, part) in [(9, 0), (4, 1), (4, 0), (7, 0)] {
+            std::fs::write(parts.join(part_name(step, part, "csv")), "").unwrap();
+        }
+        std::fs::write(parts.join("notes.txt"), "").unwrap();
+        let names: Vec<String> = dump_files(&head)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "memscope_dump_1.csv",
+                "step_0000000004_000.csv",
+                "step_0000000004_001.csv",
+                "step_0000000007_000.csv",
+                "step_0000000009_000.csv"
+            ]
+        );
+        let c = coverage(&head).unwrap();
+        assert_eq!(c.steps, 8);
+        assert_eq!(c.kept, vec![0, 1, 4, 7, 9]);
+        assert_eq!(c.summarized_only, vec![2, 3, 5, 6]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
