@@ -58,7 +58,9 @@ pub fn dump_files(head: &Path) -> Vec<PathBuf> {
         else {
             continue;
         };
-        if !matches!(ext.as_str(), "csv" | "db" | "parquet") {
+        // An empty part: the run was killed between making it and writing its header.
+        let empty = entry.metadata().is_ok_and(|m| m.len() == 0);
+        if empty || !matches!(ext.as_str(), "csv" | "db" | "parquet") {
             continue;
         }
         parts.push(((step, part), ext == head_ext, entry.path()));
@@ -195,8 +197,10 @@ mod tests {
         }
         std::fs::write(parts.join(SUMMARY_FILE), summary).unwrap();
         for (step, part) in [(9, 0), (4, 1), (4, 0), (7, 0)] {
-            std::fs::write(parts.join(part_name(step, part, "csv")), "").unwrap();
+            std::fs::write(parts.join(part_name(step, part, "csv")), "ID\n").unwrap();
         }
+        // Made, and the run killed before its header: not a part.
+        std::fs::write(parts.join(part_name(10, 0, "csv")), "").unwrap();
         std::fs::write(parts.join("notes.txt"), "").unwrap();
         let names: Vec<String> = dump_files(&head)
             .iter()
