@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import msmemscope
+from conftest import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / "bin" / "msmemscope"
@@ -36,23 +37,12 @@ LEAK_LINE = 40  # hidden = model[:2](x)
 pytest.importorskip("torch")
 
 
-def _env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("LD_PRELOAD", "PYTHONPATH") and not k.startswith("MSMEMSCOPE_")
-    }
-    if "MSMEMSCOPE_TORCH_CAPTURE" in os.environ:  # the fallback pass of the test command
-        env["MSMEMSCOPE_TORCH_CAPTURE"] = os.environ["MSMEMSCOPE_TORCH_CAPTURE"]
-    return env
-
-
 def _launch(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(CLI), "--dump-budget=4MiB", "-o", str(out), str(PYTHON), str(SCRIPT), *args],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=clean_env(),
         timeout=900,
     )
 
@@ -114,7 +104,11 @@ def test_a_long_run_keeps_its_budget_the_first_last_peak_and_leak_steps(tmp_path
     # the run made online over every step.
     (run_dir,) = out.iterdir()
     page = subprocess.run(
-        [str(CLI), "report", str(run_dir)], capture_output=True, text=True, env=_env(), timeout=300
+        [str(CLI), "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
     )
     assert page.returncode == 0, page.stderr
     assert "steps are in the step summary only" in page.stderr
@@ -151,7 +145,7 @@ def test_the_other_formats_keep_the_same_steps(tmp_path: Path, fmt: str) -> None
         ],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=clean_env(),
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr

@@ -25,19 +25,11 @@ pub use super::sqlite::read::DbRows;
 pub fn open(
     path: &Path,
 ) -> Result<Box<dyn Iterator<Item = Result<EventRow, ReadError>> + Send>, ReadError> {
-    let mut files = parts_of(path);
-    if files.is_empty() {
-        return open_file(path);
+    let chain = Chain::of(path, open_file)?;
+    if chain.rest.is_empty() {
+        return Ok(chain.current);
     }
-    let first = open_file(path)?;
-    files.reverse();
-    Ok(Box::new(Chain {
-        current: first,
-        path: path.to_path_buf(),
-        rest: files,
-        last_id: None,
-        failed: false,
-    }))
+    Ok(Box::new(chain))
 }
 
 /// The step part files kept beside a dump's head (none for a run within its budget), after the
@@ -59,11 +51,27 @@ struct Chain<S> {
     path: PathBuf,
     /// The files still to read, the next one last.
     rest: Vec<PathBuf>,
+    /// How each file is opened.
+    open: fn(&Path) -> Result<S, ReadError>,
     last_id: Option<u64>,
     failed: bool,
 }
 
 impl<S> Chain<S> {
+    /// The dump at `path` (its head) and the parts kept beside it.
+    fn of(path: &Path, open: fn(&Path) -> Result<S, ReadError>) -> Result<Chain<S>, ReadError> {
+        let mut rest = parts_of(path);
+        rest.reverse();
+        Ok(Chain {
+            current: open(path)?,
+            path: path.to_path_buf(),
+            rest,
+            open,
+            last_id: None,
+            failed: false,
+        })
+    }
+
     /// Whether `row` (the first of a file) comes after the previous file's rows.
     fn in_order(&mut self, id: u64) -> Result<(), ReadError> {
         if self.last_id.is_some_and(|last| id <= last) {
@@ -106,7 +114,7 @@ impl Iterator for Chain<Rows> {
                 }
                 None => {
                     let next = self.rest.pop()?;
-                    match open_file(&next) {
+                    match (self.open)(&next) {
                         Ok(rows) => {
                             self.current = rows;
                             self.path = next;
@@ -146,7 +154,7 @@ impl RowSource for Chain<Box<dyn RowSource>> {
                     let Some(next) = self.rest.pop() else {
                         return Ok(None);
                     };
-                    self.current = open_rows_file(&next).inspect_err(|_| self.failed = true)?;
+                    self.current = (self.open)(&next).inspect_err(|_| self.failed = true)?;
                     self.path = next;
                 }
             }
@@ -275,19 +283,11 @@ impl<R: RowSource> RowSource for CutTail<R> {
 /// beside it), in file order, through the fastest reader for its format: CSV dumps are parsed
 /// on worker threads ([`super::scan`]).
 pub fn open_rows(path: &Path) -> Result<Box<dyn RowSource>, ReadError> {
-    let mut files = parts_of(path);
-    if files.is_empty() {
-        return open_rows_file(path);
+    let chain = Chain::of(path, open_rows_file)?;
+    if chain.rest.is_empty() {
+        return Ok(chain.current);
     }
-    let first = open_rows_file(path)?;
-    files.reverse();
-    Ok(Box::new(Chain {
-        current: first,
-        path: path.to_path_buf(),
-        rest: files,
-        last_id: None,
-        failed: false,
-    }))
+    Ok(Box::new(chain))
 }
 
 /// [`open_rows`] of one file.
