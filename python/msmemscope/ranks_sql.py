@@ -4,7 +4,10 @@ Run by the command as ``python -m msmemscope.ranks_sql`` with a JSON request on 
 
     {"engine": "duckdb" | "spark", "threshold_pct": 25,
      "dumps": [{"rank": 0, "run": "...", "device": "cpu", "dump": "memscope_dump_...",
-                "parquet": "/path/memscope_dump_....parquet"}, ...]}
+                "parquet": "/path/memscope_dump_....parquet",
+                "parts": ["/path/memscope_dump_....steps/step_..._000.parquet", ...]}, ...]}
+
+``parts`` (optional) are the step parts a run longer than its dump budget kept beside the dump.
 
 It prints the table's rows as a JSON list on stdout, with the fields of the native engine's
 rows. Both engines read the same Parquet files into the view ``dump`` (the dump columns under
@@ -96,11 +99,11 @@ def run_duckdb(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any
     )
     con.executemany(
         "INSERT INTO files VALUES (?, ?, ?, ?, ?)",
-        [[d["rank"], d["run"], d["device"], d["dump"], d["parquet"]] for d in dumps],
+        [[d["rank"], d["run"], d["device"], d["dump"], path] for d in dumps for path in _files(d)],
     )
     columns = ", ".join(f'p."{src}" AS {name}' for src, name in COLUMNS)
     # A view cannot take parameters: the paths are written as SQL string literals.
-    paths = ", ".join("'" + d["parquet"].replace("'", "''") + "'" for d in dumps)
+    paths = ", ".join("'" + p.replace("'", "''") + "'" for d in dumps for p in _files(d))
     con.execute(
         f"CREATE VIEW dump AS SELECT f.rank, f.run, f.device, f.dump, {columns} "
         f"FROM read_parquet([{paths}], filename = true) p JOIN files f ON f.path = p.filename"
@@ -109,6 +112,12 @@ def run_duckdb(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any
     result = con.execute(sql_text())
     names = [c[0] for c in result.description]
     return _rows(names, result.fetchall())
+
+
+def _files(dump: dict[str, Any]) -> list[str]:
+    """A dump's Parquet files: the dump's own, then the step parts a run longer than its dump
+    budget kept beside it (``parts``)."""
+    return [dump["parquet"], *dump.get("parts", [])]
 
 
 def _local_path(uri: str) -> str:
@@ -147,13 +156,13 @@ def run_spark(dumps: list[dict[str, Any]], factor: float) -> list[dict[str, Any]
         spark.sparkContext.setLogLevel("ERROR")
         # One scan of all the files: a union of one scan per file grows a plan that Spark
         # fails to run at some 64 files. Each row's file comes from the _metadata column.
-        scan = spark.read.parquet(*[d["parquet"] for d in dumps]).select(
+        scan = spark.read.parquet(*[p for d in dumps for p in _files(d)]).select(
             F.col("_metadata.file_path").alias("file_path"),
             *[F.col(f"`{src}`").alias(name) for src, name in COLUMNS],
         )
         # Spark names a file by a percent-encoded URI, and not always in the same form
         # (file:/a or file:///a), so the file table is keyed by the names this scan gives.
-        by_path = {os.path.realpath(d["parquet"]): d for d in dumps}
+        by_path = {os.path.realpath(p): d for d in dumps for p in _files(d)}
         files_rows = []
         for row in scan.select("file_path").distinct().collect():
             d = by_path.get(_local_path(row.file_path))

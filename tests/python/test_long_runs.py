@@ -16,6 +16,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,20 @@ def test_a_long_run_keeps_its_budget_the_first_last_peak_and_leak_steps(tmp_path
     assert "steps are in the step summary only" in page.stderr
     html = (run_dir / "msmemscope_report.html").read_text()
     assert "late_cache (global of long_train.py)" in html
+
+    # The SQL engine reads the kept parts as the native one does.
+    tables = {}
+    for engine in ("native", "duckdb"):
+        done = subprocess.run(
+            [str(CLI), "ranks", "--engine", engine, "--output-format", "json", str(out)],
+            capture_output=True,
+            text=True,
+            env=clean_env(MSMEMSCOPE_PYTHON=sys.executable),
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        tables[engine] = json.loads(done.stdout)
+    assert tables["duckdb"] == tables["native"]
 
 
 def test_a_killed_run_leaves_the_steps_kept_so_far_readable(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
             "device": dump.device,
             "dump": dump.stem(),
             "parquet": parquet_of(dump)?,
+            "parts": parts_of(dump)?,
         }));
     }
     let request = serde_json::json!({
@@ -81,7 +82,7 @@ pub fn summarize(engine: Engine, dumps: &[Dump], threshold_pct: u32) -> Result<V
 fn parquet_of(dump: &Dump) -> Result<String, Failure> {
     let parquet = dump.parquet();
     if !parquet.is_file() {
-        let exported = export_beside(dump)?;
+        let exported = export_beside(&dump.path)?;
         eprintln!(
             "msmemscope: ranks: exported {} ({} rows) for the SQL engine",
             exported.path.display(),
@@ -91,12 +92,27 @@ fn parquet_of(dump: &Dump) -> Result<String, Failure> {
     Ok(parquet.to_string_lossy().into_owned())
 }
 
-fn export_beside(dump: &Dump) -> Result<Exported, Failure> {
-    let (Some(dir), Some(name)) = (dump.path.parent(), dump.path.file_name()) else {
-        return Err(Failure::input(format!(
-            "{}: not a dump",
-            dump.path.display()
-        )));
+/// The Parquet files of the step parts a bounded run kept beside the dump (exported where a
+/// part has none yet), in the order of their rows.
+fn parts_of(dump: &Dump) -> Result<Vec<String>, Failure> {
+    let mut parquets = Vec::new();
+    for part in msmemscope_core::events::parts::dump_files(&dump.path)
+        .into_iter()
+        .skip(1)
+    {
+        let parquet = part.with_extension("parquet");
+        if !parquet.is_file() {
+            export_beside(&part)?;
+        }
+        parquets.push(parquet.to_string_lossy().into_owned());
+    }
+    Ok(parquets)
+}
+
+/// The Parquet file of the dump (or step part) at `path`, written beside it.
+fn export_beside(path: &std::path::Path) -> Result<Exported, Failure> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Failure::input(format!("{}: not a dump", path.display())));
     };
     let held = RunDir::open(dir).map_err(Failure::input)?;
     match export(&held, &name.to_string_lossy(), Source::Dump, true) {
