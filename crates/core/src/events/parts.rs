@@ -86,8 +86,13 @@ pub struct Coverage {
 /// What the dump at `head` holds, from its summary and its part files: `None` when it has no
 /// summary, or when no step's rows were removed.
 pub fn coverage(head: &Path) -> Option<Coverage> {
+    coverage_of(head, &dump_files(head))
+}
+
+/// [`coverage`] of the dump whose files ([`dump_files`]) are already listed.
+fn coverage_of(head: &Path, files: &[PathBuf]) -> Option<Coverage> {
     let summary = std::fs::read_to_string(parts_dir(head).join(SUMMARY_FILE)).ok()?;
-    let parts: BTreeSet<u64> = dump_files(head)
+    let parts: BTreeSet<u64> = files
         .iter()
         .skip(1)
         .filter_map(|p| parse_part_name(&p.file_name()?.to_string_lossy()).map(|(s, _, _)| s))
@@ -119,8 +124,9 @@ pub fn coverage(head: &Path) -> Option<Coverage> {
 }
 
 /// One line for a reader of a bounded run's dump: which steps are in the summary only.
-pub fn coverage_note(head: &Path) -> Option<String> {
-    let c = coverage(head)?;
+/// `files`: the dump's files, as [`dump_files`] lists them.
+pub fn coverage_note(head: &Path, files: &[PathBuf]) -> Option<String> {
+    let c = coverage_of(head, files)?;
     Some(format!(
         "{}: the run was longer than its dump budget: {} of {} steps are in the step summary \
          only ({}); the rows read are those of steps {}",

@@ -37,7 +37,7 @@ pub fn open(
 fn parts_of(path: &Path) -> Vec<PathBuf> {
     let files = super::parts::dump_files(path);
     if files.len() > 1 {
-        if let Some(note) = super::parts::coverage_note(path) {
+        if let Some(note) = super::parts::coverage_note(path, &files) {
             eprintln!("msmemscope: note: {note}");
         }
     }
