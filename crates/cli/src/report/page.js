@@ -282,16 +282,17 @@ function leakSiteCards(view, f) {
     el("td", { class: "holder" }, ...(s.holders.length ? s.holders.map((h) =>
       el("div", {}, h.chain + (h.blocks > 1 ? " (" + h.blocks + " blocks)" : ""))) : ["not searched"]))));
   const note = el("p", {}, "A leak is a line whose live memory grows from step to step (new highs at two step ends or more); " +
-    "memory made once and kept is resident, listed below. " + f.steps_marked + " step(s) were marked.");
+    "memory made once, or that grew and then stayed flat (a window, a cache that filled up), is resident, listed below. " + f.steps_marked + " step(s) were marked.");
   view.appendChild(card("Leaking sites (" + f.leaks.length + ")", note,
     f.leaks.length ? table(["line", "op", { label: "per step", num: true }, { label: "leaked", num: true }, "grew", "live bytes per step", "held by"],
       rows, { class: "leak-sites" }) : el("p", { class: "empty" }, "No line's memory grows from step to step.")));
   if (f.resident.length) {
-    view.appendChild(card("Resident: made once and kept (" + f.resident.length + ")",
+    view.appendChild(card("Resident: kept but not growing (" + f.resident.length + ")",
       table(["line", "op", { label: "bytes", num: true }, { label: "blocks", num: true }, "since step"],
         f.resident.map((s) => el("tr", { class: "resident-site" }, place(s), el("td", {}, (s.ops || []).join(", ")),
           el("td", { class: "num" }, fmtBytes(s.bytes)), el("td", { class: "num" }, String(s.blocks)),
-          el("td", {}, String(s.since_step)))), { class: "resident-sites" })));
+          el("td", {}, String(s.since_step) + (s.bounded ? " (bounded: stopped growing at step " + s.stopped_at_step + ")" : "")))),
+        { class: "resident-sites" })));
   }
 }
 

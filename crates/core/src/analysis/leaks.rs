@@ -192,10 +192,11 @@ impl Leaks {
     /// looks for holders of. (device, Ptr, size, site text) per block, at most `per_site`
     /// blocks (the newest) of at most `max_sites` sites.
     pub fn suspects(&self, max_sites: usize, per_site: usize) -> Vec<(DeviceId, u64, u64, String)> {
-        let mut by_site: BTreeMap<u32, Vec<&Leak>> = BTreeMap::new();
+        // (row ID, device, Ptr, size) of each live block of a leaking site.
+        type Blocks = Vec<(u64, DeviceId, u64, u64)>;
+        let mut by_site: BTreeMap<u32, Blocks> = BTreeMap::new();
         for c in &self.candidates {
-            let site = self.sites.get(c.site);
-            if site.verdict() != Verdict::Leak {
+            if self.sites.verdict(c.site) != Verdict::Leak {
                 continue;
             }
             let key = BlockKey {
@@ -204,16 +205,36 @@ impl Leaks {
                 ptr: c.ptr,
             };
             if self.live.get(&key).is_some_and(|b| b.row_id == c.row_id) {
-                by_site.entry(c.site).or_default().push(c);
+                by_site
+                    .entry(c.site)
+                    .or_default()
+                    .push((c.row_id, c.device, c.ptr, c.size));
             }
         }
-        let mut sites: Vec<(u32, Vec<&Leak>)> = by_site.into_iter().collect();
-        sites.sort_by_key(|(id, _)| std::cmp::Reverse(self.sites.get(*id).live_bytes));
+        // A block that grows is never a candidate: its site's live blocks are what leaks.
+        let replaced = |id: u32| {
+            self.sites.get(id).growth() == Some(sites::Growth::Replaced)
+                && self.sites.verdict(id) == Verdict::Leak
+        };
+        for (key, b) in self.live.iter() {
+            if !b.candidate && replaced(b.site) {
+                by_site
+                    .entry(b.site)
+                    .or_default()
+                    .push((b.row_id, key.device, key.ptr, b.size));
+            }
+        }
+        let mut sites: Vec<(u32, Blocks)> = by_site.into_iter().collect();
+        sites.sort_by_key(|(id, _)| {
+            let s = self.sites.get(*id);
+            std::cmp::Reverse(s.live_bytes.max(s.held_bytes))
+        });
         let mut out = Vec::new();
-        for (id, blocks) in sites.into_iter().take(max_sites) {
+        for (id, mut blocks) in sites.into_iter().take(max_sites) {
+            blocks.sort_unstable_by_key(|b| b.0);
             let text = self.sites.get(id).site.clone().unwrap_or_default();
-            for b in blocks.iter().rev().take(per_site) {
-                out.push((b.device, b.ptr, b.size, text.clone()));
+            for (_, device, ptr, size) in blocks.iter().rev().take(per_site) {
+                out.push((*device, *ptr, *size, text.clone()));
             }
         }
         out
@@ -275,18 +296,27 @@ impl Analysis for Leaks {
             (Event::Malloc | Event::Free, _) => {
                 let (step, launches) = (self.step, self.launches_of(row.device));
                 let sites = &mut self.sites;
-                let Some((change, gone)) = self.live.apply(row, || Block {
-                    size: block_attrs(row).size.unwrap_or(0),
-                    step,
-                    launches,
-                    row_id: row.id,
-                    site: sites.site_of(row, row.event_type),
-                    candidate: false,
+                let mut made = None;
+                let Some((change, gone)) = self.live.apply(row, || {
+                    let block = Block {
+                        size: block_attrs(row).size.unwrap_or(0),
+                        step,
+                        launches,
+                        row_id: row.id,
+                        site: sites.site_of(row, row.event_type),
+                        candidate: false,
+                    };
+                    made = Some((block.site, block.size));
+                    block
                 }) else {
                     return;
                 };
-                if let Some(old) = gone.filter(|old| old.candidate) {
-                    self.sites.candidate_freed(old.site, old.size);
+                // The old block leaves first: a MALLOC over a live block replaces it.
+                if let Some(old) = gone {
+                    self.sites.freed(old.site, old.size, old.candidate);
+                }
+                if let Some((site, size)) = made {
+                    self.sites.allocated(site, size);
                 }
                 if let BlockChange::Malloc(key) = change {
                     if self.step >= 2 {
@@ -315,13 +345,28 @@ impl Analysis for Leaks {
             .collect();
         hal.sort_by_key(|(_, b)| b.row_id);
         self.hal_at_exit = hal.into_iter().map(|(key, b)| b.leak(key, false)).collect();
-        self.live.clear();
         let sites = &self.sites;
+        // A block that grows (replaced by a larger one each step) is never a candidate: the
+        // one live at the end is what it leaked.
+        let mut grown: Vec<Leak> = self
+            .live
+            .iter()
+            .filter(|(k, b)| {
+                k.pool != EventType::Hal
+                    && !b.candidate
+                    && sites.get(b.site).growth() == Some(sites::Growth::Replaced)
+                    && sites.verdict(b.site) == Verdict::Leak
+            })
+            .map(|(k, b)| b.leak(k, false))
+            .collect();
+        grown.sort_by_key(|l| l.row_id);
+        self.live.clear();
         self.leaks = self
             .candidates
             .iter()
-            .filter(|c| c.pool == EventType::Hal || sites.get(c.site).verdict() == Verdict::Leak)
+            .filter(|c| c.pool == EventType::Hal || sites.verdict(c.site) == Verdict::Leak)
             .chain(&self.hal_at_exit)
+            .chain(&grown)
             .cloned()
             .collect();
         let mut found =
@@ -359,7 +404,7 @@ impl Analysis for Leaks {
             .sites
             .sites()
             .iter()
-            .filter(|s| s.verdict() == Verdict::Leak)
+            .filter(|s| s.verdict(self.sites.last_end()) == Verdict::Leak)
             .collect();
         leaking.sort_by_key(|s| std::cmp::Reverse(s.live_bytes));
         let keep = leaking
@@ -590,7 +635,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
 [1] /w/train.py:10 (main): +1.00 KiB (1024 bytes) in 1 block(s) per step, growing from step 3 to step 6; 5.00 KiB leaked in 5 block(s)
     op aten::addmm; owner activation; inside /lib/model.py:7 (forward)
     held by: kept (global of train.py) -> list[3] -> Tensor 256 float32
-====== Resident on device cpu: 1 site(s) made once and kept (not leaks) ======
+====== Resident on device cpu: 1 site(s) kept but not growing (not leaks) ======
   /w/train.py:20 (main): 4.00 KiB (4096 bytes) in 1 block(s) since step 4; op aten::zeros; owner activation; inside /lib/model.py:7 (forward)
 ";
         assert_eq!(out.console, format!("{expected_seed}{expected_sites}"));
@@ -612,6 +657,111 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         assert_eq!(leak["leaked_bytes"], 5120);
         assert_eq!(json["resident"][0]["bytes"], 4096);
         assert_eq!(json["resident"][0]["since_step"], 4);
+    }
+
+    /// `recent = deque(maxlen=3)` of each step's block over 12 steps: live bytes rise while the
+    /// window fills, then stay flat for the rest of the run.
+    #[test]
+    fn a_window_that_fills_and_stays_flat_is_bounded_not_a_leak() {
+        let mut rows = Vec::new();
+        for s in 1..=12u64 {
+            rows.push(step(s));
+            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::relu"));
+            if s > 3 {
+                rows.push(free(0x1000 + (s - 3) * 0x100, 1024));
+            }
+        }
+        let (out, leaks) = run(rows);
+        assert!(leaks.leaks().is_empty(), "{}", out.console);
+        assert_eq!(
+            out.console,
+            "====== Resident on device cpu: 1 site(s) kept but not growing (not leaks) ======\n  \
+             /w/train.py:10 (main): 2.00 KiB (2048 bytes) in 2 block(s) grew from step 3, \
+             bounded: stopped growing at step 4; op aten::relu; owner activation; inside \
+             /lib/model.py:7 (forward)\n"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
+        assert_eq!(json["resident"][0]["bounded"], true);
+        assert_eq!(json["resident"][0]["stopped_at_step"], 4);
+        assert_eq!(json["resident"][0]["growth"], "new_blocks");
+    }
+
+    /// The same window, still filling when the run ends (it grew for longer than it has been
+    /// flat): a leak.
+    #[test]
+    fn growth_that_stopped_only_lately_is_still_a_leak() {
+        let mut rows = Vec::new();
+        for s in 1..=9u64 {
+            rows.push(step(s));
+            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::relu"));
+            if s > 6 {
+                rows.push(free(0x1000 + (s - 6) * 0x100, 1024));
+            }
+        }
+        let (out, leaks) = run(rows);
+        // Rises at the ends of steps 3..=7, flat at step end 8: still a leak.
+        assert!(!leaks.leaks().is_empty(), "{}", out.console);
+        assert!(
+            out.console.contains("growing from step 3 to step 7"),
+            "{}",
+            out.console
+        );
+    }
+
+    /// `self.seen = torch.cat([self.seen, x])` each step: one live block, 8 KiB larger every
+    /// step, each old one freed (never a candidate).
+    #[test]
+    fn one_block_replaced_by_a_larger_one_each_step_is_a_leak() {
+        let mut rows = Vec::new();
+        for s in 1..=8u64 {
+            rows.push(step(s));
+            rows.push(malloc_at(0x1000 + s * 0x10000, s * 8192, 15, "aten::cat"));
+            if s > 1 {
+                rows.push(free(0x1000 + (s - 1) * 0x10000, (s - 1) * 8192));
+            }
+            // A per-step temporary at another line, alive at the step end with a size that
+            // varies: its live bytes fall, so it does not grow this way.
+            let size = [4096, 8192, 2048][(s % 3) as usize];
+            rows.push(malloc_at(0x90_0000 + s * 0x10000, size, 30, "aten::mul"));
+            if s > 1 {
+                let before = [4096, 8192, 2048][((s - 1) % 3) as usize];
+                rows.push(free(0x90_0000 + (s - 1) * 0x10000, before));
+            }
+        }
+        let (out, leaks) = run(rows);
+        // The block live at the end (step 8's) is the leak line of the seed's list.
+        assert_eq!(leaks.leaks().len(), 1, "{}", out.console);
+        assert_eq!(leaks.leaks()[0].size, 8 * 8192);
+        assert!(
+            out.console.contains(
+                "[1] /w/train.py:15 (main): +8.00 KiB (8192 bytes) in one block replaced by a \
+                 larger one per step, growing from step 3 to step 7; 64.0 KiB leaked in 1 block(s)"
+            ),
+            "{}",
+            out.console
+        );
+        assert!(!out.console.contains("train.py:30"), "{}", out.console);
+        let json: serde_json::Value =
+            serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
+        assert_eq!(json["leaks"][0]["growth"], "replaced");
+        assert_eq!(json["leaks"][0]["series"][0], serde_json::json!([2, 16384]));
+        // Its live block is what the holder search looks for.
+        let mut again = Leaks::new();
+        let mut rows = Vec::new();
+        for s in 1..=8u64 {
+            rows.push(step(s));
+            rows.push(malloc_at(0x1000 + s * 0x10000, s * 8192, 15, "aten::cat"));
+            if s > 1 {
+                rows.push(free(0x1000 + (s - 1) * 0x10000, (s - 1) * 8192));
+            }
+        }
+        for (i, mut row) in rows.into_iter().enumerate() {
+            row.id = i as u64 + 1;
+            again.feed(&row);
+        }
+        let ptrs: Vec<u64> = again.suspects(10, 3).iter().map(|s| s.1).collect();
+        assert_eq!(ptrs, vec![0x1000 + 8 * 0x10000]);
     }
 
     #[test]

@@ -154,7 +154,7 @@ const ONLINE_LEAKS: &str = "\
 ====== ERROR: Detected memory leaks on device 0 ======
 Direct HAL leak of 2.000 Mb(s) at 0x00007f0000000000 in kernel_0 at step 1.
 ====== SUMMARY: 2.000 Mb(s) leaked in 1 allocation(s) ======
-====== Resident on device cpu: 1 site(s) made once and kept (not leaks) ======
+====== Resident on device cpu: 1 site(s) kept but not growing (not leaks) ======
   (no Python line recorded for these blocks): 8.00 KiB (8192 bytes) in 1 block(s) since step 3
 ";
 

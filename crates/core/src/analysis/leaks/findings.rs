@@ -17,6 +17,7 @@
 //!       "source": "all_logits.append(logits)",   // the line's text, null when unreadable
 //!       "frame": ".../modeling_gpt2.py:120 (forward)",  // innermost line outside torch, or null
 //!       "ops": ["aten::addmm"], "owner": "activation",  // owner: null when not known
+//!       "growth": "new_blocks",           // or "replaced": one block replaced by a larger one
 //!       "bytes_per_step": 256000, "blocks_per_step": 1.0,
 //!       "first_step": 3, "last_step": 11,  // the step ends it grew at, first and last
 //!       "steps": [2, 3, 4],               // the steps its leaked blocks were allocated in
@@ -26,9 +27,12 @@
 //!           "chain": "all_logits (global of train.py) -> list[8] -> Tensor 4x64x1000 float32",
 //!           "blocks": 9 } ]               // blocks held the same way (indices aside)
 //!   } ],
-//!   "resident": [ {                       // made once and kept; largest first
+//!   "resident": [ {                       // kept but not growing; largest first
 //!       "device", "pool", "site", "file", "line", "function", "source", "frame", "ops",
-//!       "owner", "bytes": 4718592, "blocks": 18, "since_step": 3 } ],
+//!       "owner", "bytes": 4718592, "blocks": 18, "since_step": 3,
+//!       "bounded": false,                 // true: it grew, then stayed flat (a window, a cache)
+//!       "stopped_at_step": null,          // bounded: the step end it last grew at
+//!       "growth": null } ],               // bounded: as a leak's; made once: null
 //!   "unjudged_blocks": 3 }                // blocks that only outlived the last step
 //! ```
 
@@ -36,7 +40,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::sites::{Site, SiteBook, Verdict};
+use super::sites::{Growth, Site, SiteBook, Verdict};
 use super::Leak;
 use crate::events::{DeviceId, EventType};
 
@@ -65,6 +69,8 @@ pub struct Finding {
     pub frame: Option<String>,
     pub ops: Vec<String>,
     pub owner: Option<String>,
+    /// Leaks and bounded sites: how they grew.
+    pub growth: Option<Growth>,
     /// Leaks: growth per step; residents: what is kept.
     pub bytes_per_step: u64,
     pub blocks_per_step: f64,
@@ -145,7 +151,7 @@ impl Findings {
         let mut groups: BTreeMap<(Verdict, Group), Vec<u32>> = BTreeMap::new();
         let mut unjudged_blocks = 0;
         for (id, site) in book.sites().iter().enumerate() {
-            match site.verdict() {
+            match book.verdict(id as u32) {
                 Verdict::LastStepOnly => unjudged_blocks += site.late_blocks,
                 verdict => groups
                     .entry((verdict, (site.device, site.pool, site.site.clone())))
@@ -175,6 +181,11 @@ impl Findings {
                 frame: members.iter().find_map(|s| s.frame.clone()),
                 ops: Vec::new(),
                 owner: members.iter().find_map(|s| s.owner.clone()),
+                // New blocks where any member grows by them (a line is one place to fix).
+                growth: members
+                    .iter()
+                    .filter_map(|s| s.growth())
+                    .min_by_key(|g| *g as u8),
                 bytes_per_step: 0,
                 blocks_per_step: 0.0,
                 first_step: u64::MAX,
@@ -194,10 +205,11 @@ impl Findings {
                         f.ops.push(op.clone());
                     }
                 }
-                if let Some(first) = s.rises.first() {
+                let rises = s.rises_of(s.growth().unwrap_or(Growth::NewBlocks));
+                if let Some(first) = rises.first {
                     f.first_step = f.first_step.min(first.step);
                 }
-                if let Some(last) = s.rises.last() {
+                if let Some(last) = rises.last {
                     f.last_step = f.last_step.max(last.step);
                     f.bytes += last.bytes;
                     f.blocks += last.blocks;
@@ -210,7 +222,7 @@ impl Findings {
                         f.steps.push(*step);
                     }
                 }
-                for (step, bytes) in &s.series {
+                for (step, bytes) in s.judged_series() {
                     *series.entry(*step).or_default() += bytes;
                 }
                 for (chain, blocks) in &s.holders {
@@ -270,7 +282,7 @@ impl Findings {
                 .collect();
             if !residents.is_empty() {
                 out.push_str(&format!(
-                    "====== Resident on device {device}: {} site(s) made once and kept (not leaks) ======\n",
+                    "====== Resident on device {device}: {} site(s) kept but not growing (not leaks) ======\n",
                     residents.len()
                 ));
                 for f in residents.iter().take(SHOWN_RESIDENTS) {
@@ -373,13 +385,15 @@ fn details(f: &Finding) -> String {
 }
 
 fn render_leak(out: &mut String, n: usize, f: &Finding) {
-    let blocks = if (f.blocks_per_step - f.blocks_per_step.round()).abs() < 1e-9 {
-        format!("{}", f.blocks_per_step.round() as u64)
+    let how = if f.growth == Some(Growth::Replaced) {
+        "in one block replaced by a larger one".to_string()
+    } else if (f.blocks_per_step - f.blocks_per_step.round()).abs() < 1e-9 {
+        format!("in {} block(s)", f.blocks_per_step.round() as u64)
     } else {
-        format!("{:.1}", f.blocks_per_step)
+        format!("in {:.1} block(s)", f.blocks_per_step)
     };
     out.push_str(&format!(
-        "[{n}] {}: +{} ({} bytes) in {blocks} block(s) per step, growing from step {} to step {}; \
+        "[{n}] {}: +{} ({} bytes) {how} per step, growing from step {} to step {}; \
          {} leaked in {} block(s)\n",
         site_text(f),
         human(f.bytes_per_step),
@@ -406,13 +420,20 @@ fn render_leak(out: &mut String, n: usize, f: &Finding) {
 }
 
 fn render_resident(out: &mut String, f: &Finding) {
+    let when = if f.verdict == Verdict::Bounded {
+        format!(
+            "grew from step {}, bounded: stopped growing at step {}",
+            f.first_step, f.last_step
+        )
+    } else {
+        format!("since step {}", f.first_step)
+    };
     out.push_str(&format!(
-        "  {}: {} ({} bytes) in {} block(s) since step {}",
+        "  {}: {} ({} bytes) in {} block(s) {when}",
         site_text(f),
         human(f.bytes),
         f.bytes,
         f.blocks,
-        f.first_step
     ));
     let details = details(f);
     if !details.is_empty() {
@@ -443,6 +464,7 @@ fn place(f: &Finding) -> Value {
 fn leak_json(f: &Finding) -> Value {
     let mut v = place(f);
     let extra = json!({
+        "growth": growth_name(f.growth),
         "bytes_per_step": f.bytes_per_step,
         "blocks_per_step": f.blocks_per_step,
         "first_step": f.first_step,
@@ -465,9 +487,24 @@ fn resident_json(f: &Finding) -> Value {
     let mut v = place(f);
     merge(
         &mut v,
-        json!({ "bytes": f.bytes, "blocks": f.blocks, "since_step": f.first_step }),
+        json!({
+            "bytes": f.bytes,
+            "blocks": f.blocks,
+            "since_step": f.first_step,
+            "bounded": f.verdict == Verdict::Bounded,
+            "stopped_at_step": (f.verdict == Verdict::Bounded).then_some(f.last_step),
+            "growth": growth_name(f.growth),
+        }),
     );
     v
+}
+
+/// `new_blocks`, `replaced` or null (made once).
+fn growth_name(growth: Option<Growth>) -> Option<&'static str> {
+    growth.map(|g| match g {
+        Growth::NewBlocks => "new_blocks",
+        Growth::Replaced => "replaced",
+    })
 }
 
 fn merge(into: &mut Value, from: Value) {

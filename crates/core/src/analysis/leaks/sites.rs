@@ -1,45 +1,116 @@
-//! The allocation sites of the leaks analysis and the growth rule that judges them.
+//! The allocation sites of the leaks analysis and the growth rules that judge them.
 //!
 //! A site is where a block was allocated: the Attr's `site` (the user's `file:line
 //! (function)`), `frame` (the innermost line outside torch when it is another) and `op`, with
 //! the block's device and pool. Rows without `site` (dumps of other producers, older dumps)
 //! take the first line of `Call Stack(Python)`, else they share the device's "unknown" site.
 //!
-//! The rule: a site's **candidate bytes** are the bytes of its blocks that became candidates
-//! (the seed's rule: allocated in step 2 or later, live when the step after theirs ends) and are
-//! still live. At every step end the program marked, a site whose candidate bytes exceed every
-//! earlier step end's has **risen**. Two rises or more make a leak (it keeps growing step over
-//! step); one rise makes it resident (made once and kept: optimizer state, late-unfrozen
-//! parameters, gradients within an accumulation window, compile caches). The end of the input is
-//! no step end: blocks that only outlived the last step are counted for a leak site that was
-//! already growing, and judge nothing on their own.
+//! The rules, judged at every step end the program marked:
+//! - **New blocks that stay.** A site's *candidate bytes* are the bytes of its blocks that
+//!   became candidates (allocated in step 2 or later, live when the step after theirs ends) and
+//!   are still live. A site whose candidate bytes exceed every earlier step end's has **risen**.
+//!   Two rises or more make it grow; one rise makes it resident (made once and kept: optimizer
+//!   state, late-unfrozen parameters, gradients within an accumulation window, compile caches).
+//! - **One block that grows.** A site's *held bytes* are the bytes of all its live blocks,
+//!   candidates or not: a tensor replaced each step by a larger one (`x = torch.cat([x, y])`)
+//!   frees every old block, so it never has a candidate. From its first step end at or after
+//!   step 2 with held bytes, a site whose held bytes never fall and pass their high at two step
+//!   ends or more grows too.
+//! - **Bounded.** Growth that stopped and stayed flat for at least as many steps as it grew (and
+//!   for [`FLAT_STEPS`] at least) is a window or a cache that filled up (`deque(maxlen=3)`, an
+//!   evicting cache): resident, said as bounded, not a leak. A site still growing is a leak.
+//!
+//! The end of the input is no step end: blocks that only outlived the last step are counted for
+//! a leak site that was already growing, and judge nothing on their own.
 
 use super::super::fast_map::FastMap;
 use crate::events::{DeviceId, EventRow, EventType};
 
-/// Points kept per site of its candidate bytes at each step end (for the page's chart).
+/// Points kept per site of its bytes at each step end (for the page's chart).
 pub const MAX_SERIES: usize = 512;
 /// Holder chains kept per site.
 pub const MAX_HOLDERS: usize = 3;
+/// Step ends a site must stay flat after its growth, at least, to be judged bounded.
+pub const FLAT_STEPS: u64 = 3;
 
 /// What a site was judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Verdict {
-    /// Its candidate bytes rose at two step ends or more.
+    /// It grew at two step ends or more, and is growing still.
     Leak,
     /// Made once (one rise) and kept.
     Resident,
+    /// It grew, then stayed flat at least as long: a window or a cache that filled up.
+    Bounded,
     /// Its blocks only outlived the last step (the input ended): not judged.
     LastStepOnly,
 }
 
-/// A step end at which a site's candidate bytes reached a new high.
+/// How a site grows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// New blocks that stay live (its candidate bytes rise).
+    NewBlocks,
+    /// Its live bytes rise while its old blocks are freed: one block replaced by a larger one.
+    Replaced,
+}
+
+/// A step end at which a site's bytes reached a new high.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rise {
     /// The step that ended.
     pub step: u64,
     pub bytes: u64,
     pub blocks: u64,
+}
+
+/// The new highs of one of a site's byte counts at step ends: the first, the latest and how
+/// many (a site that leaks for 10,000 steps keeps three numbers, not 10,000).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rises {
+    pub first: Option<Rise>,
+    pub last: Option<Rise>,
+    pub count: u64,
+}
+
+impl Rises {
+    fn push(&mut self, rise: Rise) {
+        self.first.get_or_insert(rise);
+        self.last = Some(rise);
+        self.count += 1;
+    }
+
+    /// The high so far (0 before any rise).
+    pub fn high(&self) -> u64 {
+        self.last.map_or(0, |r| r.bytes)
+    }
+
+    /// Growth that stopped at its last rise and stayed flat since for at least as many step
+    /// ends as it grew over, and at least [`FLAT_STEPS`]; `last_end` is the latest step end.
+    pub fn bounded(&self, last_end: u64) -> bool {
+        match (self.first, self.last) {
+            (Some(first), Some(last)) => {
+                let flat = last_end.saturating_sub(last.step);
+                flat >= FLAT_STEPS && flat >= last.step - first.step
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A site's held bytes (all its live blocks) at step ends, for the rule of one block that grows.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    /// The first step end (from step 2) it had live blocks at: where its growth is measured
+    /// from (step, bytes, blocks).
+    pub base: Option<Rise>,
+    pub rises: Rises,
+    /// Its held bytes fell at some step end since the base: not one block that grows.
+    pub fell: bool,
+    /// Held bytes at the previous step end.
+    previous: u64,
+    /// Held bytes at each step end from the base, while it may still grow this way.
+    pub series: Vec<(u64, u64)>,
 }
 
 /// One site's record.
@@ -58,9 +129,14 @@ pub struct Site {
     /// Its candidate blocks still live, and their bytes.
     pub live_blocks: u64,
     pub live_bytes: u64,
-    pub rises: Vec<Rise>,
+    /// All its blocks live now, candidates or not, and their bytes.
+    pub held_blocks: u64,
+    pub held_bytes: u64,
+    /// New highs of its candidate bytes.
+    pub rises: Rises,
     /// Candidate bytes at each step end since the site's first candidate.
     pub series: Vec<(u64, u64)>,
+    pub held: Held,
     /// Candidate blocks found at the end of the input only.
     pub late_blocks: u64,
     /// The steps its candidate blocks were allocated in, ascending.
@@ -72,27 +148,115 @@ pub struct Site {
 }
 
 impl Site {
-    pub fn verdict(&self) -> Verdict {
-        match self.rises.len() {
-            0 => Verdict::LastStepOnly,
-            1 => Verdict::Resident,
-            _ => Verdict::Leak,
+    /// Its verdict when the latest step end is `last_end`.
+    pub fn verdict(&self, last_end: u64) -> Verdict {
+        let Some(growth) = self.growth() else {
+            return match self.rises.count {
+                0 => Verdict::LastStepOnly,
+                _ => Verdict::Resident,
+            };
+        };
+        if self.rises_of(growth).bounded(last_end) {
+            Verdict::Bounded
+        } else {
+            Verdict::Leak
         }
     }
 
-    /// Growth per step between the first and the last rise: (bytes, blocks) per step.
+    /// How it grew (at two step ends or more), if it did: by new blocks first.
+    pub fn growth(&self) -> Option<Growth> {
+        if self.rises.count >= 2 {
+            Some(Growth::NewBlocks)
+        } else if self.held.rises.count >= 2 && !self.held.fell {
+            Some(Growth::Replaced)
+        } else {
+            None
+        }
+    }
+
+    /// The rises of the count that `growth` judges.
+    pub fn rises_of(&self, growth: Growth) -> &Rises {
+        match growth {
+            Growth::NewBlocks => &self.rises,
+            Growth::Replaced => &self.held.rises,
+        }
+    }
+
+    /// Growth per step, (bytes, blocks), between where it started and its last rise.
     pub fn per_step(&self) -> (u64, f64) {
-        match (self.rises.first(), self.rises.last()) {
+        let (from, last) = match self.growth() {
+            Some(Growth::Replaced) => (self.held.base, self.held.rises.last),
+            _ => (self.rises.first, self.rises.last),
+        };
+        match (from, last) {
             (Some(first), Some(last)) if last.step > first.step => {
                 let steps = last.step - first.step;
                 (
-                    (last.bytes - first.bytes) / steps,
+                    last.bytes.saturating_sub(first.bytes) / steps,
                     (last.blocks.saturating_sub(first.blocks)) as f64 / steps as f64,
                 )
             }
             (Some(first), _) => (first.bytes, first.blocks as f64),
             _ => (0, 0.0),
         }
+    }
+
+    /// Its bytes at each step end, as the rule that judges it counts them.
+    pub fn judged_series(&self) -> &[(u64, u64)] {
+        match self.growth() {
+            Some(Growth::Replaced) => &self.held.series,
+            _ => &self.series,
+        }
+    }
+
+    fn step_ended(&mut self, step: u64) -> Option<u64> {
+        let mut grown = None;
+        if self.live_bytes > self.rises.high() {
+            grown = Some(self.live_bytes - self.rises.high());
+            self.rises.push(Rise {
+                step,
+                bytes: self.live_bytes,
+                blocks: self.live_blocks,
+            });
+        }
+        if self.rises.count > 0 && self.series.len() < MAX_SERIES {
+            self.series.push((step, self.live_bytes));
+        }
+        self.held_step_ended(step);
+        grown
+    }
+
+    fn held_step_ended(&mut self, step: u64) {
+        let held = &mut self.held;
+        let now = Rise {
+            step,
+            bytes: self.held_bytes,
+            blocks: self.held_blocks,
+        };
+        match held.base {
+            None if step >= 2 && self.held_bytes > 0 => held.base = Some(now),
+            None => {}
+            Some(_) if held.fell => {}
+            Some(base) => {
+                if self.held_bytes < held.previous {
+                    held.fell = true;
+                    // It is not one block that grows: what was kept for that goes.
+                    held.series = Vec::new();
+                } else {
+                    if self.held_bytes > held.rises.high().max(base.bytes) {
+                        if held.rises.count == 0 {
+                            held.series.push((base.step, base.bytes));
+                        }
+                        held.rises.push(now);
+                    }
+                    // Kept only once it grows: every site with a live block has a base.
+                    if held.rises.count > 0 && held.series.len() < MAX_SERIES {
+                        held.series.push((step, self.held_bytes));
+                    }
+                }
+            }
+        }
+        held.previous = self.held_bytes;
     }
 }
 
@@ -102,6 +266,7 @@ pub struct SiteBook {
     /// Hash of the key -> ids with that hash (almost always one).
     index: FastMap<u64, Vec<u32>>,
     sites: Vec<Site>,
+    last_end: u64,
 }
 
 /// The parts of a MALLOC row that name its site.
@@ -186,8 +351,11 @@ impl SiteBook {
             owner,
             live_blocks: 0,
             live_bytes: 0,
-            rises: Vec::new(),
+            held_blocks: 0,
+            held_bytes: 0,
+            rises: Rises::default(),
             series: Vec::new(),
+            held: Held::default(),
             late_blocks: 0,
             steps: Vec::new(),
             holders: Vec::new(),
@@ -217,33 +385,46 @@ impl SiteBook {
         }
     }
 
-    /// A candidate block of site `id` was freed.
-    pub fn candidate_freed(&mut self, id: u32, size: u64) {
+    /// A block of site `id` was allocated.
+    pub fn allocated(&mut self, id: u32, size: u64) {
         let s = &mut self.sites[id as usize];
-        s.live_blocks = s.live_blocks.saturating_sub(1);
-        s.live_bytes = s.live_bytes.saturating_sub(size);
+        s.held_blocks += 1;
+        s.held_bytes += size;
     }
 
-    /// Step `step` ended (a step the program marked): new highs are rises. The sites that
-    /// rose, and by how many bytes in all.
+    /// A block of site `id` was freed (`candidate`: it had become one).
+    pub fn freed(&mut self, id: u32, size: u64, candidate: bool) {
+        let s = &mut self.sites[id as usize];
+        s.held_blocks = s.held_blocks.saturating_sub(1);
+        s.held_bytes = s.held_bytes.saturating_sub(size);
+        if candidate {
+            s.live_blocks = s.live_blocks.saturating_sub(1);
+            s.live_bytes = s.live_bytes.saturating_sub(size);
+        }
+    }
+
+    /// Step `step` ended (a step the program marked): new highs are rises. The sites whose
+    /// candidate bytes rose, and by how many bytes in all.
     pub fn step_ended(&mut self, step: u64) -> (u64, u64) {
+        self.last_end = step;
         let (mut grown, mut bytes) = (0, 0);
         for s in &mut self.sites {
-            let peak = s.rises.last().map_or(0, |r| r.bytes);
-            if s.live_bytes > peak {
+            if let Some(by) = s.step_ended(step) {
                 grown += 1;
-                bytes += s.live_bytes - peak;
-                s.rises.push(Rise {
-                    step,
-                    bytes: s.live_bytes,
-                    blocks: s.live_blocks,
-                });
-            }
-            if !s.rises.is_empty() && s.series.len() < MAX_SERIES {
-                s.series.push((step, s.live_bytes));
+                bytes += by;
             }
         }
         (grown, bytes)
+    }
+
+    /// The latest step end the program marked (0: none yet).
+    pub fn last_end(&self) -> u64 {
+        self.last_end
+    }
+
+    /// The verdict on site `id` now.
+    pub fn verdict(&self, id: u32) -> Verdict {
+        self.sites[id as usize].verdict(self.last_end)
     }
 
     /// A holder chain for a block of site `id`.
