@@ -124,7 +124,17 @@ def step() -> None:
     """Starts the next training or inference step (and so ends the current one): call it
     once per step, at the step's start or its end alike. Rows before the first call are step
     0; the leaks analysis judges growth from step to step."""
+    _before_step_boundary()
     _native_runtime().step()
+
+
+def _before_step_boundary() -> None:
+    """The decompose analysis names, at the first step boundary and before its STEP row, the
+    tensors made before training (capture/owners.py). Its module is loaded only where PyTorch
+    is tracked: no import here, so a program without torch never loads torch."""
+    owners = sys.modules.get("msmemscope.capture.owners")
+    if owners is not None:
+        owners.first_step()
 
 
 def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:

@@ -7,6 +7,7 @@ delimit steps.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, cast
 
@@ -59,6 +60,12 @@ def range_start(message: str, stream: Any = None) -> int:
     did not open one, e.g. nothing is being traced; ending 0 does nothing)."""
     message = _check_message(message)
     handle = _stream_handle(stream)
+    if message == "step start":
+        # A step boundary: the decompose analysis names the tensors made before training
+        # before the runtime writes the STEP row (see msmemscope.step).
+        owners = sys.modules.get("msmemscope.capture.owners")
+        if owners is not None:
+            owners.first_step()
     range_id = cast(int, _native_runtime().mstx_range_start(message, handle))
     if range_id:
         with _lock:

@@ -181,3 +181,62 @@ def test_user_labels_without_decompose(tmp_path: Path) -> None:
     owners = sorted({json.loads(r["Attr"])["owner"] for r in rows if r["Event"] == "MALLOC"})
     assert owners == ["PTA", "PTA@a@b@c", "PTA@ctx", "PTA@ctx@inner", "PTA@deco", "PTA@expl"]
     assert not (dump_dir / "memscope_decompose.csv").exists()
+
+
+def test_tensors_made_before_the_first_step_are_data_or_other(tmp_path: Path) -> None:
+    """A module-level TensorDataset (600 x 256 float32) behind a DataLoader, and a module-level
+    lookup table: both are made before training and live throughout, so from the first step on
+    they are `data` and `other`, not activations. The relabel happens once, at the first
+    optimizer.step() (inside step 0, the only boundary the runtime does not record)."""
+    proc, rows, dump_dir = run(tmp_path, "decompose_dataset.py")
+    made = {}
+    for line in proc.stdout.splitlines():
+        name, ptr, nbytes = line.split()
+        made[name] = (f"0x{int(ptr):016x}", int(nbytes))
+    data_bytes, table_bytes = made["DATA"][1], made["TABLE"][1]
+    assert (data_bytes, table_bytes) == (614400, 4000)
+
+    # Their MALLOC rows say activation (nothing is known yet when they are made); one OWNER row
+    # each moves them.
+    mallocs = {
+        (r["Ptr"], json.loads(r["Attr"])["size"]): json.loads(r["Attr"])["owner"]
+        for r in rows
+        if r["Event"] == "MALLOC"
+    }
+    assert mallocs[made["DATA"]] == "PTA@activation"
+    assert mallocs[made["TABLE"]] == "PTA@activation"
+    relabels = [r for r in rows if r["Event"] == "SYSTEM" and r["Event Type"] == "OWNER"]
+    moved = {
+        (r["Ptr"], json.loads(r["Attr"])["size"]): json.loads(r["Attr"])["owner"]
+        for r in relabels
+        if r["Name"] in ("PTA@data", "PTA@other")
+    }
+    assert moved[made["DATA"]] == "PTA@data"
+    assert moved[made["TABLE"]] == "PTA@other"
+    assert [block for block, owner in moved.items() if owner == "PTA@data"] == [made["DATA"]]
+    # Besides the table, only the first batch (100 x 256 float32, made by the DataLoader before
+    # the first forward and still in use then) is `other`, until it is freed; the model's
+    # parameters are weights, never `other`.
+    others = sorted(size for (_, size), owner in moved.items() if owner == "PTA@other")
+    assert others == [table_bytes, 100 * 256 * 4]
+    # One OWNER row per block, all before the first STEP row: step 0 already ends with them moved.
+    kinds = [(r["Event"], r["Event Type"], r["Name"]) for r in rows]
+    at = [
+        i
+        for i, (_, kind, name) in enumerate(kinds)
+        if kind == "OWNER" and name in ("PTA@data", "PTA@other")
+    ]
+    assert len(at) == len(moved) == 3
+    assert at[-1] < kinds.index(("SYSTEM", "STEP", "1"))
+
+    ours = table(dump_dir)
+    steps = sorted({step for step, _ in ours})
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert ours[(0, "PTA@data")][0] == data_bytes
+    for step in steps[1:]:
+        assert ours[(step, "PTA@data")] == (data_bytes, data_bytes, data_bytes), step
+        assert ours[(step, "PTA@other")] == (table_bytes, table_bytes, table_bytes), step
+        # The activations left are a batch's: far below the dataset's bytes, which they
+        # included before.
+        assert max(ours[(step, "PTA@activation")]) < data_bytes, (step, ours)
+    assert "PTA@data" in proc.stderr and "PTA@other" in proc.stderr

@@ -29,7 +29,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +108,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "msmemscope_torch_set_owner": ([_U64, cp, cp, ci, ci, cp, ctypes.c_size_t], ci),
         "msmemscope_torch_adopt": ([_U64, _U64, _U32, _U32, cp], ci),
         "msmemscope_torch_release": ([_U64], None),
+        "msmemscope_torch_next_aid": ([], _U64),
+        "msmemscope_torch_relabel_activations": (
+            [ctypes.POINTER(_U64), ctypes.c_size_t, _U64, cp, cp],
+            ci,
+        ),
         "msmemscope_torch_freed_block": (
             [_U64, *[ctypes.POINTER(_U64)] * 2, *[ctypes.POINTER(_U32)] * 2],
             ci,
@@ -317,6 +322,21 @@ class NativeTracker:
                 self.report(exc)
 
         adopted[ptr] = weakref.ref(st, released)
+
+    def next_aid(self) -> int:
+        return int(self.lib.msmemscope_torch_next_aid())
+
+    def relabel_activations(
+        self, data_ptrs: Collection[int], before: int, data: str, other: str
+    ) -> int:
+        """As the fallback's; the library walks its live blocks once, under its lock."""
+        ptrs = sorted(set(data_ptrs))
+        array = (_U64 * len(ptrs))(*ptrs)
+        return int(
+            self.lib.msmemscope_torch_relabel_activations(
+                array, len(ptrs), before, data.encode(), other.encode()
+            )
+        )
 
     def written_storage(self, t: torch.Tensor) -> None:
         """``t``'s storage was resized outside the dispatcher: the allocator reported the FREE

@@ -21,13 +21,25 @@ what each byte is: a module's parameters, their gradients and its buffers are la
 module first runs forward; gradients again when autograd produces or accumulates them (tensor
 hooks on each parameter); optimizer states after each ``Optimizer.step``.
 
+Tensors made before training starts and kept throughout — a dataset loaded at module level, a
+lookup table — would count as ``activation`` for the whole run. So at the first step boundary
+(the first ``msmemscope.step()``, ``step start`` range or ``Optimizer.step``, whichever comes
+first) the tracker looks once at the heap (``gc.get_objects()``): modules' parameters and buffers
+and optimizers' states get their categories as their hooks would give them, and of the live
+blocks still labelled ``activation``, those holding a tensor that a ``torch.utils.data`` Dataset
+or DataLoader keeps become ``data``, and the others made before the first module forward (or
+before that boundary, if no forward ran yet) become ``other``. Tensors of a batch being used at
+that moment are among them until they are freed: they were made before the first forward too.
+
 These hooks exist only while the decompose analysis is configured: a run without it pays one
 attribute check per allocation.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
@@ -43,7 +55,7 @@ if TYPE_CHECKING:
 
     from .tracker import Tracker
 
-__all__ = ["decompose_enabled", "relabel", "scope", "storage_resized"]
+__all__ = ["decompose_enabled", "first_step", "relabel", "scope", "storage_resized"]
 
 # --- framework categories ---------------------------------------------------------------------
 WEIGHT = "weight"
@@ -52,6 +64,8 @@ GRADIENT = "gradient"
 OPTIMIZER_STATE = "optimizer_state"
 ACTIVATION = "activation"
 TEMPORARY = "temporary"
+DATA = "data"  # held by a torch.utils.data Dataset or DataLoader, made before the first step
+OTHER = "other"  # made before the first step, not module or optimizer state, not data
 
 MAX_USER_LABELS = 3
 MAX_LABEL_CHARS = 128
@@ -75,6 +89,10 @@ class _State:
         self.hooked_params: MutableMapping[
             torch.Tensor, tuple[RemovableHandle, RemovableHandle]
         ] = WeakIdKeyDictionary()
+        # The allocation id of the first block made once a module's forward ran: blocks with a
+        # smaller one came from setting up, not from a forward pass.
+        self.forward_from: int | None = None
+        self.stepped = False  # the first step boundary has been handled
 
 
 _state = _State()
@@ -294,7 +312,13 @@ def _label_module(module: torch.nn.Module) -> None:
 
 @_never_raises
 def _module_pre_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-    if not _state.decompose or module in _state.seen_modules:
+    if not _state.decompose:
+        return
+    if _state.forward_from is None:
+        tracker = _tracker()
+        if tracker is not None:
+            _state.forward_from = tracker.next_aid()
+    if module in _state.seen_modules:
         return
     _state.seen_modules.add(module)
     _label_module(module)
@@ -316,6 +340,12 @@ def _optimizer_post_step(
     _state.in_optimizer = max(0, _state.in_optimizer - 1)
     if _native is not None:
         _native.msmemscope_torch_optimizer(-1)
+    _label_optimizer(optimizer)
+    if not _state.stepped:
+        first_step()
+
+
+def _label_optimizer(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
             _relabel_quietly(param, WEIGHT)
@@ -325,6 +355,134 @@ def _optimizer_post_step(
         for value in states.values():
             if isinstance(value, torch.Tensor):
                 _relabel_quietly(value, OPTIMIZER_STATE)
+
+
+# --- at the first step: what was made before training ----------------------------------------
+def first_step() -> None:
+    """A step boundary is about to be recorded (``msmemscope.step()``, a ``step start`` range,
+    the end of an ``Optimizer.step``). The first one, while tracing, gives the blocks made before
+    training that are still labelled ``activation`` their owners (see the module documentation);
+    later calls return at once."""
+    if _state.stepped or not _state.decompose:
+        return
+    tracker = _tracker()
+    if tracker is None or not tracker.enabled or not tracker.nat.tracing():
+        return
+    _state.stepped = True
+    try:
+        _label_made_before_training(tracker)
+    except Exception as exc:
+        tracker.report(exc)
+
+
+def _label_made_before_training(tracker: Tracker) -> None:
+    before = _state.forward_from
+    if before is None:
+        before = tracker.next_aid()
+    modules, optimizers, inputs = _heap_roots()
+    # Module and optimizer state first: it is not `other`, even where no forward or step ran yet.
+    # Each module found is labelled on its own (its submodules are found too).
+    for module in modules:
+        for param in module.parameters(recurse=False):
+            _relabel_quietly(param, WEIGHT)
+            if param.grad is not None:
+                _relabel_quietly(param.grad, GRADIENT)
+        for buf in module.buffers(recurse=False):
+            _relabel_quietly(buf, BUFFER)
+    for optimizer in optimizers:
+        _label_optimizer(optimizer)
+    tracker.relabel_activations(_input_blocks(inputs), before, DATA, OTHER)
+
+
+def _heap_roots() -> tuple[list[torch.nn.Module], list[torch.optim.Optimizer], list[object]]:
+    """The live modules, optimizers, and Datasets and DataLoaders: one pass over the objects the
+    garbage collector tracks, each type classified once."""
+    from torch.utils.data import DataLoader, Dataset
+
+    found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+    wanted: tuple[type | tuple[type, ...], ...] = (
+        torch.nn.Module,
+        torch.optim.Optimizer,
+        (Dataset, DataLoader),
+    )
+    kinds: dict[type, int] = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance(): a proxy's __class__ could run the program's code.
+        cls = type(obj)
+        kind = kinds.get(cls)
+        if kind is None:
+            kind = kinds[cls] = next((i for i, w in enumerate(wanted) if issubclass(cls, w)), -1)
+        if kind >= 0:
+            found[kind].append(obj)
+    return found
+
+
+# How far the search for a Dataset's tensors goes: attributes of attributes, through containers
+# (a Dataset or DataLoader met on the way starts over), and how many objects it looks at in all.
+_INPUT_DEPTH = 6
+_INPUT_VISITS = 1_000_000
+_CONTAINERS = (list, tuple, set, frozenset)
+_NOT_DATA = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    torch.nn.Module,
+    torch.optim.Optimizer,
+)
+_ATOMS = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _input_blocks(roots: list[object]) -> set[int]:
+    """The block addresses of the tensors that ``roots`` (Datasets, DataLoaders) hold in their
+    attributes: a bounded walk through containers and plain objects' ``__dict__``."""
+    from torch.utils.data import DataLoader, Dataset
+
+    ptrs: set[int] = set()
+    seen: set[int] = set()
+    stack: list[tuple[object, int]] = [(root, 0) for root in roots]
+    visits = _INPUT_VISITS
+    while stack and visits > 0:
+        obj, depth = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        cls = type(obj)
+        children: Any
+        if issubclass(cls, dict):
+            children = dict.values(obj)  # type: ignore[arg-type]
+        elif issubclass(cls, _CONTAINERS):
+            children = obj
+        elif issubclass(cls, _NOT_DATA):
+            continue
+        else:
+            try:
+                attrs = object.__getattribute__(obj, "__dict__")
+            except Exception:
+                continue
+            if type(attrs) is not dict:
+                continue
+            children = attrs.values()
+        depth = 0 if issubclass(cls, (Dataset, DataLoader)) else depth + 1
+        for child in children:
+            visits -= 1
+            if visits <= 0:
+                break
+            kind = type(child)
+            if issubclass(kind, torch.Tensor):
+                try:
+                    # The block starts where the storage does. Arithmetic, not
+                    # untyped_storage(): that makes a Python object per storage, several times
+                    # slower for a dataset of many small tensors.
+                    ptr = child.data_ptr() - child.storage_offset() * child.element_size()
+                except Exception:
+                    continue
+                if ptr:
+                    ptrs.add(ptr)
+            elif depth < _INPUT_DEPTH and not issubclass(kind, _ATOMS):
+                stack.append((child, depth))
+    return ptrs
 
 
 def enable_decompose() -> None:
@@ -358,6 +516,7 @@ def disable_decompose() -> None:
             handle.remove()
     _state.hooked_params = WeakIdKeyDictionary()
     _state.seen_modules = weakref.WeakSet()
+    _state.forward_from = None
     if _native is not None and _state.in_optimizer:
         _native.msmemscope_torch_optimizer(-_state.in_optimizer)
     _state.in_optimizer = 0

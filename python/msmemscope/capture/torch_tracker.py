@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import os
 import re
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -218,7 +217,7 @@ class _Tracker:
         # one (its bytes are the allocator's now, not a tensor's).
         self.freed: collections.OrderedDict[int, tuple[int, str]] = collections.OrderedDict()
         self.used: dict[str, int] = {}  # device -> live tracked bytes
-        self.ids = itertools.count(1)
+        self.last_aid = 0  # the newest block's allocation_id (read and bumped under the lock)
         self.lock = threading.RLock()
         self.reported = False
         self.ops: dict[OpOverload, _OpInfo] = {}
@@ -279,7 +278,7 @@ class _Tracker:
             if self.op is not None:
                 attrs["op"] = self.op
         with self.lock:
-            aid = next(self.ids)
+            aid = self.last_aid = self.last_aid + 1
             used = self.used.get(dev, 0) + size
             self.used[dev] = used
             ref.aid, ref.ptr, ref.size = aid, ptr, size
@@ -377,13 +376,42 @@ class _Tracker:
                     f"(it has {', '.join(labels)}); cannot add {label!r}"
                 )
             ref.labels = (*labels, label)
-        if (ref.category, ref.labels) == old or not ref.size or not self.cfg.alloc:
+        if (ref.category, ref.labels) != old:
+            self._owner_row(ref)
+
+    def _owner_row(self, ref: _StorageRef) -> None:
+        """The SYSTEM/OWNER row that moves ``ref``'s live block to its current owner."""
+        if not ref.size or not self.cfg.alloc:
             return
         owner = owners.owner_text("PTA", ref.category, ref.labels)
         attrs = {"allocation_id": ref.aid, "addr": f"0x{ref.ptr:016x}", "size": ref.size}
         attrs["owner"] = owner
         nat = self.nat
         nat.emit(nat.EVENT_SYSTEM, nat.TYPE_OWNER, owner, ref.device, ref.ptr, attrs, "", False)
+
+    def next_aid(self) -> int:
+        with self.lock:
+            return self.last_aid + 1
+
+    def relabel_activations(
+        self, data_ptrs: Collection[int], before: int, data: str, other: str
+    ) -> int:
+        """See :meth:`.tracker.Tracker.relabel_activations`."""
+        data_ptrs = frozenset(data_ptrs)
+        moved = 0
+        # A copy: FREEs (weakref callbacks) may remove entries meanwhile.
+        for ref in list(self.live.values()):
+            if ref.category != owners.ACTIVATION or not ref.size:
+                continue
+            if ref.ptr in data_ptrs:
+                ref.category = data
+            elif ref.aid < before:
+                ref.category = other
+            else:
+                continue
+            self._owner_row(ref)
+            moved += 1
+        return moved
 
     def written_storage(self, t: torch.Tensor) -> None:
         """An op that may reallocate wrote ``t``: a tracked storage whose block changed gets a

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import collections
     import threading
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
     from types import ModuleType
 
     import torch
@@ -94,6 +94,20 @@ class Tracker(Protocol):
         OWNER row when the owner of a live block changes); a storage made before tracking is
         adopted with a MALLOC row. With ``unless_framework``, a category that a framework hook
         gave (one with an ``@``) is kept. ValueError when ``t`` would carry too many labels."""
+        ...
+
+    def next_aid(self) -> int:
+        """The allocation id the next block will get: the blocks made before this call have
+        smaller ones."""
+        ...
+
+    def relabel_activations(
+        self, data_ptrs: Collection[int], before: int, data: str, other: str
+    ) -> int:
+        """Moves the live blocks whose category is still ``activation`` (user labels kept): a
+        block starting at one of ``data_ptrs`` to category ``data``, any other allocated before
+        allocation id ``before`` to ``other``; an OWNER row each. Walks the live blocks once.
+        Returns how many moved."""
         ...
 
     def written_storage(self, t: torch.Tensor) -> None:

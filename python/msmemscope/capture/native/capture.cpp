@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cstdint>
@@ -1090,6 +1091,20 @@ std::vector<std::string> split_lines(const char* joined) {
   return lines;
 }
 
+// The SYSTEM/OWNER row that moves the live block `b` at `ptr` to its current owner; false when
+// rows of blocks are not recorded. Called with g_mutex held.
+bool emit_owner_row(uint64_t ptr, const Block& b) {
+  if (!g_cfg.alloc) return false;
+  char attrs[512];
+  size_t n = block_attrs(attrs, sizeof attrs, b, ptr, UINT64_MAX, -1, true);
+  char owner[384];
+  Out o{owner, owner + sizeof owner};
+  owner_of(o, b);
+  emit(g_codes.ev_system, g_codes.ty_owner, StrRef{owner, size_t(o.p - owner)}, b.dev_kind,
+       b.dev_index, true, ptr, StrRef{attrs, n}, StrRef{nullptr, 0}, false);
+  return true;
+}
+
 }  // namespace
 
 // --- the C ABI the Python side calls (ctypes) -------------------------------------------------
@@ -1255,18 +1270,48 @@ int msmemscope_torch_set_owner(uint64_t ptr, const char* category, const char* l
     if (new_cat == b.category && new_labels == b.labels) return 1;
     b.category = new_cat;
     b.labels = new_labels;
-    if (!g_cfg.alloc) return 1;
-    char attrs[512];
-    size_t n = block_attrs(attrs, sizeof attrs, b, ptr, UINT64_MAX, -1, true);
-    char owner[384];
-    Out o{owner, owner + sizeof owner};
-    owner_of(o, b);
-    emit(g_codes.ev_system, g_codes.ty_owner, StrRef{owner, size_t(o.p - owner)}, b.dev_kind,
-         b.dev_index, true, ptr,
-         StrRef{attrs, n}, StrRef{nullptr, 0}, false);
-    return 0;
+    return emit_owner_row(ptr, b) ? 0 : 1;
   } catch (...) {
     return 1;
+  }
+}
+
+// The allocation id the next block gets: blocks made before now have smaller ones.
+uint64_t msmemscope_torch_next_aid() {
+  std::lock_guard<SpinMutex> l(g_mutex);
+  return g_next_aid;
+}
+
+// Once, at the first step boundary, for the tensors made before training: of the live blocks
+// still labelled `activation`, those whose address is one of the `n` sorted `data_ptrs` take
+// category `data`, and the others whose allocation id is below `before` take `other`. One walk
+// of the table under the lock; an OWNER row per change. Returns how many blocks changed owner.
+int msmemscope_torch_relabel_activations(const uint64_t* data_ptrs, size_t n, uint64_t before,
+                                         const char* data, const char* other) {
+  try {
+    if (g_activation == nullptr) return 0;
+    Text data_cat = intern(data ? data : ""), other_cat = intern(other ? other : "");
+    if (data_cat == nullptr || other_cat == nullptr) return 0;
+    std::lock_guard<SpinMutex> l(g_mutex);
+    std::vector<std::pair<uint64_t, Text>> moves;
+    g_live.each([&](uint64_t ptr, const Block& b) {
+      if (b.category != g_activation) return true;
+      if (std::binary_search(data_ptrs, data_ptrs + n, ptr)) {
+        moves.emplace_back(ptr, data_cat);
+      } else if (b.aid < before) {
+        moves.emplace_back(ptr, other_cat);
+      }
+      return true;
+    });
+    for (const auto& [ptr, cat] : moves) {
+      Block* b = g_live.find(ptr);
+      if (b == nullptr) continue;
+      b->category = cat;
+      emit_owner_row(ptr, *b);
+    }
+    return int(moves.size());
+  } catch (...) {
+    return 0;
   }
 }
 
