@@ -40,6 +40,7 @@
 //! `leaks/findings.json` holds the same findings for scripts ([`findings::FINDINGS_FILE`]).
 
 pub mod findings;
+pub mod peak;
 pub mod sites;
 
 use std::collections::BTreeMap;
@@ -88,6 +89,8 @@ struct Block {
     site: u32,
     /// It became a candidate (counted in its site's live candidate bytes).
     candidate: bool,
+    /// Its owner category's id in the [`peak::PeakWatch`].
+    owner: u8,
 }
 
 impl Block {
@@ -157,6 +160,8 @@ pub struct Leaks {
     findings: findings::Findings,
     /// At the last step end: the sites that rose, and their bytes' growth.
     growth: (u64, u64),
+    /// What each device's peak is made of.
+    peak: peak::PeakWatch,
 }
 
 /// Leak sites whose first and latest steps a bounded dump keeps in full.
@@ -258,11 +263,37 @@ impl Leaks {
         }
         if marked {
             self.growth = self.sites.step_ended(self.step);
+            self.peak.step_ended(&self.sites);
+        } else {
+            self.peak.finish(&self.sites);
         }
         self.last_step = std::mem::take(&mut self.this_step);
         // Reuse the old vector's allocation for the new step.
         self.this_step = last;
         self.this_step.clear();
+    }
+
+    /// An OWNER row: the block at its Ptr moves to the owner it names.
+    fn relabel(&mut self, row: &EventRow) {
+        let Some(ptr) = row.ptr else { return };
+        let owner = row.attr_str("owner").unwrap_or(row.name.trim());
+        let mut labels = owner.split('@');
+        let Some(pool) = labels.next().and_then(EventType::parse) else {
+            return;
+        };
+        let to = self.peak.owner_id(labels.next());
+        let key = BlockKey {
+            device: row.device,
+            pool,
+            ptr,
+        };
+        if let Some(block) = self.live.get_mut(&key) {
+            let (from, size) = (block.owner, block.size);
+            block.owner = to;
+            if pool == EventType::Pta && from != to {
+                self.peak.relabel(row.device, size, from, to);
+            }
+        }
     }
 
     /// Launches so far that count for `device`.
@@ -296,6 +327,7 @@ impl Analysis for Leaks {
             (Event::Malloc | Event::Free, _) => {
                 let (step, launches) = (self.step, self.launches_of(row.device));
                 let sites = &mut self.sites;
+                let peak = &mut self.peak;
                 let mut made = None;
                 let Some((change, gone)) = self.live.apply(row, || {
                     let block = Block {
@@ -305,18 +337,23 @@ impl Analysis for Leaks {
                         row_id: row.id,
                         site: sites.site_of(row, row.event_type),
                         candidate: false,
+                        owner: peak.owner_id(sites::owner_category(row)),
                     };
-                    made = Some((block.site, block.size));
+                    made = Some(block);
                     block
                 }) else {
                     return;
                 };
                 // The old block leaves first: a MALLOC over a live block replaces it.
                 if let Some(old) = gone {
+                    let key = change.key();
+                    self.peak
+                        .free(key.device, key.pool, old.size, old.owner, &self.sites);
                     self.sites.freed(old.site, old.size, old.candidate);
                 }
-                if let Some((site, size)) = made {
-                    self.sites.allocated(site, size);
+                if let Some(b) = made {
+                    self.sites.allocated(b.site, b.size);
+                    self.peak.malloc(row, b.size, b.owner, self.step);
                 }
                 if let BlockChange::Malloc(key) = change {
                     if self.step >= 2 {
@@ -324,6 +361,7 @@ impl Analysis for Leaks {
                     }
                 }
             }
+            (Event::System, EventType::Owner) => self.relabel(row),
             (Event::System, EventType::Holder) => {
                 let Some(ptr) = row.ptr else { return };
                 let pools = [EventType::Pta, EventType::Host, EventType::Hal];
@@ -381,6 +419,7 @@ impl Analysis for Leaks {
         };
         let mut console = render_lines(&self.leaks, CONSOLE_BLOCKS);
         console.push_str(&found.render());
+        console.push_str(&self.peak.render());
         console.push_str(&found.notice());
         let json = found.to_json();
         self.findings = found;
@@ -389,6 +428,7 @@ impl Analysis for Leaks {
             files: vec![
                 (REPORT_FILE.to_string(), file),
                 (findings::FINDINGS_FILE.to_string(), json),
+                (peak::PEAK_FILE.to_string(), self.peak.to_json(self.source)),
             ],
         }
     }
@@ -637,9 +677,37 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
     held by: kept (global of train.py) -> list[3] -> Tensor 256 float32
 ====== Resident on device cpu: 1 site(s) kept but not growing (not leaks) ======
   /w/train.py:20 (main): 4.00 KiB (4096 bytes) in 1 block(s) since step 4; op aten::zeros; owner activation; inside /lib/model.py:7 (forward)
+====== Peak on device cpu: 12.0 KiB of tensors live at step 7, in aten::mul (forward) ======
+  by owner: activation 12.0 KiB
+  [1] /w/train.py:10 (main): 7.00 KiB in 7 block(s); op aten::addmm; inside /lib/model.py:7 (forward)
+  [2] /w/train.py:20 (main): 4.00 KiB in 1 block(s); op aten::zeros; inside /lib/model.py:7 (forward)
+  [3] /w/train.py:30 (main): 1.00 KiB in 2 block(s); op aten::mul; inside /lib/model.py:7 (forward)
 ";
         assert_eq!(out.console, format!("{expected_seed}{expected_sites}"));
-        assert_eq!(file_text(&out, REPORT_FILE), out.console);
+        // The report file is the leaks' (the peak has its own file).
+        let (sites_only, _) = expected_sites.split_once("====== Peak").unwrap();
+        assert_eq!(
+            file_text(&out, REPORT_FILE),
+            format!("{expected_seed}{sites_only}")
+        );
+        let peak: serde_json::Value =
+            serde_json::from_str(&file_text(&out, peak::PEAK_FILE)).unwrap();
+        let device = &peak["devices"][0];
+        assert_eq!(device["peak"]["bytes"], 12 * 1024);
+        assert_eq!(device["peak"]["step"], 7);
+        assert_eq!(device["peak"]["op"], "aten::mul");
+        assert_eq!(
+            device["peak"]["owners"],
+            serde_json::json!([{"owner": "activation", "bytes": 12 * 1024}])
+        );
+        assert_eq!(device["peak"]["lines"][0]["line"], 10);
+        assert_eq!(device["peak"]["lines"][0]["blocks"], 7);
+        // Each step's peak: step 1 holds line 10's first block and line 30's.
+        assert_eq!(
+            device["steps"][0],
+            serde_json::json!({"step": 1, "bytes": 1536, "op": "aten::mul", "phase": "forward"})
+        );
+        assert_eq!(device["steps"].as_array().unwrap().len(), 7);
         let json: serde_json::Value =
             serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
         assert_eq!(json["schema"], findings::SCHEMA);
@@ -678,7 +746,10 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
             "====== Resident on device cpu: 1 site(s) kept but not growing (not leaks) ======\n  \
              /w/train.py:10 (main): 2.00 KiB (2048 bytes) in 2 block(s) grew from step 3, \
              bounded: stopped growing at step 4; op aten::relu; owner activation; inside \
-             /lib/model.py:7 (forward)\n"
+             /lib/model.py:7 (forward)\n\
+             ====== Peak on device cpu: 4.00 KiB of tensors live at step 4, in aten::relu \
+             (forward) ======\n  by owner: activation 4.00 KiB\n  [1] /w/train.py:10 (main): \
+             4.00 KiB in 4 block(s); op aten::relu; inside /lib/model.py:7 (forward)\n"
         );
         let json: serde_json::Value =
             serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
@@ -741,7 +812,6 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
             "{}",
             out.console
         );
-        assert!(!out.console.contains("train.py:30"), "{}", out.console);
         let json: serde_json::Value =
             serde_json::from_str(&file_text(&out, findings::FINDINGS_FILE)).unwrap();
         assert_eq!(json["leaks"][0]["growth"], "replaced");
@@ -762,6 +832,44 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         }
         let ptrs: Vec<u64> = again.suspects(10, 3).iter().map(|s| s.1).collect();
         assert_eq!(ptrs, vec![0x1000 + 8 * 0x10000]);
+    }
+
+    /// The peak's owner split follows OWNER rows and adds up to the peak.
+    #[test]
+    fn the_peak_is_split_by_owner_as_relabelled() {
+        let with_owner = |mut r: EventRow, owner: &str| {
+            let raw = r.attrs_json.take().unwrap();
+            r.attrs_json = Some(raw.replace("PTA@activation", owner));
+            r
+        };
+        let mut moved = EventRow::new(Event::System, EventType::Owner, "PTA@gradient");
+        moved.device = CPU;
+        moved.ptr = Some(0x2000);
+        let rows = vec![
+            with_owner(malloc_at(0x1000, 4096, 5, "aten::empty"), "PTA@weight"),
+            step(1),
+            malloc_at(0x2000, 1024, 10, "aten::mm"),
+            moved,
+            malloc_at(0x3000, 512, 11, "aten::relu"),
+            free(0x3000, 512),
+            step(2),
+        ];
+        let (out, _) = run(rows);
+        let peak: serde_json::Value =
+            serde_json::from_str(&file_text(&out, peak::PEAK_FILE)).unwrap();
+        let p = &peak["devices"][0]["peak"];
+        assert_eq!(p["bytes"], 4096 + 1024 + 512);
+        assert_eq!(
+            p["owners"],
+            serde_json::json!([
+                {"owner": "weight", "bytes": 4096},
+                {"owner": "gradient", "bytes": 1024},
+                {"owner": "activation", "bytes": 512},
+            ])
+        );
+        assert!(out
+            .console
+            .contains("  by owner: weight 4.00 KiB, gradient 1.00 KiB, activation 512 B\n"));
     }
 
     #[test]
@@ -811,7 +919,9 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         // Too few steps to judge: the console says so.
         assert_eq!(
             out.console,
-            "msmemscope: the leaks analysis saw 4 step(s); a leak is judged by growth at two \
+            "====== Peak on device cpu: 1.00 KiB of tensors live at step 4 ======\n  [1] (no \
+             Python line recorded for these blocks): 1.00 KiB in 1 block(s)\n\
+             msmemscope: the leaks analysis saw 4 step(s); a leak is judged by growth at two \
              step ends from step 2 on, which takes 5 steps\n"
         );
         let json: serde_json::Value =
@@ -825,7 +935,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         let (out, _) = run(vec![malloc(0x30, 1024)]);
         assert!(out
             .console
-            .starts_with("msmemscope: the leaks analysis saw no steps"));
+            .contains("\nmsmemscope: the leaks analysis saw no steps"));
     }
 
     #[test]
@@ -844,7 +954,12 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         ];
         let (out, leaks) = run(rows);
         assert!(leaks.leaks().is_empty(), "{:?}", leaks.leaks());
-        assert_eq!(out.console, "");
+        // Only the peak: step 3's 2 KiB block, the 1 KiB one freed before it.
+        assert_eq!(
+            out.console,
+            "====== Peak on device cpu: 2.00 KiB of tensors live at step 3 ======\n  [1] (no \
+             Python line recorded for these blocks): 2.00 KiB in 1 block(s)\n"
+        );
     }
 
     #[test]

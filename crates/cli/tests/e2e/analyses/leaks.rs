@@ -158,6 +158,12 @@ Direct HAL leak of 2.000 Mb(s) at 0x00007f0000000000 in kernel_0 at step 1.
   (no Python line recorded for these blocks): 8.00 KiB (8192 bytes) in 1 block(s) since step 3
 ";
 
+/// The peak is the Gap table's highest MaxUsed (step 4's), its blocks without a Python line.
+const ONLINE_PEAK: &str = "\
+====== Peak on device cpu: 104 KiB of tensors live at step 4 ======
+  [1] (no Python line recorded for these blocks): 104 KiB in 5 block(s)
+";
+
 const FEW_STEPS: &str = "msmemscope: the leaks analysis saw 4 step(s); a leak is judged by \
 growth at two step ends from step 2 on, which takes 5 steps\n";
 
@@ -176,7 +182,7 @@ Gap = MinUsed / MaxUsed of the pool within the step: 1 is flat; a floor (MinUsed
 fn online_leak_report_on_the_launchers_stderr() {
     let scratch = Scratch::new("online");
     let stderr = run_cli(&scratch, &[], &[producer().as_os_str(), "leak".as_ref()]);
-    let report = format!("{ONLINE_LEAKS}{FEW_STEPS}{ONLINE_GAPS}");
+    let report = format!("{ONLINE_LEAKS}{ONLINE_PEAK}{FEW_STEPS}{ONLINE_GAPS}");
     assert!(stderr.ends_with(&report), "stderr:\n{stderr}");
     let run = run_dir(&scratch);
     assert_eq!(
