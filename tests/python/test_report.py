@@ -262,6 +262,24 @@ def test_leak_sites_are_the_findings(runs, browser):
     assert opened is False
 
 
+def test_the_peak_view_is_leaks_peak_json(runs, browser):
+    """The Leaks tab shows what each device's peak is made of: its bytes and step, and the
+    user's lines live then, largest first, as leaks/peak.json has them."""
+    run = runs["base"]
+    _assert_quiet(_open(browser, run / "msmemscope_report.html", "leaks", "peak"))
+    doc = json.loads((run / "leaks" / "peak.json").read_text())
+    peak = doc["devices"][0]["peak"]
+    when = browser.execute_script(
+        "const p = document.querySelector('.peak-when'); return [p.dataset.step, p.dataset.bytes];"
+    )
+    assert when == [str(peak["step"]), str(peak["bytes"])]
+    sites = browser.execute_script(
+        "return [...document.querySelectorAll('tr.peak-line')].map(r => r.dataset.site);"
+    )
+    assert sites == [line["site"] or "" for line in peak["lines"]]
+    assert sites[0].startswith(str(WORKLOAD)), sites
+
+
 def test_compare_rows_are_the_compare_csv(runs, browser):
     run = runs["base"]
     _assert_quiet(_open(browser, run / "msmemscope_report.html", "compare", "compare"))

@@ -215,6 +215,11 @@ fn online_findings(run: &Path, outcome: &mut sections::LeakOutcome) {
     {
         outcome.findings = findings;
     }
+    if let Some(peak) = read(msmemscope_core::analysis::leaks::peak::PEAK_FILE)
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+    {
+        outcome.peak = peak;
+    }
     if let Some(text) = read(msmemscope_core::analysis::leaks::REPORT_FILE) {
         outcome.text = text;
     }

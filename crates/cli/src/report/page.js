@@ -240,6 +240,7 @@ function leaksView(view) {
     view.appendChild(card("Leaks (leaks analysis)", el("p", { class: "empty" }, "No event dump in this run.")));
   } else {
     leakSiteCards(view, leaks.findings);
+    peakCards(view, leaks.peak);
     const byStep = new Map();
     for (const r of leaks.rows) {
       if (!byStep.has(r.step)) byStep.set(r.step, []);
@@ -263,6 +264,33 @@ function leaksView(view) {
     view.appendChild(card("Leaked blocks per step (the seed's report)", raw));
   }
   hostLeakCards(view);
+}
+
+// What each device's peak is made of: when, the owners, the user's lines live then.
+function peakCards(view, doc) {
+  if (!doc || !doc.devices) return;
+  for (const d of doc.devices) {
+    const p = d.peak;
+    const when = "at step " + p.step + (p.op ? ", in " + p.op : "") + (p.phase ? " (" + p.phase + ")" : "");
+    const labelled = (p.owners || []).some((o) => o.owner !== "unlabelled");
+    const owners = labelled ? p.owners.map((o) => o.owner + " " + fmtBytes(o.bytes)).join(", ") : "";
+    const rows = (p.lines || []).map((l) => el("tr", { class: "peak-line", "data-site": l.site || "" },
+      el("td", { class: "site" }, el("div", { class: "site-line" }, l.site || "(no Python line recorded)"),
+        l.source ? el("code", { class: "site-source" }, l.source) : null,
+        l.frame ? el("div", { class: "site-frame" }, "inside " + l.frame) : null),
+      el("td", {}, (l.ops || []).join(", ")), el("td", { class: "num" }, fmtBytes(l.bytes)),
+      el("td", { class: "num" }, String(l.blocks)), el("td", {}, l.owner || "")));
+    if (p.other_lines && p.other_lines.bytes) {
+      rows.push(el("tr", {}, el("td", {}, "other lines"), el("td", {}, ""), el("td", { class: "num" }, fmtBytes(p.other_lines.bytes)),
+        el("td", { class: "num" }, String(p.other_lines.blocks)), el("td", {}, "")));
+    }
+    const steps = (d.steps || []).map((s) => [s.step, s.bytes]);
+    view.appendChild(card("Peak on device " + d.device + ": " + fmtBytes(p.bytes) + " " + when,
+      el("p", { class: "peak-when", "data-step": String(p.step), "data-bytes": String(p.bytes) },
+        owners ? "By owner: " + owners + "." : "Owners are split with --analysis=leaks,decompose."),
+      el("div", { class: "peak-steps" }, "Each step's peak: ", sparkline(steps)),
+      table(["line", "op", { label: "bytes", num: true }, { label: "blocks", num: true }, "owner"], rows, { class: "peak-lines" })));
+  }
 }
 
 // The findings by site: the user's line, its source, what holds it, bytes per step.

@@ -47,19 +47,23 @@ impl LeakSection {
     /// document) with the report text that goes with them.
     pub fn finish(mut self) -> LeakOutcome {
         // The text `leaks/leak_report.txt` holds (the console adds only its notices).
-        let text = self
-            .analysis
-            .finish()
-            .files
-            .into_iter()
-            .find(|(name, _)| name == leaks::REPORT_FILE)
-            .map(|(_, text)| text)
-            .unwrap_or_default();
+        let files = self.analysis.finish().files;
+        let file = |wanted: &str| {
+            files
+                .iter()
+                .find(|(name, _)| name == wanted)
+                .map(|(_, text)| text.clone())
+        };
+        let text = file(leaks::REPORT_FILE).unwrap_or_default();
+        let peak = file(leaks::peak::PEAK_FILE)
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
         let findings =
             serde_json::from_str(&self.analysis.findings().to_json()).unwrap_or(Value::Null);
         LeakOutcome {
             leaks: self.analysis.leaks().to_vec(),
             findings,
+            peak,
             text,
         }
     }
@@ -69,6 +73,8 @@ impl LeakSection {
 pub struct LeakOutcome {
     pub leaks: Vec<Leak>,
     pub findings: Value,
+    /// `leaks/peak.json`'s document: what each device's peak is made of.
+    pub peak: Value,
     /// `leaks/leak_report.txt`'s text (the seed's lines, then the findings by site).
     pub text: String,
 }
@@ -124,6 +130,7 @@ pub fn leaks_json(outcome: LeakOutcome) -> Value {
     let LeakOutcome {
         leaks,
         findings,
+        peak,
         text,
     } = outcome;
     // Per step: every leak counted, the largest kept.
@@ -178,6 +185,7 @@ pub fn leaks_json(outcome: LeakOutcome) -> Value {
         "rows": rows,
         "total": leaks.len(),
         "findings": findings,
+        "peak": peak,
         "steps": steps.iter().map(|(step, (count, bytes, _))| json!({"step": step, "count": count, "bytes": bytes})).collect::<Vec<_>>(),
         // Core's own report text: what `leaks/leak_report.txt` holds for the same rows.
         "text": text,
