@@ -41,7 +41,7 @@ pub const SCHEMA: &str = "msmemscope.leaks.peak/1";
 /// Lines kept of the run's peak; the console shows fewer.
 const PEAK_LINES: usize = 20;
 /// Lines printed per device.
-const CONSOLE_LINES: usize = 5;
+const CONSOLE_LINES: usize = 3;
 /// Ops named per line on the console.
 const CONSOLE_OPS: usize = 3;
 /// Step peaks kept per device (the newest): a run of 10,000 steps keeps this many.
