@@ -40,6 +40,7 @@ from .analyzers import (
     check_decompose,
     check_inefficient,
     check_leaks,
+    check_peak,
     get_analyzer_config,
     list_analyzers,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "check_decompose",
     "check_inefficient",
     "check_leaks",
+    "check_peak",
     "cleanup_framework_hooks",
     "config",
     "enable_npu_sanitizer",

@@ -121,6 +121,9 @@ def check_inefficient(
 def check_decompose(input_path: str | os.PathLike[str]) -> list[dict[str, object]]:
     """The per-step table of bytes by owner."""
 
+def check_peak(input_path: str | os.PathLike[str]) -> str:
+    """What each device's peak is made of, as leaks/peak.json's text."""
+
 # Memory block watch (crates/python/src/watch.rs)
 def watch_crc64(addr: int, length: int) -> int:
     """CRC-64 of memory read in place (the caller keeps it allocated)."""

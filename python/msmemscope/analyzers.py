@@ -8,7 +8,7 @@ in the process that wrote it or anywhere else::
     msmemscope.check_leaks("/abs/path/memscope_dump_x.csv", mstx_info="step", start_index=0)
     blocks = msmemscope.check_inefficient("dump.csv", inefficient_type="late_deallocation")
 
-    msmemscope.list_analyzers()                 # ['inefficient', 'leaks']
+    msmemscope.list_analyzers()       # ['decompose', 'inefficient', 'leaks', 'peak']
     msmemscope.get_analyzer_config("inefficient")
     msmemscope.analyze("inefficient", input_path="dump.csv", idle_threshold=100)
 
@@ -22,6 +22,7 @@ malformed, named by its line (CSV) or row ID (SQLite, Parquet).
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Callable
 from typing import Any, Union
@@ -34,6 +35,7 @@ __all__ = [
     "check_decompose",
     "check_inefficient",
     "check_leaks",
+    "check_peak",
     "get_analyzer_config",
     "list_analyzers",
 ]
@@ -102,10 +104,21 @@ def check_decompose(input_path: PathArg) -> list[dict[str, Any]]:
     return _native.check_decompose(input_path)
 
 
+def check_peak(input_path: PathArg) -> list[dict[str, Any]]:
+    """What each device's peak is made of, from a dump: one dict per device (``device``,
+    ``pool``, ``peak``: its bytes, step, op, phase, owners and the user's lines whose blocks were
+    live then, largest first; ``steps``: each step's peak). The same document the online leaks
+    analysis writes as ``leaks/peak.json`` (its ``devices``)."""
+    doc = json.loads(_native.check_peak(input_path))
+    devices: list[dict[str, Any]] = doc["devices"]
+    return devices
+
+
 _ANALYZERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "decompose": check_decompose,
     "inefficient": check_inefficient,
     "leaks": check_leaks,
+    "peak": check_peak,
 }
 
 

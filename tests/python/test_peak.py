@@ -68,3 +68,14 @@ def test_the_owner_split_adds_up_to_the_peak(tmp_path):
     assert {"weight", "optimizer_state"} <= owners.keys(), owners
     assert peak["phase"] in ("forward", "backward"), peak
     assert "  by owner: activation " in stderr, stderr
+
+
+def test_check_peak_offline_is_the_online_peak(tmp_path):
+    """``msmemscope.check_peak(dump)`` runs the same analysis over the dump's rows."""
+    import msmemscope
+
+    _, online = _peak(tmp_path)
+    (dump,) = glob.glob(str(tmp_path / "out" / "*" / "device_cpu" / "dump" / "*.csv"))
+    offline = msmemscope.check_peak(dump)
+    assert offline == online["devices"]
+    assert msmemscope.analyze("peak", input_path=dump) == offline

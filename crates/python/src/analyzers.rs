@@ -301,6 +301,14 @@ pub fn check_decompose<'py>(
     Ok(list)
 }
 
+/// `check_peak(input_path)`: what each device's peak is made of, as `leaks/peak.json`'s text.
+#[pyfunction]
+pub fn check_peak(py: Python<'_>, input_path: &Bound<'_, PyAny>) -> PyResult<String> {
+    let path = path_arg("input_path", input_path)?;
+    py.allow_threads(|| msmemscope_core::analysis::leaks::peak::check_peak(&path))
+        .map_err(read_error)
+}
+
 /// The `inefficient_type` values, for the Python layer's documentation and config.
 pub fn inefficient_types() -> Vec<&'static str> {
     InefficientType::ALL.iter().map(|k| k.as_str()).collect()
@@ -311,6 +319,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_leaks, m)?)?;
     m.add_function(wrap_pyfunction!(check_inefficient, m)?)?;
     m.add_function(wrap_pyfunction!(check_decompose, m)?)?;
+    m.add_function(wrap_pyfunction!(check_peak, m)?)?;
     m.add("INEFFICIENT_TYPES", inefficient_types())?;
     m.add(
         "DEFAULT_IDLE_THRESHOLD",

@@ -277,7 +277,9 @@ function peakCards(view, doc) {
     const rows = (p.lines || []).map((l) => el("tr", { class: "peak-line", "data-site": l.site || "" },
       el("td", { class: "site" }, el("div", { class: "site-line" }, l.site || "(no Python line recorded)"),
         l.source ? el("code", { class: "site-source" }, l.source) : null,
-        l.frame ? el("div", { class: "site-frame" }, "inside " + l.frame) : null),
+        l.frame ? el("div", { class: "site-frame" }, "inside " + l.frame) : null,
+        l.modules && l.modules.length ? el("div", { class: "site-module" },
+          "in " + l.modules.join(", ") + (l.more_modules ? " and more" : "")) : null),
       el("td", {}, (l.ops || []).join(", ")), el("td", { class: "num" }, fmtBytes(l.bytes)),
       el("td", { class: "num" }, String(l.blocks)), el("td", {}, l.owner || "")));
     if (p.other_lines && p.other_lines.bytes) {

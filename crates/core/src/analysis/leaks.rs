@@ -872,6 +872,49 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
             .contains("  by owner: weight 4.00 KiB, gradient 1.00 KiB, activation 512 B\n"));
     }
 
+    /// A line run by several modules (one layer class, many layers) is one line at the peak,
+    /// naming the modules.
+    #[test]
+    fn the_peaks_lines_name_their_modules() {
+        let in_module = |mut r: EventRow, module: &str| {
+            let raw = r.attrs_json.take().unwrap();
+            r.attrs_json = Some(raw.replace("\"op\"", &format!("\"module\":\"{module}\",\"op\"")));
+            r
+        };
+        let rows = vec![
+            step(1),
+            in_module(
+                malloc_at(0x1000, 4096, 17, "aten::_softmax"),
+                "model.0.attn",
+            ),
+            in_module(
+                malloc_at(0x2000, 4096, 17, "aten::_softmax"),
+                "model.1.attn",
+            ),
+            malloc_at(0x3000, 512, 30, "aten::mul"),
+            free(0x3000, 512),
+            step(2),
+        ];
+        let (out, _) = run(rows);
+        let peak: serde_json::Value =
+            serde_json::from_str(&file_text(&out, peak::PEAK_FILE)).unwrap();
+        let top = &peak["devices"][0]["peak"]["lines"][0];
+        assert_eq!(top["line"], 17);
+        assert_eq!(top["bytes"], 8192);
+        assert_eq!(
+            top["modules"],
+            serde_json::json!(["model.0.attn", "model.1.attn"])
+        );
+        assert!(
+            out.console.contains(
+                "  [1] /w/train.py:17 (main): 8.00 KiB in 2 block(s); op aten::_softmax; in \
+                 model.0.attn, model.1.attn\n"
+            ),
+            "{}",
+            out.console
+        );
+    }
+
     #[test]
     fn suspects_are_the_live_blocks_of_leaking_sites() {
         let mut leaks = Leaks::new();

@@ -4,7 +4,8 @@
 //!
 //! # Rules
 //! - Live blocks: `MALLOC`/`FREE` rows of every pool (live_blocks' rules), each with its site
-//!   (the `site` Attr, else the first Python frame) and owner.
+//!   (the `site` Attr, else the first Python frame), owner and module (the `module` Attr: the
+//!   same line in two layers is two sites here, since the question is what filled memory).
 //! - A failure is an `OOM_DETAIL OOM_TRIGGER` row (`req_size`, `func`, `error`, `site`). One
 //!   failed tensor allocation often gives two triggers: the `malloc` hook's (`func` a libc
 //!   function) and the tensor allocator's (`func` the op): triggers of the same device and size
@@ -29,6 +30,8 @@ const SAME_FAILURE_NS: u64 = 1_000_000_000;
 pub struct LiveSite {
     pub site: Option<String>,
     pub owner: Option<String>,
+    /// The module its blocks were allocated in (the `module` Attr), if the dump says.
+    pub module: Option<String>,
     pub bytes: u64,
     pub blocks: u64,
 }
@@ -46,12 +49,15 @@ pub struct Failure {
     pub largest: Vec<LiveSite>,
 }
 
+type Origin = (Option<String>, Option<String>, Option<String>);
+
 #[derive(Default)]
 pub struct OomSummary {
     /// (size, index into `origins`) of each live block.
     live: LiveBlocks<(u64, u32)>,
-    origins: Vec<(Option<String>, Option<String>)>,
-    origin_ids: HashMap<(Option<String>, Option<String>), u32>,
+    /// (site, owner, module) of the live blocks: what the largest sites are told apart by.
+    origins: Vec<Origin>,
+    origin_ids: HashMap<Origin, u32>,
     failures: Vec<Failure>,
     more_failures: u64,
     source: Option<super::leaks::findings::SourceLine>,
@@ -81,6 +87,7 @@ impl OomSummary {
         let key = (
             row_site(row).map(|s| s.into_owned()),
             owner_category(row).map(str::to_string),
+            row.attr_str("module").map(str::to_string),
         );
         if let Some(id) = self.origin_ids.get(&key) {
             return *id;
@@ -132,10 +139,11 @@ impl OomSummary {
         let mut largest: Vec<LiveSite> = by_origin
             .into_iter()
             .map(|(origin, (bytes, blocks))| {
-                let (site, owner) = self.origins[origin as usize].clone();
+                let (site, owner, module) = self.origins[origin as usize].clone();
                 LiveSite {
                     site,
                     owner,
+                    module,
                     bytes,
                     blocks,
                 }
@@ -199,6 +207,9 @@ impl OomSummary {
                 ));
                 if let Some(owner) = &s.owner {
                     out.push_str(&format!("; owner {owner}"));
+                }
+                if let Some(module) = &s.module {
+                    out.push_str(&format!("; in {module}"));
                 }
                 out.push('\n');
             }

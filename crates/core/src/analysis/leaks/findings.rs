@@ -17,6 +17,7 @@
 //!       "source": "all_logits.append(logits)",   // the line's text, null when unreadable
 //!       "frame": ".../modeling_gpt2.py:120 (forward)",  // innermost line outside torch, or null
 //!       "ops": ["aten::addmm"], "owner": "activation",  // owner: null when not known
+//!       "modules": ["model.lm_head"],     // the modules it allocated in (at most 3; [] unknown)
 //!       "growth": "new_blocks",           // or "replaced": one block replaced by a larger one
 //!       "bytes_per_step": 256000, "blocks_per_step": 1.0,
 //!       "first_step": 3, "last_step": 11,  // the step ends it grew at, first and last
@@ -69,6 +70,9 @@ pub struct Finding {
     pub frame: Option<String>,
     pub ops: Vec<String>,
     pub owner: Option<String>,
+    /// The modules its blocks were allocated in (at most three), and whether there were more.
+    pub modules: Vec<String>,
+    pub more_modules: bool,
     /// Leaks and bounded sites: how they grew.
     pub growth: Option<Growth>,
     /// Leaks: growth per step; residents: what is kept.
@@ -181,6 +185,8 @@ impl Findings {
                 frame: members.iter().find_map(|s| s.frame.clone()),
                 ops: Vec::new(),
                 owner: members.iter().find_map(|s| s.owner.clone()),
+                modules: Vec::new(),
+                more_modules: false,
                 // New blocks where any member grows by them (a line is one place to fix).
                 growth: members
                     .iter()
@@ -203,6 +209,17 @@ impl Findings {
                 if let Some(op) = &s.op {
                     if !f.ops.contains(op) {
                         f.ops.push(op.clone());
+                    }
+                }
+                f.more_modules |= s.more_modules;
+                for m in &s.modules {
+                    if f.modules.contains(m) {
+                        continue;
+                    }
+                    if f.modules.len() < super::sites::MAX_MODULES {
+                        f.modules.push(m.clone());
+                    } else {
+                        f.more_modules = true;
                     }
                 }
                 let rises = s.rises_of(s.growth().unwrap_or(Growth::NewBlocks));
@@ -378,6 +395,10 @@ fn details(f: &Finding) -> String {
     if let Some(owner) = &f.owner {
         parts.push(format!("owner {owner}"));
     }
+    if !f.modules.is_empty() {
+        let more = if f.more_modules { " and more" } else { "" };
+        parts.push(format!("module {}{more}", f.modules.join(", ")));
+    }
     if let Some(frame) = &f.frame {
         parts.push(format!("inside {frame}"));
     }
@@ -458,6 +479,7 @@ fn place(f: &Finding) -> Value {
         "frame": f.frame,
         "ops": f.ops,
         "owner": f.owner,
+        "modules": f.modules,
     })
 }
 

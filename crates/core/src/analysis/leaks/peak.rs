@@ -20,6 +20,8 @@
 //!         "lines": [ {                         // live blocks by the user's line, largest first
 //!             "site": "/w/train.py:42 (forward)", "file", "line", "function", "source",
 //!             "frame", "ops": ["aten::_softmax"], "owner": "activation",
+//!             "modules": ["model.0.attn", "model.1.attn"],  // where in the model (the
+//!             "more_modules": false,           // blocks' `module` Attr; at most 3 named)
 //!             "bytes": 524288, "blocks": 2 } ],
 //!         "other_lines": {"bytes": 1024, "blocks": 3} },  // the lines past those listed
 //!       "steps": [ {"step": 2, "bytes": 1688256, "op": "aten::_softmax", "phase": "forward"} ],
@@ -31,7 +33,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde_json::{json, Value};
 
 use super::findings::{human, source_of, split_site, SourceLine};
-use super::sites::SiteBook;
+use super::sites::{self, SiteBook};
 use crate::events::{DeviceId, EventRow, EventType};
 
 /// The file, relative to the run directory.
@@ -58,6 +60,10 @@ pub struct Line {
     pub frame: Option<String>,
     pub ops: Vec<String>,
     pub owner: Option<String>,
+    /// The modules its blocks were allocated in (at most [`sites::MAX_MODULES`]), and whether
+    /// there were more.
+    pub modules: Vec<String>,
+    pub more_modules: bool,
     pub bytes: u64,
     pub blocks: u64,
 }
@@ -225,6 +231,17 @@ impl PeakWatch {
             if line.owner.is_none() {
                 line.owner.clone_from(&s.owner);
             }
+            line.more_modules |= s.more_modules;
+            for m in &s.modules {
+                if line.modules.contains(m) {
+                    continue;
+                }
+                if line.modules.len() < sites::MAX_MODULES {
+                    line.modules.push(m.clone());
+                } else {
+                    line.more_modules = true;
+                }
+            }
         }
         let mut lines: Vec<Line> = by_line
             .into_iter()
@@ -299,7 +316,10 @@ impl PeakWatch {
                         text.push_str(&format!(" and {} more", line.ops.len() - shown));
                     }
                 }
-                if let Some(frame) = &line.frame {
+                if !line.modules.is_empty() {
+                    let more = if line.more_modules { " and more" } else { "" };
+                    text.push_str(&format!("; in {}{more}", line.modules.join(", ")));
+                } else if let Some(frame) = &line.frame {
                     text.push_str(&format!("; inside {frame}"));
                 }
                 out.push_str(&text);
@@ -339,6 +359,24 @@ impl PeakWatch {
     }
 }
 
+/// What each device's peak is made of in the dump at `path` (any format the readers take):
+/// `leaks/peak.json`'s document, the leaks analysis run over its rows as it runs online.
+pub fn check_peak(path: &std::path::Path) -> Result<String, crate::events::reader::ReadError> {
+    use crate::analysis::Analysis;
+    let mut analysis = super::Leaks::new().with_source(crate::source_line::read);
+    let mut rows = crate::events::reader::open_rows(path)?;
+    while let Some(row) = rows.next_row()? {
+        analysis.feed(row);
+    }
+    let out = analysis.finish();
+    Ok(out
+        .files
+        .into_iter()
+        .find(|(name, _)| name == PEAK_FILE)
+        .map(|(_, text)| text)
+        .unwrap_or_default())
+}
+
 fn add(owners: &mut Vec<u64>, owner: u8, by: i64) {
     let i = owner as usize;
     if owners.len() <= i {
@@ -364,6 +402,7 @@ fn peak_json(p: &Peak, source: Option<SourceLine>) -> Value {
                 "site": l.site, "file": file, "line": line, "function": function,
                 "source": source_of(l.site.as_deref(), source),
                 "frame": l.frame, "ops": l.ops, "owner": l.owner,
+                "modules": l.modules, "more_modules": l.more_modules,
                 "bytes": l.bytes, "blocks": l.blocks,
             })
         }).collect::<Vec<_>>(),

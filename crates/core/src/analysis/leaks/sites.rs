@@ -30,6 +30,11 @@ use crate::events::{DeviceId, EventRow, EventType};
 pub const MAX_SERIES: usize = 512;
 /// Holder chains kept per site.
 pub const MAX_HOLDERS: usize = 3;
+/// Modules named per site (the `module` Attr of its blocks: where in the model it allocates).
+pub const MAX_MODULES: usize = 3;
+/// MALLOC rows of a site whose `module` is read, at most: a line inside one module's forward
+/// is named by its first rows, and the others pay nothing.
+const MODULE_READS: u32 = 256;
 /// Step ends a site must stay flat after its growth, at least, to be judged bounded.
 pub const FLAT_STEPS: u64 = 3;
 
@@ -141,6 +146,11 @@ pub struct Site {
     pub late_blocks: u64,
     /// The steps its candidate blocks were allocated in, ascending.
     pub steps: Vec<u64>,
+    /// The modules its blocks were allocated in (`model.layers.3.attn`), at most
+    /// [`MAX_MODULES`], and whether it met more.
+    pub modules: Vec<String>,
+    pub more_modules: bool,
+    module_reads: u32,
     /// Reference chains that hold its blocks (`SYSTEM HOLDER` rows), at most [`MAX_HOLDERS`]
     /// different ones: chains that differ only in container indices count as one, with the
     /// number of blocks held that way.
@@ -206,6 +216,25 @@ impl Site {
         match self.growth() {
             Some(Growth::Replaced) => &self.held.series,
             _ => &self.series,
+        }
+    }
+
+    /// Notes the module a MALLOC row of this site was allocated in.
+    fn note_module(&mut self, row: &EventRow) {
+        if self.module_reads >= MODULE_READS {
+            return;
+        }
+        self.module_reads += 1;
+        let Some(module) = row.attr_str("module") else {
+            return;
+        };
+        if self.modules.iter().any(|m| m == module) {
+            return;
+        }
+        if self.modules.len() < MAX_MODULES {
+            self.modules.push(module.to_string());
+        } else {
+            self.more_modules = true;
         }
     }
 
@@ -333,11 +362,12 @@ impl SiteBook {
         };
         let hash = key.hash();
         let ids = self.index.entry(hash).or_default();
-        if let Some(id) = ids
+        if let Some(&id) = ids
             .iter()
             .find(|&&id| key.matches(&self.sites[id as usize]))
         {
-            return *id;
+            self.sites[id as usize].note_module(row);
+            return id;
         }
         let id = self.sites.len() as u32;
         ids.push(id);
@@ -358,8 +388,12 @@ impl SiteBook {
             held: Held::default(),
             late_blocks: 0,
             steps: Vec::new(),
+            modules: Vec::new(),
+            more_modules: false,
+            module_reads: 0,
             holders: Vec::new(),
         });
+        self.sites[id as usize].note_module(row);
         id
     }
 
