@@ -203,6 +203,38 @@ def test_timeline_peak_is_the_dumps_peak(runs, browser):
     assert steps == ["1", "2", "3", "4", "5", "6"]
 
 
+def test_the_timeline_reads_by_step_and_its_peak_opens(runs, browser):
+    """With steps, the timeline's x axis is by step (start-up one band); the peak marker, on
+    click, lists the lines live at the peak as leaks/peak.json has them; the axis toggles to
+    time and back."""
+    run = runs["base"]
+    _assert_quiet(_open(browser, run / "msmemscope_report.html", "timeline", "timeline-steps"))
+    axis = browser.execute_script(
+        "return document.querySelector('#view-timeline .chart-wrap').dataset.axis;"
+    )
+    assert axis == "step"
+    doc = json.loads((run / "leaks" / "peak.json").read_text())
+    peak = doc["devices"][0]["peak"]
+    marker = browser.execute_script(
+        "const m = document.querySelector('#view-timeline .peak-marker');"
+        " return [m.dataset.step, m.dataset.bytes, getComputedStyle(m).display];"
+    )
+    assert marker[0] == str(peak["step"]) and marker[2] == "block", marker
+    browser.execute_script("document.querySelector('#view-timeline .peak-marker').click();")
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#view-timeline .peak-panel-line')]"
+        ".map(l => l.dataset.site);"
+    )
+    assert lines == [line["site"] or "" for line in peak["lines"]][:10]
+    browser.save_screenshot(str(SCREENSHOTS / "timeline-peak.png"))
+    browser.execute_script("document.querySelector('#view-timeline .axis-toggle').click();")
+    axis = browser.execute_script(
+        "return document.querySelector('#view-timeline .chart-wrap').dataset.axis;"
+    )
+    assert axis == "time"
+    _assert_quiet(browser.get_log("browser"))
+
+
 def test_owners_are_the_decompose_analysis(runs, browser):
     run = runs["base"]
     _assert_quiet(_open(browser, run / "msmemscope_report.html", "timeline", "timeline-owners"))

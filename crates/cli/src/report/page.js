@@ -72,7 +72,7 @@ function maxOf(values) {
   return m;
 }
 
-function drawTimeline(container, tl, index) {
+function drawTimeline(container, tl, index, axis) {
   const peak = maxOf(tl.max);
   window.msmemscopeReport.peaks[tl.label] = peak;
   const facts = el("div", { class: "facts" },
@@ -89,7 +89,7 @@ function drawTimeline(container, tl, index) {
   const tip = el("div", { class: "tooltip" });
   const tools = el("div", { class: "chart-tools" });
   const legend = el("div", { class: "legend-owners" });
-  container.appendChild(card("Memory on device " + tl.label, facts, tools, wrap, legend));
+  const box = container.appendChild(card("Memory on device " + tl.label, facts, tools, wrap, legend));
   wrap.appendChild(tip);
   if (tl.t.length === 0) {
     wrap.appendChild(el("p", { class: "empty" }, "No rows in this dump."));
@@ -126,33 +126,82 @@ function drawTimeline(container, tl, index) {
   legend.appendChild(el("span", {}, el("i", { style: "background:#7b3fa0" }), "mark"));
 
   const xEnd = tl.t[tl.t.length - 1] + tl.bucket_ms;
+  // By step (the default when the run has steps): each step the same width, everything before
+  // the first step one band ("start-up"), so a short script's steps are not crammed at the right
+  // of its import time. Position p in [i, i + 1) is band i, linear in time within it.
+  const bounds = [0];
+  for (const [ms] of tl.steps) if (ms > bounds[bounds.length - 1] && ms < xEnd) bounds.push(ms);
+  bounds.push(xEnd);
+  const stepNames = ["start-up", ...tl.steps.filter(([ms]) => ms > 0 && ms < xEnd).map(([, name]) => "step " + name)];
+  const byStep = axis === undefined ? bounds.length > 3 : axis === "step" && bounds.length > 2;
+  const toStep = (ms) => {
+    let lo = 0, hi = bounds.length - 2;
+    while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (bounds[mid] <= ms) lo = mid; else hi = mid - 1; }
+    const width = bounds[lo + 1] - bounds[lo];
+    return lo + (width > 0 ? Math.min(1, Math.max(0, (ms - bounds[lo]) / width)) : 0);
+  };
+  const toX = (ms) => (byStep ? toStep(ms) : ms);
+  const xMax = () => (byStep ? bounds.length - 1 : xEnd);
+  data[0] = tl.t.map(toX);
+  wrap.dataset.axis = byStep ? "step" : "time";
+  const devicePeak = DATA.leaks && DATA.leaks.peak && DATA.leaks.peak.devices
+    ? DATA.leaks.peak.devices.find((d) => d.device === tl.label) : null;
   const drawMarkers = (u) => {
     const ctx = u.ctx, top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
     ctx.save();
     ctx.font = Math.round(10 * devicePixelRatio) + "px sans-serif";
-    for (const [ms, step] of tl.steps) {
-      const x = Math.round(u.valToPos(ms, "x", true));
-      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+    // Step labels only where they fit (the axis names the steps in step mode).
+    const shown = tl.steps.filter(([ms]) => { const x = u.valToPos(toX(ms), "x", true); return x >= u.bbox.left && x <= u.bbox.left + u.bbox.width; });
+    for (const [ms, step] of shown.length <= 200 ? shown : []) {
+      const x = Math.round(u.valToPos(toX(ms), "x", true));
       ctx.strokeStyle = "#8a5a00";
       ctx.setLineDash([4, 3]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-      ctx.fillStyle = "#8a5a00";
-      ctx.fillText("step " + step, x + 3, top + 11 * devicePixelRatio);
+      if (!byStep && shown.length <= 30) {
+        ctx.fillStyle = "#8a5a00";
+        ctx.fillText("step " + step, x + 3, top + 11 * devicePixelRatio);
+      }
     }
     ctx.setLineDash([]);
     ctx.fillStyle = "#7b3fa0";
     for (const [ms] of tl.marks) {
-      const x = u.valToPos(ms, "x", true);
+      const x = u.valToPos(toX(ms), "x", true);
       if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
       ctx.beginPath(); ctx.moveTo(x - 4, bottom); ctx.lineTo(x + 4, bottom); ctx.lineTo(x, bottom - 7); ctx.fill();
     }
     ctx.restore();
+    placePeak(u);
+  };
+  // The peak: a marker over the chart; clicking it lists what was live there by line.
+  const marker = el("button", { class: "peak-marker", title: "the peak: what was live there" }, "\u25bc peak");
+  const panel = el("div", { class: "peak-panel" });
+  panel.style.display = "none";
+  marker.dataset.bytes = String(peak);
+  if (devicePeak) marker.dataset.step = String(devicePeak.peak.step);
+  marker.addEventListener("click", () => {
+    if (panel.style.display === "block") { panel.style.display = "none"; return; }
+    const lines = devicePeak ? devicePeak.peak.lines : [];
+    panel.replaceChildren(
+      el("div", { class: "peak-title" }, "Peak " + fmtBytes(devicePeak ? devicePeak.peak.bytes : peak) +
+        (devicePeak ? " at step " + devicePeak.peak.step + (devicePeak.peak.op ? ", in " + devicePeak.peak.op : "") : " at " + fmtMs(tl.peak.ms))),
+      ...(lines.length ? lines.slice(0, 10).map((l) => el("div", { class: "peak-panel-line", "data-site": l.site || "" },
+        fmtBytes(l.bytes) + "  " + (l.site || "(no Python line recorded)") +
+        (l.modules && l.modules.length ? "  in " + l.modules.join(", ") : ""))) :
+        [el("div", {}, "The leaks analysis gives the lines live at the peak (leaks/peak.json).")]));
+    panel.style.display = "block";
+  });
+  wrap.append(marker, panel);
+  const placePeak = (u) => {
+    const x = u.valToPos(toX(tl.peak.ms), "x") + u.bbox.left / devicePixelRatio;
+    marker.style.left = Math.round(x - 24) + "px";
+    marker.style.display = x < u.bbox.left / devicePixelRatio || x > (u.bbox.left + u.bbox.width) / devicePixelRatio ? "none" : "block";
   };
   const showTip = (u) => {
     const i = u.cursor.idx;
     if (i === null || i === undefined || u.cursor.left < 0) { tip.style.display = "none"; return; }
+    const band = byStep ? stepNames[Math.min(stepNames.length - 1, Math.floor(data[0][i]))] + ", " : "";
     const lines = [
-      "t " + fmtMs(tl.t[i]) + " .. " + fmtMs(tl.t[i] + tl.bucket_ms),
+      band + "t " + fmtMs(tl.t[i]) + " .. " + fmtMs(tl.t[i] + tl.bucket_ms),
       "allocated " + fmtBytes(tl.min[i]) + " .. " + fmtBytes(tl.max[i]),
     ];
     if (tl.reserved && tl.reserved[i] !== null) lines.push("reserved " + fmtBytes(tl.reserved[i]));
@@ -175,7 +224,17 @@ function drawTimeline(container, tl, index) {
     legend: { show: false },
     cursor: { drag: { x: true, y: false }, points: { show: false } },
     axes: [
-      { label: "time since the first row", space: 90, values: (u, vals, axis, space, incr) => vals.map((v) => fmtTick(v, incr)) },
+      byStep ? {
+        label: "step (start-up is one band)", space: 60,
+        splits: (u, axisIdx, min, max) => {
+          const first = Math.max(0, Math.ceil(min)), last = Math.min(stepNames.length - 1, Math.floor(max));
+          const every = Math.max(1, Math.ceil((last - first + 1) / 12));
+          const out = [];
+          for (let v = first; v <= last; v += every) out.push(v);
+          return out;
+        },
+        values: (u, vals) => vals.map((v) => stepNames[v] || ""),
+      } : { label: "time since the first row", space: 90, values: (u, vals, axis, space, incr) => vals.map((v) => fmtTick(v, incr)) },
       { size: 80, values: (u, vals) => vals.map((v) => fmtBytes(v)) },
     ],
     hooks: { draw: [drawMarkers], setCursor: [showTip] },
@@ -183,7 +242,7 @@ function drawTimeline(container, tl, index) {
   const plot = new uPlot(opts, data, wrap);
   wrap.addEventListener("mouseleave", () => { tip.style.display = "none"; });
   const view = () => [plot.scales.x.min, plot.scales.x.max];
-  const setX = (min, max) => plot.setScale("x", { min: Math.max(0, min), max: Math.min(xEnd, max) });
+  const setX = (min, max) => plot.setScale("x", { min: Math.max(0, min), max: Math.min(xMax(), max) });
   // Zoom: drag a range, or the wheel around the cursor; pan: the buttons or shift+wheel.
   plot.over.addEventListener("wheel", (e) => {
     e.preventDefault();
@@ -200,13 +259,18 @@ function drawTimeline(container, tl, index) {
   }, { passive: false });
   const pan = (dir) => { const [min, max] = view(); const s = (max - min) * 0.25 * dir; setX(min + s, max + s); };
   const zoom = (f) => { const [min, max] = view(); const c = (min + max) / 2, h = (max - min) * f / 2; setX(c - h, c + h); };
-  tools.append(
+  tools.append(...[
     el("button", { onclick: () => pan(-1), title: "pan left" }, "\u25c0"),
     el("button", { onclick: () => pan(1), title: "pan right" }, "\u25b6"),
     el("button", { onclick: () => zoom(0.5), title: "zoom in" }, "+"),
     el("button", { onclick: () => zoom(2), title: "zoom out" }, "\u2212"),
-    el("button", { onclick: () => setX(0, xEnd), title: "whole run" }, "reset"),
-    el("span", {}, "drag to zoom, wheel to zoom, shift+wheel to pan; hover for the op, size and owner"));
+    el("button", { onclick: () => setX(0, xMax()), title: "whole run" }, "reset"),
+    bounds.length > 2 ? el("button", { class: "axis-toggle", title: "the x axis by step or by time", onclick: () => {
+      const again = el("div");
+      container.replaceChild(again, box);
+      drawTimeline(again, tl, index, byStep ? "time" : "step");
+    } }, byStep ? "by time" : "by step") : null,
+    el("span", {}, "drag to zoom, wheel to zoom, shift+wheel to pan; hover for the op, size and owner")].filter(Boolean));
 }
 
 function timelineView(view) {
