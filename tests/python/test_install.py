@@ -209,7 +209,16 @@ def user_env(
     before_torch = torch_version(venv, env)
     before = files_of(venv)
     if how == "wheel":
-        run([*pip, str(request.getfixturevalue("wheel"))], env=env)
+        # The wheel installs where no Rust toolchain is: nothing of cargo's on PATH.
+        rustless = dict(env)
+        rustless["PATH"] = os.pathsep.join(
+            d
+            for d in env["PATH"].split(os.pathsep)
+            if not (Path(d) / "cargo").exists() and not (Path(d) / "rustc").exists()
+        )
+        assert shutil.which("cargo", path=rustless["PATH"]) is None
+        assert shutil.which("rustc", path=rustless["PATH"]) is None
+        run([*pip, str(request.getfixturevalue("wheel"))], env=rustless)
     else:
         run([*pip, str(REPO)], env=env, timeout=1800)
     assert torch_version(venv, env) == before_torch, "installing msmemscope changed torch"
