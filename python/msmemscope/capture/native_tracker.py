@@ -12,6 +12,8 @@ Where Python is still involved, and why:
 
 - owners: the decompose hooks run in Python (module, gradient and optimizer hooks) and tell the
   library the owner context — one call per hook, never per allocation;
+- the ``module`` member: global module forward hooks (:mod:`modules`) tell the library the
+  innermost module's path, one call per forward's start and end;
 - a storage made before tracking is adopted by ``set_owner`` with a MALLOC row; the allocator
   never reports its free to us (it did not know it), so a weak reference reports it;
 - memory block watch: while something is watched, a dispatch mode that only computes the
@@ -37,7 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import extensions, owners, sites
+from . import extensions, modules, owners, sites
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
@@ -105,6 +107,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "msmemscope_torch_scope_pop": ([], None),
         "msmemscope_torch_optimizer": ([ci], None),
         "msmemscope_torch_labels": ([cp], None),
+        "msmemscope_torch_module_text": ([cp], vp),
+        "msmemscope_torch_set_module": ([vp], None),
         "msmemscope_torch_set_owner": ([_U64, cp, cp, ci, ci, cp, ctypes.c_size_t], ci),
         "msmemscope_torch_adopt": ([_U64, _U64, _U32, _U32, cp], ci),
         "msmemscope_torch_release": ([_U64], None),
@@ -189,6 +193,7 @@ class NativeTracker:
         lib.msmemscope_torch_skip_prefixes("\n".join(_SKIP_DIRS).encode())
         lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(_SKIP_DIRS)).encode())
         owners.attach_native(lib)
+        modules.attach_native(lib)
         self._watch: OpWatch | None = None
         self.watch_mode: _WatchMode | None = None
         attach_watch = extensions.attach_watch  # msmemscope.watch

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from . import extensions, owners, sites
+from . import extensions, modules, owners, sites
 
 if TYPE_CHECKING:
     from _typeshed import ProfileFunction
@@ -277,6 +277,9 @@ class _Tracker:
                 attrs["frame"] = inner
             if self.op is not None:
                 attrs["op"] = self.op
+            module = modules.current()
+            if module is not None:
+                attrs["module"] = module
         with self.lock:
             aid = self.last_aid = self.last_aid + 1
             used = self.used.get(dev, 0) + size
@@ -839,6 +842,7 @@ def install() -> None:
             if isinstance(_tracker, _Tracker):  # capture() == "python"
                 _mode = MemscopeDispatchMode(_tracker)
         reload_config()
+        modules.enable()
         _step_boundaries()
         _leaks_support()
         # --- CUDA caching allocator's OOM observer, attached when CUDA initializes (issue 11) ---
@@ -862,6 +866,7 @@ def uninstall() -> None:
     with _install_lock:
         if _tracker is None:
             return
+        modules.disable()
         if _mode is None:
             cast("NativeTracker", _tracker).stop()  # (without a mode, the tracker is native)
             return

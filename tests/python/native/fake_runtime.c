@@ -8,7 +8,7 @@
 #include <string.h>
 
 #ifndef FAKE_ABI
-#define FAKE_ABI 3
+#define FAKE_ABI 4
 #endif
 
 uint32_t msmemscope_abi_version(void) { return FAKE_ABI; }
@@ -80,7 +80,7 @@ typedef struct {
     uint32_t reserved;
     uint64_t used;
     uint64_t total;
-    StrRef category, labels, site, frame, op, python_stack;
+    StrRef category, labels, site, frame, op, module, python_stack;
 } BlockRecord;
 
 int32_t msmemscope_emit_block(const BlockRecord *r) {

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define MSMEMSCOPE_ABI_VERSION 3u
+#define MSMEMSCOPE_ABI_VERSION 4u
 
 /* The Event column. */
 enum msmemscope_event {
@@ -57,7 +57,7 @@ typedef struct {
 
 /* A MALLOC or FREE row as numbers and texts: the runtime renders its Attr column,
  * {"allocation_id":..,"addr":"0x..","size":..[,"used":..][,"total":..][,"owner":..][,"site":..]
- * [,"frame":..][,"op":..]}, off the calling thread. category, labels, site, frame and op must
+ * [,"frame":..][,"op":..][,"module":..]}, off the calling thread. category, labels, site, frame, op and module must
  * stay valid and unchanged until the process exits (interned), JSON-escaped already; empty
  * ones are left out. python_stack lives for the call. */
 typedef struct {
@@ -77,6 +77,7 @@ typedef struct {
     msmemscope_str site;     /* the user's line that allocated */
     msmemscope_str frame;    /* the innermost frame, when it is another */
     msmemscope_str op;
+    msmemscope_str module;   /* the module whose forward was running */
     msmemscope_str python_stack;
 } msmemscope_block_record;
 

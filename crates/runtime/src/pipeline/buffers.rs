@@ -151,6 +151,7 @@ impl BareBlock {
             site: StrRef::EMPTY,
             frame: StrRef::EMPTY,
             op: StrRef::EMPTY,
+            module: StrRef::EMPTY,
         }
     }
 }
@@ -1469,6 +1470,7 @@ mod tests {
             site: StrRef::new("train.py:7 (step)"),
             frame: StrRef::EMPTY,
             op: StrRef::new("aten::mm"),
+            module: StrRef::EMPTY,
             python_stack: StrRef::EMPTY,
         };
         let expected = r#"{"allocation_id":5,"addr":"0x0000000000001000","size":256,"used":512,"owner":"PTA@activation","site":"train.py:7 (step)","op":"aten::mm"}"#;
@@ -1525,6 +1527,7 @@ mod tests {
             site: StrRef::new("train.py:7 (step)"),
             frame: StrRef::EMPTY,
             op: StrRef::EMPTY,
+            module: StrRef::EMPTY,
             python_stack: StrRef::EMPTY,
         };
         let cases = [

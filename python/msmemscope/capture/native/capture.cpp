@@ -60,7 +60,7 @@ TORCH_API int get_current_graph_task_id();
 namespace {
 
 // --- the runtime's C ABI (crates/core/src/events/abi/, ABI_VERSION 3) ------------------------
-constexpr uint32_t kAbiVersion = 3;
+constexpr uint32_t kAbiVersion = 4;
 constexpr uint32_t kDeviceNone = 0;
 constexpr uint32_t kDeviceCpu = 1;
 constexpr uint32_t kDeviceCuda = 2;
@@ -107,6 +107,7 @@ struct BlockRecord {
   StrRef site;
   StrRef frame;
   StrRef op;
+  StrRef module;        // the nn.Module whose forward runs
   StrRef python_stack;  // for the call only
 };
 
@@ -181,9 +182,13 @@ struct Site {
   const std::string* inner = nullptr;  // innermost frame outside torch/msmemscope
   const std::string* user = nullptr;   // innermost frame of the user's own code
   StrRef op{nullptr, 0};               // the innermost op running on this thread (interned)
+  // The innermost nn.Module whose forward runs on this thread: its path, JSON-escaped,
+  // interned (msmemscope_torch_set_module); null outside any forward.
+  const std::string* module = nullptr;
 };
 
 StrRef current_op();
+const std::string* current_module();
 
 // `,"site":"…"` for an OOM trigger row: the user's line of the failed allocation ("" if none).
 std::string site_member() {
@@ -197,6 +202,7 @@ Site site_here() {
   if (!g_cfg.alloc) return s;
   msmemscope_python_site(g_skip_prefixes, g_library_prefixes, &s.inner, &s.user);
   s.op = current_op();
+  s.module = current_module();
   return s;
 }
 
@@ -503,8 +509,8 @@ size_t block_attrs(char* buf, size_t cap, const Block& b, uint64_t ptr, uint64_t
 
 // A MALLOC or FREE row of block `b` at `ptr` (`with_owner`: the owner and site members).
 void emit_block(uint32_t event, const Block& b, uint64_t ptr, uint64_t used, long long total,
-                bool with_owner, StrRef site, StrRef frame, StrRef op, StrRef stack,
-                bool c_stack) {
+                bool with_owner, StrRef site, StrRef frame, StrRef op, StrRef module,
+                StrRef stack, bool c_stack) {
   if (g_emit_block == nullptr) return;
   uint32_t flags = (c_stack ? kWantCStack : 0u) | (with_owner ? kBlockOwner : 0u);
   if (used != UINT64_MAX) flags |= kBlockUsed;
@@ -526,6 +532,7 @@ void emit_block(uint32_t event, const Block& b, uint64_t ptr, uint64_t used, lon
                 site,
                 frame,
                 op,
+                module,
                 stack};
   g_emit_block(&r);
 }
@@ -545,8 +552,10 @@ void record_malloc(uint64_t ptr, uint64_t size, uint32_t dev_kind, uint32_t dev_
     // another; `op` the op that allocated.
     StrRef frame = site.inner != nullptr && site.inner != site.user ? str(*site.inner)
                                                                      : StrRef{nullptr, 0};
-    emit_block(g_codes.ev_malloc, b, ptr, used, total, true,
-               site.user != nullptr ? str(*site.user) : StrRef{nullptr, 0}, frame, site.op,
+    StrRef user = site.user != nullptr ? str(*site.user) : StrRef{nullptr, 0};
+    // A block made before tracking was not allocated by the module running now.
+    StrRef module = site.module != nullptr && !adopted ? str(*site.module) : StrRef{nullptr, 0};
+    emit_block(g_codes.ev_malloc, b, ptr, used, total, true, user, frame, site.op, module,
                str(stack), g_cfg.c_stack);
   }
   g_live.put(ptr, b);
@@ -562,7 +571,8 @@ void record_free(uint64_t ptr, const Block& b, uint64_t used, long long total) {
   if (g_freed_count < kFreedKept) ++g_freed_count;
   if (g_cfg.free) {
     StrRef none{nullptr, 0};
-    emit_block(g_codes.ev_free, b, ptr, used, total, false, none, none, none, none, false);
+    emit_block(g_codes.ev_free, b, ptr, used, total, false, none, none, none, none, none,
+               false);
   }
   g_live.erase(ptr);
 }
@@ -658,6 +668,8 @@ struct ThreadOps {
   StrRef op[kOpDepth];  // their names alone, interned
   int depth = 0;
   OpText texts[kOpTexts];
+  // The innermost nn.Module running forward (msmemscope_torch_set_module).
+  Text module = nullptr;
 };
 
 thread_local ThreadOps tl_ops;
@@ -706,6 +718,8 @@ OpNames op_text(ThreadOps& ops, const char* name, const char* overload) {
   Text whole = intern(name);
   return OpNames{t, whole != nullptr ? str(*whole) : StrRef{nullptr, 0}};
 }
+
+const std::string* current_module() { return tl_ops.module; }
 
 StrRef current_op() {
   const ThreadOps& ops = tl_ops;
@@ -1218,6 +1232,32 @@ void msmemscope_torch_scope_pop() {
 void msmemscope_torch_optimizer(int delta) {
   int now = g_in_optimizer.fetch_add(delta) + delta;
   if (now < 0) g_in_optimizer.store(0);
+}
+
+// The path of an nn.Module (`model.layers.3.self_attn`), JSON-escaped and interned for good:
+// the handle msmemscope_torch_set_module takes (null for an empty path).
+const void* msmemscope_torch_module_text(const char* path) {
+  try {
+    std::string escaped;
+    for (const char* p = path ? path : ""; *p; ++p) {
+      unsigned char c = static_cast<unsigned char>(*p);
+      if (c == '"' || c == '\\') {
+        escaped.push_back('\\');
+        escaped.push_back(char(c));
+      } else {
+        escaped.push_back(c < 0x20 ? ' ' : char(c));
+      }
+    }
+    return intern(escaped);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// The innermost nn.Module running forward on this thread (a msmemscope_torch_module_text
+// handle; null: none): blocks allocated here until the next call get its `module` member.
+void msmemscope_torch_set_module(const void* text) {
+  tl_ops.module = static_cast<Text>(text);
 }
 
 void msmemscope_torch_labels(const char* joined) {

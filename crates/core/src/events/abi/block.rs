@@ -44,6 +44,8 @@ pub struct BlockRecord {
     pub site: StrRef,
     pub frame: StrRef,
     pub op: StrRef,
+    /// The module whose forward was running (`model.layers.3.attn`).
+    pub module: StrRef,
     /// Python frames for this call only (copied), as in [`super::EventRecord::python_stack`].
     pub python_stack: StrRef,
 }
@@ -63,6 +65,7 @@ pub struct BlockAttrs {
     pub site: StrRef,
     pub frame: StrRef,
     pub op: StrRef,
+    pub module: StrRef,
 }
 
 impl BlockAttrs {
@@ -79,11 +82,12 @@ impl BlockAttrs {
             site: r.site,
             frame: r.frame,
             op: r.op,
+            module: r.module,
         }
     }
 
     /// Writes the Attr object into `out` (cleared first):
-    /// `{"allocation_id":…,"addr":"0x…","size":…[,"used":…][,"total":…][,"owner":"PTA[@category][@labels]"][,"site":"…"][,"frame":"…"][,"op":"…"]}`.
+    /// `{"allocation_id":…,"addr":"0x…","size":…[,"used":…][,"total":…][,"owner":"PTA[@category][@labels]"][,"site":"…"][,"frame":"…"][,"op":"…"][,"module":"…"]}`.
     /// Bytes that are not UTF-8 become U+FFFD.
     ///
     /// # Safety
@@ -169,6 +173,7 @@ impl BlockAttrs {
                 (",\"site\":\"", &b"site"[..], self.site),
                 (",\"frame\":\"", &b"frame"[..], self.frame),
                 (",\"op\":\"", &b"op"[..], self.op),
+                (",\"module\":\"", &b"module"[..], self.module),
             ] {
                 // SAFETY: the caller's promise.
                 let text = unsafe { text.as_bytes() };
@@ -223,6 +228,7 @@ mod tests {
             site: StrRef::new("train.py:12 (step)"),
             frame: StrRef::new("torch/nn/modules/linear.py:125 (forward)"),
             op: StrRef::new("aten::empty"),
+            module: StrRef::EMPTY,
             python_stack: StrRef::EMPTY,
         }
     }

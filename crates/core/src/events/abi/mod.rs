@@ -15,7 +15,7 @@ mod block;
 pub use block::{BlockAttrs, BlockRecord, BLOCK_OWNER, BLOCK_TOTAL, BLOCK_USED};
 
 /// Bumped on any change to the structs or functions below.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// `device_kind` values.
 pub const DEVICE_NONE: u32 = 0;

@@ -100,7 +100,7 @@ pub(crate) fn numeric_attr_index(key: &str) -> Option<usize> {
 
 /// The Attr keys whose string values the analyses read on every MALLOC row
 /// (`EventRow::attr_str`): the quick check keeps where their values are.
-pub(crate) const STRING_ATTRS: [&str; 4] = ["owner", "site", "frame", "op"];
+pub(crate) const STRING_ATTRS: [&str; 5] = ["owner", "site", "frame", "op", "module"];
 
 /// The index of `key` in [`STRING_ATTRS`].
 pub(crate) fn string_attr_index_of(key: &[u8]) -> Option<usize> {
@@ -109,6 +109,7 @@ pub(crate) fn string_attr_index_of(key: &[u8]) -> Option<usize> {
         b"site" => 1,
         b"frame" => 2,
         b"op" => 3,
+        b"module" => 4,
         _ => return None,
     })
 }
