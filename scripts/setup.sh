@@ -40,6 +40,8 @@ if ! $VPY -c "import torch" 2>/dev/null; then
     say "installing torch (about a minute)"
     $VPY -m pip install --quiet --disable-pip-version-check torch
 fi
+# Lightning for the trainer-callback tests (tests/python/test_integrations.py); torch kept.
+$VPY -c "import lightning" 2>/dev/null || $VPY -m pip install --quiet --disable-pip-version-check lightning
 scripts/setup_frameworks.sh  # vLLM, verl, Megatron-Core for the framework-hook tests (torch kept)
 
 say "cargo build --release"

@@ -60,6 +60,7 @@ __all__ = [
     "config",
     "enable_npu_sanitizer",
     "enable_sanitizer",
+    "findings",
     "get_analyzer_config",
     "init_framework_hooks",
     "leak_holders",
@@ -137,6 +138,22 @@ def _before_step_boundary() -> None:
     owners = sys.modules.get("msmemscope.capture.owners")
     if owners is not None:
         owners.first_step()
+
+
+def findings() -> dict[str, object]:
+    """What the running analyses found so far, from inside the traced process (every event
+    queued so far is written first; waits 2 s at most). A dict (schema
+    ``msmemscope.findings/1``): ``available`` (False when nothing is traced, then nothing
+    else but ``tracing``), ``steps`` (STEP rows so far), ``leak_sites`` (the sites the leaks
+    analysis judges leaking now, the largest growth first: ``site``, ``file``, ``line``,
+    ``function``, ``device``, ``pool``, ``bytes_per_step``, ``blocks_per_step``,
+    ``first_step``, ``last_step``, ``bytes``, ``blocks``), ``leak_bytes_per_step`` (their sum),
+    ``last_step_growth`` (the sites that rose at the last step end and by how many bytes),
+    ``peak_bytes`` and ``peaks`` (each device's highest bytes in use so far and its step).
+    The files the analyses write at exit (``leaks/findings.json``, ``leaks/peak.json``) say
+    more."""
+    found = json.loads(_native_runtime().findings())
+    return found if isinstance(found, dict) else {}
 
 
 def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:

@@ -79,6 +79,9 @@ def optimizer_step() -> bool:
 def leak_suspects() -> str:
     """Live blocks of the sites judged leaking: `ptr\tdevice\tsize\tsite` lines."""
 
+def findings() -> str:
+    """What the running analyses found so far, as JSON (schema ``msmemscope.findings/1``)."""
+
 def tracing() -> bool: ...
 def host_hooks_active() -> bool: ...
 def track_python_objects() -> int: ...

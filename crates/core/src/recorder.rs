@@ -210,6 +210,11 @@ impl StepStats {
         self.step
     }
 
+    /// The run's highest bytes in use so far (PTA, else HAL) and the step it was reached in.
+    pub fn peak(&self) -> Option<(u64, u64)> {
+        self.peak
+    }
+
     /// A row of this device (written before the STEP row that ends its step is handed over).
     pub fn feed(&mut self, row: &EventRow) {
         self.rows += 1;

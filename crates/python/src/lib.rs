@@ -304,6 +304,15 @@ fn leak_suspects(py: Python<'_>) -> PyResult<String> {
     py.allow_threads(|| runtime_text(c"msmemscope_leak_suspects", "the leak suspects"))
 }
 
+/// `findings() -> str`: what the running analyses found so far, as JSON (the runtime's
+/// `msmemscope_findings`: the sites judged leaking with their growth per step, each device's
+/// peak; `{"available": false}` when nothing is traced).
+#[pyfunction]
+fn findings(py: Python<'_>) -> PyResult<String> {
+    // The writer may take a moment: other Python threads run meanwhile.
+    py.allow_threads(|| runtime_text(c"msmemscope_findings", "the findings"))
+}
+
 /// `optimizer_step() -> bool`: an optimizer's `step()` ended; True when the runtime took it as
 /// the end of a step (the program marks none itself).
 #[pyfunction]
@@ -332,6 +341,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(step, m)?)?;
     m.add_function(wrap_pyfunction!(tracing, m)?)?;
     m.add_function(wrap_pyfunction!(leak_suspects, m)?)?;
+    m.add_function(wrap_pyfunction!(findings, m)?)?;
     m.add_function(wrap_pyfunction!(optimizer_step, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
     m.add_function(wrap_pyfunction!(track_python_objects, m)?)?;

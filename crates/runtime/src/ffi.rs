@@ -356,6 +356,39 @@ pub unsafe extern "C" fn msmemscope_leak_suspects(buf: *mut u8, cap: usize) -> i
     text.len() as i64
 }
 
+/// What the online analyses found so far, as JSON (`msmemscope.findings()`): the sites the
+/// leaks analysis judges leaking now, with their growth per step, and each device's highest
+/// bytes in use; every row queued so far is written first (waits 2 s at most). When nothing
+/// is traced, or the writer does not answer in time, `{"available": false, ...}`. Returns the
+/// text's length (call again with a larger buffer when it exceeds `cap`); -1 for a NULL buffer
+/// with a nonzero `cap`.
+///
+/// # Safety
+/// `buf` is null or holds `cap` writable bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_findings(buf: *mut u8, cap: usize) -> i64 {
+    if buf.is_null() && cap != 0 {
+        return -1;
+    }
+    let _entered = Entered::try_enter();
+    let text = catch_unwind(|| pipeline::findings(std::time::Duration::from_secs(2)))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| {
+            format!(
+                "{{\"schema\":\"{}\",\"available\":false,\"tracing\":{}}}",
+                pipeline::FINDINGS_SCHEMA,
+                pipeline::is_tracing()
+            )
+        });
+    let n = text.len().min(cap);
+    if n > 0 {
+        // SAFETY: the caller's buffer holds `cap` >= `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len() as i64
+}
+
 /// 1 when this library's `malloc` is the process's `malloc` (it was preloaded). Compares the
 /// objects the two functions live in: taking our own `malloc`'s address would go through the
 /// GOT and find whatever `malloc` the process uses, ours or not.

@@ -437,6 +437,34 @@ impl Analysis for Leaks {
         self.suspects(10, 3)
     }
 
+    fn findings_now(&self, steps: u64) -> Option<serde_json::Value> {
+        let found = findings::Findings::build(&self.sites, &[], steps, None);
+        let mut bytes_per_step = 0u64;
+        let mut sites = Vec::new();
+        for f in found.leaks.iter().filter(|f| f.verdict == Verdict::Leak) {
+            bytes_per_step += f.bytes_per_step;
+            let (file, line, function) = match f.site.as_deref().and_then(findings::split_site) {
+                Some((file, line, function)) => (Some(file), Some(line), Some(function)),
+                None => (None, None, None),
+            };
+            sites.push(serde_json::json!({
+                "site": f.site,
+                "file": file,
+                "line": line,
+                "function": function,
+                "device": f.device.to_string(),
+                "pool": f.pool.as_str(),
+                "bytes_per_step": f.bytes_per_step,
+                "blocks_per_step": f.blocks_per_step,
+                "first_step": (f.first_step != u64::MAX).then_some(f.first_step),
+                "last_step": f.last_step,
+                "bytes": f.bytes,
+                "blocks": f.blocks,
+            }));
+        }
+        Some(serde_json::json!({"leak_sites": sites, "leak_bytes_per_step": bytes_per_step}))
+    }
+
     /// The steps where the largest leak sites' first and latest candidate blocks were
     /// allocated: where their rows show what leaks and how it started.
     fn step_notes(&self) -> Option<crate::recorder::StepNotes> {

@@ -46,6 +46,14 @@ pub trait Analysis: Send {
     fn step_notes(&self) -> Option<crate::recorder::StepNotes> {
         None
     }
+    /// What the analysis finds so far, while the input goes on (`steps`: STEP rows fed), for
+    /// a program that asks (`msmemscope.findings()`): only `leaks` has any, its `leak_sites`
+    /// (each judged leaking now, by line, the largest growth first) and `leak_bytes_per_step`.
+    /// Built from its state without I/O.
+    fn findings_now(&self, steps: u64) -> Option<serde_json::Value> {
+        let _ = steps;
+        None
+    }
 }
 
 /// The analyses a run asked for (`RunConfig::analysis`) that run online, in the writer.

@@ -11,6 +11,7 @@ mod buffers;
 pub mod oom;
 mod sinks;
 mod writer;
+pub use writer::FINDINGS_SCHEMA;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -604,6 +605,18 @@ pub fn leak_suspects(timeout: Duration) -> Vec<writer::Suspect> {
         .as_ref()
         .and_then(|w| w.leak_suspects(timeout))
         .unwrap_or_default()
+}
+
+/// Writes everything queued so far and returns what the online analyses found so far as JSON
+/// (see `writer::findings_json`); `None` when no writer runs (nothing was traced: none is
+/// started for this) or it did not answer in `timeout`.
+pub fn findings(timeout: Duration) -> Option<String> {
+    if !WRITER_STARTED.load(Ordering::Acquire) {
+        return None;
+    }
+    let p = PIPELINE.get()?;
+    let writer = p.writer.lock().ok()?;
+    writer.as_ref().and_then(|w| w.findings(timeout))
 }
 
 /// At exit: the last rows reach the files. `--format parquet` journals become Parquet files

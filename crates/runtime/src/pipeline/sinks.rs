@@ -274,6 +274,14 @@ impl Sinks {
         Ok(bytes)
     }
 
+    /// Each open device's highest bytes in use so far and the step it was reached in.
+    pub fn peaks(&self) -> Vec<(DeviceId, u64, u64)> {
+        self.open
+            .iter()
+            .filter_map(|(device, dump)| dump.stats.peak().map(|(b, s)| (*device, b, s)))
+            .collect()
+    }
+
     /// Writes one row (rows arrive in time order).
     pub fn write(&mut self, row: &EventRow) -> Result<(), String> {
         if row.device == DeviceId::None {

@@ -39,6 +39,9 @@ struct Control {
     /// Set with a flush request: the writer then collects the leak suspects into `suspects`.
     suspects_wanted: bool,
     suspects: Option<Vec<Suspect>>,
+    /// Set with a flush request: the writer then writes the findings so far into `findings`.
+    findings_wanted: bool,
+    findings: Option<String>,
 }
 
 /// A live block of a site the leaks analysis judges leaking: (device, Ptr, size, site).
@@ -56,6 +59,10 @@ struct State {
     sinks: Sinks,
     /// Online analyses: they see every row written, and report when the writer stops.
     analyses: Vec<Box<dyn Analysis>>,
+    /// STEP rows written, and the leaks analysis's notes at the last one (sites that rose,
+    /// their bytes' growth).
+    steps: u64,
+    growth: (u64, u64),
     run_dir: Arc<RunDir>,
     /// Rows queued and not written yet, where the threads queued them.
     backlog: Backlog,
@@ -82,6 +89,8 @@ impl Writer {
         let mut state = State {
             sinks,
             analyses,
+            steps: 0,
+            growth: (0, 0),
             run_dir,
             backlog: Backlog::default(),
             next_id: 1,
@@ -139,6 +148,19 @@ impl Writer {
         self.control.0.lock().ok()?.suspects.take()
     }
 
+    /// Writes everything queued so far, then the findings so far as JSON (see
+    /// [`findings_json`]); waits at most `timeout` (`None` when the time ran out).
+    pub fn findings(&self, timeout: Duration) -> Option<String> {
+        if let Ok(mut c) = self.control.0.lock() {
+            c.findings_wanted = true;
+            c.findings = None;
+        }
+        if !self.flush(timeout) {
+            return None;
+        }
+        self.control.0.lock().ok()?.findings.take()
+    }
+
     /// Flushes and ends the thread (waits at most `timeout`). The `--format parquet` journals,
     /// complete, once it has ended; `None` while it still writes.
     pub fn stop(&self, timeout: Duration) -> Option<Vec<PathBuf>> {
@@ -173,7 +195,7 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
     let mut acknowledged = 0;
     let mut tick = TICK;
     loop {
-        let (stop, flush_to, suspects_wanted) = {
+        let (stop, flush_to, suspects_wanted, findings_wanted) = {
             let Ok(c) = lock.lock() else { return };
             let (c, _) = match cv
                 .wait_timeout_while(c, tick, |c| !c.stop && c.flush_requested == c.flushed)
@@ -181,7 +203,12 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
                 Ok(r) => r,
                 Err(_) => return,
             };
-            (c.stop, c.flush_requested, c.suspects_wanted)
+            (
+                c.stop,
+                c.flush_requested,
+                c.suspects_wanted,
+                c.findings_wanted,
+            )
         };
         // A flush request writes everything queued, young rows included.
         let everything = stop || flush_to != acknowledged;
@@ -195,6 +222,7 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
                 .flat_map(|a| a.leak_suspects())
                 .collect::<Vec<_>>()
         });
+        let findings = (everything && findings_wanted).then(|| findings_json(state));
         if stop {
             if let Err(e) = state.sinks.finish() {
                 crate::log::error(&format!("event dump: the last step's summary: {e}"));
@@ -217,6 +245,10 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
             if suspects.is_some() {
                 c.suspects_wanted = false;
                 c.suspects = suspects;
+            }
+            if findings.is_some() {
+                c.findings_wanted = false;
+                c.findings = findings;
             }
             c.flushed = flush_to;
             if stop {
@@ -286,6 +318,8 @@ fn write_batch(state: &mut State, all: bool) -> usize {
         next_id,
         symbolizer,
         symbols,
+        steps,
+        growth,
         ..
     } = state;
     let mut result = Ok(());
@@ -306,6 +340,8 @@ fn write_batch(state: &mut State, all: bool) -> usize {
                 .iter()
                 .find_map(|a| a.step_notes())
                 .unwrap_or_default();
+            *steps += 1;
+            *growth = (notes.sites_grown, notes.bytes_grown);
             if result.is_ok() {
                 let next = q.row.name.trim().parse().ok();
                 result = sinks.step(&q.row, next, &notes);
@@ -336,6 +372,48 @@ fn write_batch(state: &mut State, all: bool) -> usize {
         }
     }
     handed
+}
+
+/// The schema of [`findings_json`]'s document.
+pub const FINDINGS_SCHEMA: &str = "msmemscope.findings/1";
+
+/// What the online analyses found so far, for `msmemscope.findings()`: the sites the leaks
+/// analysis judges leaking now (as `leaks/findings.json` will list them: by line, the largest
+/// growth first) and each device's highest bytes in use. Built from the analyses' state on the
+/// writer thread, without I/O (no source lines): cheap enough for a trainer's log interval.
+fn findings_json(state: &State) -> String {
+    let leaks = state
+        .analyses
+        .iter()
+        .find_map(|a| a.findings_now(state.steps));
+    let (sites, bytes_per_step) = match &leaks {
+        Some(found) => (
+            found.get("leak_sites").cloned().unwrap_or_default(),
+            found
+                .get("leak_bytes_per_step")
+                .cloned()
+                .unwrap_or_default(),
+        ),
+        None => (serde_json::json!([]), serde_json::json!(0)),
+    };
+    let peaks = state.sinks.peaks();
+    let peak_bytes = peaks.iter().map(|p| p.1).max();
+    let doc = serde_json::json!({
+        "schema": FINDINGS_SCHEMA,
+        "available": true,
+        "leaks_analysis": leaks.is_some(),
+        "steps": state.steps,
+        "leak_sites": sites,
+        "leak_bytes_per_step": bytes_per_step,
+        "last_step_growth": {"sites": state.growth.0, "bytes": state.growth.1},
+        "peak_bytes": peak_bytes,
+        "peaks": peaks.iter().map(|(device, bytes, step)| serde_json::json!({
+            "device": device.to_string(),
+            "bytes": bytes,
+            "step": step,
+        })).collect::<Vec<_>>(),
+    });
+    doc.to_string()
 }
 
 /// C frames as `function file:line` lines, symbolized once per address.
