@@ -96,11 +96,12 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// The program's own run in the job's table: its run directory, its name and its pid.
 pub type ProgramRun<'a> = (&'a Path, &'a str, u32);
 
-/// What each traced process of the job left (its dumps and its analyses' report, or its
-/// host-leak reports), then one table of all of them with the ones that stand out; the
-/// program's own run is in the table when given (it recorded events itself).
+/// What each traced process of the job left (its dumps and its analyses' report), then one
+/// table of all of them with the ones that stand out; the program's own run is in the table
+/// when given (it recorded events itself).
 pub fn print_summary(config: &RunConfig, program: Option<ProgramRun<'_>>, followed: &[Followed]) {
-    if followed.is_empty() {
+    // Host-leak jobs get `print_host_leak_summary` instead.
+    if followed.is_empty() || config.host_leaks() {
         return;
     }
     let verbose = config.log_level < LogLevel::Error;
@@ -110,19 +111,7 @@ pub fn print_summary(config: &RunConfig, program: Option<ProgramRun<'_>>, follow
             process.who(),
             process.command_line()
         );
-        if config.host_leaks() {
-            print_host_leak_reports(&process.dir, verbose);
-        } else {
-            print_event_results(&process.dir, verbose);
-        }
-    }
-    if config.host_leaks() {
-        eprintln!(
-            "msmemscope: {} traced process(es) besides the program: run directories under {}",
-            followed.len(),
-            config.output_path.display()
-        );
-        return;
+        print_event_results(&process.dir, verbose);
     }
     let mut runs: Vec<PathBuf> = followed.iter().map(|f| f.dir.clone()).collect();
     if let Some((dir, _, _)) = program {
@@ -148,19 +137,34 @@ fn print_event_results(dir: &Path, verbose: bool) {
     }
 }
 
-fn print_host_leak_reports(dir: &Path, verbose: bool) {
-    let host = dir.join("host_leak");
-    for name in overviews_in(&host) {
-        let overview = host.join(name);
-        if verbose {
-            if let Ok(text) = std::fs::read_to_string(&overview) {
-                for line in text.lines() {
-                    eprintln!("  {line}");
-                }
-            }
+/// The one host-leak summary of a job with processes besides the program (`program`: its run
+/// directory and pid), in place of every process's full report.
+pub fn print_host_leak_summary(config: &RunConfig, program: (&Path, u32), followed: &[Followed]) {
+    let (dir, pid) = program;
+    let mut processes = vec![crate::host_job::Process {
+        pid,
+        program: true,
+        title: format!("the program, process {pid}"),
+        overviews: overviews_in(&dir.join("host_leak"))
+            .into_iter()
+            .map(|name| dir.join("host_leak").join(name))
+            .collect(),
+    }];
+    processes.extend(followed.iter().map(|f| {
+        crate::host_job::Process {
+            pid: f.pid,
+            program: false,
+            title: format!("traced {}: {}", f.who(), f.command_line()),
+            overviews: overviews_in(&f.dir.join("host_leak"))
+                .into_iter()
+                .map(|name| f.dir.join("host_leak").join(name))
+                .collect(),
         }
-        eprintln!("msmemscope:   host leak report: {}", overview.display());
-    }
+    }));
+    eprint!(
+        "{}",
+        crate::host_job::render(&processes, &config.output_path)
+    );
 }
 
 /// One line per traced process and device: pid, rank, peak, what the leaks analysis found, whether it

@@ -146,7 +146,9 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
     // Whether the program's own run goes into the job's table (it recorded events itself).
     let mut own_events = false;
     if config.host_leaks() {
-        report_host_leaks(&dir, config, &status, &program[0]);
+        // With processes besides the program, one summary of them all follows instead.
+        let full = followed.is_empty();
+        report_host_leaks(&dir, config, &status, &program[0], full);
     } else {
         if config.format == DataFormat::Parquet {
             convert_journals(&dir);
@@ -159,6 +161,9 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         own_events = report_event_dump(&dir, config, &status, &program[0], !followed.is_empty());
     }
     let program_run = own_events.then(|| (dir.path(), shown_program.as_ref(), child.id()));
+    if config.host_leaks() && !followed.is_empty() {
+        crate::job::print_host_leak_summary(config, (dir.path(), child.id()), &followed);
+    }
     crate::job::print_summary(config, program_run, &followed);
     if report {
         // The page is extra output: failing to write it is said, never the target's status.
@@ -366,12 +371,14 @@ fn only_trace_rows(dump: &Path) -> bool {
 }
 
 /// Prints every window's overview in stage order (a program may close and reopen windows), or
-/// why there is none.
+/// why there is none; with `full` false, only why there is none (the job's summary names the
+/// files).
 fn report_host_leaks(
     run: &RunDir,
     config: &RunConfig,
     status: &std::process::ExitStatus,
     program: &std::ffi::OsStr,
+    full: bool,
 ) {
     let overviews = crate::job::overviews_in(&run.resolved().join("host_leak"));
     if overviews.is_empty() {
@@ -393,6 +400,7 @@ fn report_host_leaks(
                 path.display(),
                 run.path().display()
             ),
+            Ok(_) if !full => {}
             Ok(text) => {
                 if config.log_level < LogLevel::Error {
                     eprint!("{text}");

@@ -7,6 +7,7 @@ mod attach;
 mod compare;
 mod failure;
 mod forward;
+mod host_job;
 mod install;
 mod job;
 mod knobs;

@@ -23,17 +23,23 @@
 //! beat.
 //!
 //! Without a usable series, G and P are unknown: shown as `-`, the row says why, and the LSI
-//! counts them as the neutral 0.5. Nothing is guessed. One thing is known without a series: a
+//! counts them as the neutral 0.5. Nothing is guessed. A series too short to split into a base
+//! and a recent span is not usable for G either: its two or three points lie wherever the beats
+//! of a short process fell, before, inside or after a growth of half a second. One thing is known without a series: a
 //! stack's live bytes rise only through its own allocations, so a stack that allocated nothing
 //! in the last quarter of the window (or in its last tenth, when all its allocations came in one
 //! burst of at most a quarter of the window) was not growing as the window ended. Such a stack
 //! is resident/early (made and kept), in a window long enough for a series to have shown growth
 //! (its row still says the series was missing). A Python program's import leaves hundreds of
-//! thousands of such small stacks, too many to sample; they are not leaks.
+//! thousands of such small stacks, too many to sample; they are not leaks. Except a stack whose
+//! surviving blocks were born late and kept (`grew_late`, from the ledger's counts and ages
+//! alone): in a short process the work comes after seconds of imports and the exit can outlast
+//! it, so its quiet end says nothing about the stack. What an import made is told apart by its
+//! Python frames instead (`made_by_import`; the report moves such sites to the resident rows).
 //!
 //! Classification: **resident/early** when G < 0.05 and the stack's newest allocation lies in
 //! the first 20% of the window or the stack stopped allocating as above (or, without a series,
-//! when it stopped); **resident/turnover** when R ≤ 0.3 and the tail is flat;
+//! when it stopped), or when its Python frames show an import; **resident/turnover** when R ≤ 0.3 and the tail is flat;
 //! otherwise **suspected_leak** when LSI ≥ 60, else **growth_watch**, with `/turnover` appended
 //! when R ≤ 0.3 but the tail still rises. The tail is flat when, over the recent span, live
 //! bytes grew by at most 5% of the live bytes at its end (recent slope × recent beats / live):
@@ -66,6 +72,10 @@ pub const QUIET_TAIL_SHARE: f64 = 0.25;
 pub const BURST_QUIET_TAIL_SHARE: f64 = 0.10;
 pub const BURST_SHARE: f64 = 0.25;
 pub const NEUTRAL: f64 = 0.5;
+/// `grew_late`: live blocks, kept share and birth time that make a site's growth late.
+pub const LATE_MIN_BLOCKS: u64 = 16;
+pub const LATE_MIN_RELEASE: f64 = 0.5;
+pub const LATE_BIRTH_SHARE: f64 = 0.5;
 
 /// One sample of a stack's live memory: at `beat` (beats since the window opened), weighted by
 /// the number of beats it stands for (more after the series' resolution was halved).
@@ -85,7 +95,7 @@ pub enum Degradation {
     NoSeries,
     /// Its series was dropped to make room for another (at most 1024 series).
     SeriesEvicted,
-    /// Too few points after the warm-up (a short window).
+    /// Too few points after the warm-up for a base and a recent span (a short window).
     InsufficientSeries,
     /// The window outlasted the warm-up but no beat was taken after it (no thread allocated
     /// after the warm-up to drive the beat).
@@ -267,7 +277,7 @@ struct SeriesFactors {
     growth: f64,
     slope: f64,
     beats: usize,
-    pattern: Option<f64>,
+    pattern: f64,
     /// Growth over the recent span as a share of the live bytes at its end.
     tail_rise: f64,
 }
@@ -307,21 +317,22 @@ fn series_factors(
             0.0
         }
     };
-    let (pattern, tail_rise) = match split_recent(&after, window.recent_min_beats()) {
-        Some((base, recent)) => {
-            let base_slope = weighted_slope(base).unwrap_or(0.0);
-            let recent_slope = weighted_slope(recent).unwrap_or(0.0);
-            let pattern = if base_slope > 0.0 {
-                clip(recent_slope / base_slope)
-            } else if recent_slope > 0.0 {
-                1.0
-            } else {
-                0.0
-            };
-            (Some(pattern), rise(recent, recent_slope))
-        }
-        None => (None, rise(&after, slope)),
+    // Fewer points than a base and a recent span need are wherever the allocation-driven beats
+    // of a short process happened to fall: a slope through them said 1 in one worker and 0 in
+    // the next for the same leak. Such a series says nothing about growth either.
+    let Some((base, recent)) = split_recent(&after, window.recent_min_beats()) else {
+        return Err(Degradation::InsufficientSeries);
     };
+    let base_slope = weighted_slope(base).unwrap_or(0.0);
+    let recent_slope = weighted_slope(recent).unwrap_or(0.0);
+    let pattern = if base_slope > 0.0 {
+        clip(recent_slope / base_slope)
+    } else if recent_slope > 0.0 {
+        1.0
+    } else {
+        0.0
+    };
+    let tail_rise = rise(recent, recent_slope);
     Ok(SeriesFactors {
         growth: clip(norm(slope)),
         slope,
@@ -360,6 +371,44 @@ pub fn lsi(f: &Factors) -> f64 {
             + WEIGHT_SCALE * f.scale)
 }
 
+/// Whether a site's surviving memory was made late in the window and kept: at least
+/// `LATE_MIN_BLOCKS` blocks still live, at least `LATE_MIN_RELEASE` of what it allocated, born
+/// on average after the window's midpoint. Only the ledger's counts and ages say so, not the
+/// beats. Such a site is not called stopped from the quiet end of its window: a short process
+/// (a DataLoader worker) spends its first seconds importing, its work comes late, and its exit
+/// (interpreter finalization) can outlast the work, so a leak that grew until the work ended
+/// looks as quiet at the end as a table made once.
+pub fn grew_late(site: &SiteFacts, release: f64, window: &WindowFacts) -> bool {
+    let window_ms = window.window_ms();
+    let newest_ms = site.last_alloc_ns.saturating_sub(window.start_ns) as f64 / 1e6;
+    // No block is younger than the newest allocation.
+    let mean_birth_ms = (window_ms - site.mean_live_age_ms.max(0.0)).min(newest_ms);
+    site.unfreed.count >= LATE_MIN_BLOCKS
+        && release >= LATE_MIN_RELEASE
+        && mean_birth_ms > LATE_BIRTH_SHARE * window_ms
+}
+
+/// Whether a Python stack (innermost first) runs through the import machinery: its memory was
+/// made by a module body or the loader, which run once per module, so it does not grow however
+/// its few beats fell. A script's own top level runs through `runpy`, not this.
+pub fn made_by_import(python_frames: &[String]) -> bool {
+    python_frames.iter().any(|frame| {
+        let file = frame.split('(').next().unwrap_or(frame);
+        file.contains("importlib._bootstrap") || file.contains("importlib/_bootstrap")
+    })
+}
+
+impl Assessment {
+    /// The same assessment, as resident/early: for a site `made_by_import`.
+    pub fn made_once(self) -> Assessment {
+        Assessment {
+            class: Class::ResidentEarly,
+            turnover: false,
+            ..self
+        }
+    }
+}
+
 /// Assesses one site.
 pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assessment {
     let beats = window.beats();
@@ -373,10 +422,10 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
         Series::Points(points) => series_factors(points, mean_alloc_per_beat, window),
         Series::Missing(reason) => Err(*reason),
     };
-    let (growth, pattern, slope, fitted, tail_rise, mut degraded) = match &computed {
+    let (growth, pattern, slope, fitted, tail_rise, degraded) = match &computed {
         Ok(s) => (
             Some(s.growth),
-            s.pattern,
+            Some(s.pattern),
             Some(s.slope),
             s.beats,
             Some(s.tail_rise),
@@ -384,9 +433,6 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
         ),
         Err(reason) => (None, None, None, 0, None, Some(*reason)),
     };
-    if degraded.is_none() && pattern.is_none() {
-        degraded = Some(Degradation::InsufficientSeries);
-    }
     // Only where a series could have shown growth: a window too short for MIN_POINTS sampled
     // beats after its warm-up says nothing either way.
     let newest_ms = site.last_alloc_ns.saturating_sub(window.start_ns) as f64 / 1e6;
@@ -396,6 +442,7 @@ pub fn assess(series: &Series, site: &SiteFacts, window: &WindowFacts) -> Assess
     let oldest_ms = site.first_alloc_ns.saturating_sub(window.start_ns) as f64 / 1e6;
     let burst = site.first_alloc_ns != 0 && newest_ms - oldest_ms <= BURST_SHARE * window_ms;
     let stopped = long_enough
+        && !grew_late(site, release, window)
         && (newest_ms <= (1.0 - QUIET_TAIL_SHARE) * window_ms
             || (burst && newest_ms <= (1.0 - BURST_QUIET_TAIL_SHARE) * window_ms));
     let factors = Factors {
@@ -796,6 +843,7 @@ mod tests {
         let w = window();
         let mut f = site(cb(300, 30_000), cb(300, 30_000), 0);
         f.last_alloc_ns = w.start_ns + 11_000_000_000; // 11 s into a 20 s window
+        f.mean_live_age_ms = 15_000.0; // born 5 s in, on average
         let a = assess(&Series::Missing(Degradation::NoSeries), &f, &w);
         assert_eq!(a.factors.growth, None, "nothing is guessed");
         assert_eq!(a.degraded, Some(Degradation::NoSeries));
@@ -849,5 +897,154 @@ mod tests {
             Some(Degradation::InsufficientSeries)
         );
         assert_eq!(Degradation::NoWarmupThread.label(), "no_warmup_thread");
+    }
+
+    /// A DataLoader worker's leak: a 16 s process imports for 14 s, then keeps 769 blocks
+    /// (1.6 MB) over half a second, then spends 1.5 s exiting.
+    fn late_leak() -> (SiteFacts, WindowFacts) {
+        let facts = SiteFacts {
+            unfreed: cb(769, 1_597_952),
+            allocated: cb(788, 1_616_544),
+            freed_count: 19,
+            mean_live_age_ms: 1750.0,
+            mean_freed_lifetime_ms: 50.0,
+            last_alloc_ns: 14_500_000_000,
+            first_alloc_ns: 14_000_000_000,
+        };
+        (facts, window_of(16_000, 1000, 250.0))
+    }
+
+    fn at(values: &[(f64, f64)]) -> Series {
+        Series::Points(points(values))
+    }
+
+    #[test]
+    fn a_late_leak_gets_one_verdict_whatever_beats_it_got() {
+        let (facts, w) = late_leak();
+        let full = 1_597_952.0;
+        // No beat during the growth, a beat in it, beats only after it, two beats.
+        let few = [
+            Series::Missing(Degradation::NoSeries),
+            at(&[(14.0, 66_576.0), (15.5, full), (16.0, full)]),
+            at(&[(14.6, full), (15.5, full), (16.0, full)]),
+            at(&[(14.25, 800_000.0), (16.0, full)]),
+        ];
+        let verdicts: Vec<Assessment> = few.iter().map(|s| assess(s, &facts, &w)).collect();
+        // G and P neutral, R 0.99, S 1750/1800, E 1.
+        let want = 100.0
+            * (0.26 * 0.5
+                + 0.21 * (1_597_952.0 / 1_616_544.0)
+                + 0.12 * (1750.0 / 1800.0)
+                + 0.12 * 0.5
+                + 0.29);
+        for a in &verdicts {
+            assert_eq!(a.factors.growth, None);
+            assert!(close(a.lsi, want), "{} != {want}", a.lsi);
+            assert_eq!(a.class_label(), "suspected_leak");
+        }
+        assert_eq!(verdicts[0].degraded, Some(Degradation::NoSeries));
+        assert!(verdicts[1..]
+            .iter()
+            .all(|a| a.degraded == Some(Degradation::InsufficientSeries)));
+    }
+
+    #[test]
+    fn a_late_leak_with_many_beats_is_a_leak_too() {
+        let (facts, _) = late_leak();
+        // Sampled every 62.5 ms: the growth from 14 s to 14.5 s, then flat until 16 s.
+        let w = window_of(16_000, 1000, 62.5);
+        let series = Series::Points(
+            (224..=256)
+                .map(|k| {
+                    let beat = k as f64 / 16.0;
+                    SeriesPoint {
+                        beat,
+                        live_bytes: 1_597_952.0 * ((beat - 14.0) / 0.5).min(1.0),
+                        live_blocks: 1.0,
+                        weight: 1.0,
+                    }
+                })
+                .collect(),
+        );
+        let a = assess(&series, &facts, &w);
+        assert_eq!(a.degraded, None);
+        assert_eq!(a.factors.growth, Some(1.0));
+        // The growth ended before the recent span: the pattern says it stopped.
+        assert_eq!(a.factors.pattern, Some(0.0));
+        assert_eq!(a.class_label(), "suspected_leak");
+    }
+
+    #[test]
+    fn what_an_import_made_early_stays_resident_with_few_beats() {
+        // A table made between 1 s and 3 s of the same 16 s process and kept.
+        let w = window_of(16_000, 1000, 250.0);
+        let facts = SiteFacts {
+            unfreed: cb(1466, 234_560),
+            allocated: cb(4472, 426_944),
+            freed_count: 3006,
+            mean_live_age_ms: 14_000.0,
+            mean_freed_lifetime_ms: 5.0,
+            last_alloc_ns: 3_000_000_000,
+            first_alloc_ns: 1_000_000_000,
+        };
+        for series in [
+            Series::Missing(Degradation::NoSeries),
+            at(&[(4.0, 234_560.0), (9.0, 234_560.0), (16.0, 234_560.0)]),
+        ] {
+            assert_eq!(assess(&series, &facts, &w).class_label(), "resident/early");
+        }
+    }
+
+    #[test]
+    fn late_growth_needs_kept_blocks_born_late() {
+        let (facts, w) = late_leak();
+        assert!(grew_late(&facts, 0.99, &w));
+        // Mostly freed, few blocks, or born early: not late growth.
+        assert!(!grew_late(&facts, 0.4, &w));
+        let few = SiteFacts {
+            unfreed: cb(15, 61_440),
+            ..facts
+        };
+        assert!(!grew_late(&few, 0.99, &w));
+        let early = SiteFacts {
+            mean_live_age_ms: 9000.0,
+            ..facts
+        };
+        assert!(!grew_late(&early, 0.99, &w));
+        // An age younger than the newest allocation allows is taken as born at it.
+        let last_early = SiteFacts {
+            mean_live_age_ms: 0.0,
+            last_alloc_ns: 7_000_000_000,
+            ..facts
+        };
+        assert!(!grew_late(&last_early, 0.99, &w));
+    }
+
+    #[test]
+    fn import_frames_mark_what_an_import_made() {
+        let frames = |list: &[&str]| list.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+        assert!(made_by_import(&frames(&[
+            "/v/torch/_ops.py(154): OperatorBase.py_impl.<locals>.inner",
+            "/v/torch/_meta_registrations.py(9497): <module>",
+            "<frozen importlib._bootstrap>(241): _call_with_frames_removed",
+        ])));
+        assert!(made_by_import(&frames(&[
+            "<frozen importlib._bootstrap_external>(729): _compile_bytecode"
+        ])));
+        assert!(made_by_import(&frames(&[
+            "/usr/lib/python3.8/importlib/_bootstrap.py(219): _call_with_frames_removed"
+        ])));
+        // The script's own top level and a function that mentions importlib are not imports.
+        assert!(!made_by_import(&frames(&[
+            "/w/train.py(19): <module>",
+            "<frozen runpy>(88): _run_code",
+        ])));
+        assert!(!made_by_import(&frames(&[
+            "/w/a.py(3): load_importlib._bootstrap"
+        ])));
+        assert!(!made_by_import(&[]));
+        let (facts, w) = late_leak();
+        let a = assess(&Series::Missing(Degradation::NoSeries), &facts, &w).made_once();
+        assert_eq!(a.class_label(), "resident/early");
     }
 }

@@ -5,6 +5,7 @@ pub mod buckets;
 pub mod detail_csv;
 pub mod knobs;
 pub mod lsi;
+pub mod made_once;
 pub mod model;
 pub mod overview;
 pub mod sites_json;

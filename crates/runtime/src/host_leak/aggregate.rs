@@ -9,6 +9,7 @@ use std::time::Instant;
 use msmemscope_core::config::HostLeakMode;
 use msmemscope_core::host_leak::detail_csv::{render_block_detail, sort_blocks};
 use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
+use msmemscope_core::host_leak::made_once::demote_imports;
 use msmemscope_core::host_leak::overview::render_overview;
 use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
@@ -140,6 +141,13 @@ pub fn build_report(
         });
     }
     let (mut sites, mut resident) = HostLeakReport::rank_sites(all_sites);
+    let top_n = ledger.settings.top_n;
+    let made_once = |site: &mut LeakSite| {
+        let node = site.stack_id.and_then(|id| python_of.remove(&id))?;
+        site.python_frames = ledger.stacks.python_frames(node, deadline);
+        Some(lsi::made_by_import(&site.python_frames))
+    };
+    demote_imports(&mut sites, &mut resident, top_n, made_once);
 
     let mut unfreed = overflow_unfreed;
     for u in unfreed_by_stack.values() {
@@ -148,7 +156,6 @@ pub fn build_report(
 
     // Symbolize what the report shows: the TOP N, the resident rows it lists, and in event
     // mode every site (the block details carry stacks).
-    let top_n = ledger.settings.top_n;
     let mut symbols = SymbolCache::new();
     let (shown_leaks, shown_resident) = if event_mode {
         (sites.len(), resident.len())
