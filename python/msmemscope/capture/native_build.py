@@ -139,7 +139,7 @@ def library(torch: Any, notice: Callable[[str], None] | None = None) -> Path:
         if notice is not None:
             notice(
                 f"building the native PyTorch capture for torch {torch.__version__} "
-                f"(once; cached in {directory})"
+                f"(one g++ run, about 15 s on 2 cores; once, cached in {directory})"
             )
         partial = directory / f".libmsmemscope_torch.{os.getpid()}.so"
         cmd = _command(torch, cxx, partial)
