@@ -44,6 +44,8 @@ def test_the_softmax_line_is_the_top_of_the_peak(tmp_path):
     assert top["bytes"] == 4 * SOFTMAX_BYTES, top
     assert top["blocks"] == 4, top
     assert "aten::_softmax" in top["ops"]
+    # The module: each of the four layers' (the first three named, and more).
+    assert top["modules"] == ["model.0", "model.1", "model.2"] and top["more_modules"], top
     assert top["source"] == "probs = torch.softmax(scores, dim=-1)  # the peak: kept for backward"
     # The lines listed and the rest add up to the peak.
     listed = sum(line["bytes"] for line in peak["lines"]) + peak["other_lines"]["bytes"]
