@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests and the demo need, idempotently: a virtual environment in .venv
-# with the Python tools (maturin, pytest, pytest-xdist, ruff, mypy, numpy, torch, nvtx), the
-# release build of the workspace, and the msmemscope Python package installed in .venv in
+# with the Python tools (maturin, pytest, pytest-xdist, ruff, mypy, numpy, torch, nvtx, and
+# nbclient, nbformat, ipykernel for the notebook test), the release build of the workspace,
+# and the msmemscope Python package installed in .venv in
 # development mode (its Python files are used from python/msmemscope/, the extension is built
 # into it) with a copy of the runtime library in python/msmemscope/lib/.
 # Needs Rust, Python 3.11 with pip, gcc, and PyPI.
@@ -31,6 +32,10 @@ $VPY -c "import xdist" 2>/dev/null || missing+=(pytest-xdist)
 $VPY -c "import pyarrow" 2>/dev/null || missing+=(pyarrow)
 $VPY -c "import duckdb" 2>/dev/null || missing+=(duckdb)
 $VPY -c "import pyspark" 2>/dev/null || missing+=(pyspark)
+# The notebook test runs a notebook on a kernel of .venv's Python (%%msmemscope).
+$VPY -c "import nbclient" 2>/dev/null || missing+=(nbclient)
+$VPY -c "import nbformat" 2>/dev/null || missing+=(nbformat)
+$VPY -c "import ipykernel" 2>/dev/null || missing+=(ipykernel)
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
     $VPY -m pip install --quiet --disable-pip-version-check "${missing[@]}"

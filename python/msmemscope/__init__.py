@@ -15,7 +15,8 @@ value that is not a string) naming the key and the accepted values.
 The package in layers, each importing only the ones below it (ARCHITECTURE.md):
 
 - the public modules: this file, ``analyzers``, ``mstx``, ``describe``, ``holders``,
-  ``sanitizer``, ``watcher`` (the public name of ``watch.watcher``), ``pytest_plugin/``;
+  ``sanitizer``, ``watcher`` (the public name of ``watch.watcher``), ``notebook`` (the
+  ``%%msmemscope`` cell magic, loaded by ``%load_ext msmemscope``), ``pytest_plugin/``;
 - ``frameworks/``: patches of third-party frameworks (FSDP, vLLM, Megatron-Core, verl);
 - ``watch/`` (the memory block watch) and ``snapshot/`` (SNAPSHOT rows, CUDA pickles);
 - ``capture/``: the PyTorch trackers (native capture, dispatch-mode fallback), owners, sites;
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from typing import Any
 
 from . import analyzers, mstx, watcher
 from ._runtime import native as _native_runtime
@@ -65,6 +67,7 @@ __all__ = [
     "init_framework_hooks",
     "leak_holders",
     "list_analyzers",
+    "load_ipython_extension",
     "mstx",
     "start",
     "step",
@@ -163,6 +166,14 @@ def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:
     from . import holders
 
     return holders.leak_holders(budget_s)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext msmemscope`` in IPython or Jupyter: registers the ``%%msmemscope`` cell
+    magic (:mod:`msmemscope.notebook`; IPython is imported only then)."""
+    from . import notebook
+
+    notebook.load_ipython_extension(ipython)
 
 
 # --- framework hooks (frameworks/hooks): imported on first use, so `import msmemscope` stays light
