@@ -132,10 +132,13 @@ impl<V> LiveBlocks<V> {
                 allocation_id: allocation_id.unwrap_or(NO_ID),
                 value,
             },
-        )?;
-        self.unindex(key, old.allocation_id());
+        );
+        // Every new block is indexed, not only one that replaces another.
+        if let Some(old) = &old {
+            self.unindex(key, old.allocation_id());
+        }
         self.index(key, allocation_id);
-        Some(old.value)
+        old.map(|old| old.value)
     }
 
     /// A FREE row: the block it ends, if any (the module's rules).
@@ -290,6 +293,8 @@ mod tests {
             None
         );
         assert_eq!(live.len(), 2);
+        // A new block is found by its allocation id.
+        assert_eq!(live.by_allocation_id(7).map(|(_, v)| *v), Some(2));
         // A second MALLOC replaces the block and hands it back.
         assert_eq!(
             apply(
