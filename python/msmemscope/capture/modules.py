@@ -134,6 +134,10 @@ def _path_of(module: torch.nn.Module, stack: list[tuple[torch.nn.Module, _Path]]
 
 
 def _pre_forward(module: torch.nn.Module, args: Any) -> None:
+    # Inside a region torch.compile traces, the hook is traced too: it must then do nothing
+    # (the check is True while tracing, so the compiled graph holds none of this).
+    if _compiling():
+        return
     try:
         try:
             stack = _local.stack
@@ -151,6 +155,8 @@ def _pre_forward(module: torch.nn.Module, args: Any) -> None:
 
 
 def _post_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
+    if _compiling():
+        return
     try:
         stack: list[tuple[torch.nn.Module, _Path]] | None = getattr(_local, "stack", None)
         if not stack:
@@ -180,10 +186,37 @@ def _report(exc: BaseException) -> None:
         tracker.report(exc)
 
 
+def _compiling() -> bool:
+    check = getattr(torch.compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+_original_compile: Any = None
+# torch.compile was given a module: the hooks stay off for the rest of the process.
+_compiled_a_module = False
+
+
+def _compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``torch.compile``, which first removes the module hooks when it is given a module: with
+    any global module hook, every call of the module it returns warns that the hooks fire an
+    extra time, which the program would not print without msmemscope. Blocks allocated from then
+    on carry no ``module``."""
+    global _compiled_a_module
+    if isinstance(model, torch.nn.Module):
+        _compiled_a_module = True
+        disable()
+    return _original_compile(model, *args, **kwargs)
+
+
 def enable() -> None:
-    """Installs the global forward hooks (idempotent)."""
-    if _handles:
+    """Installs the global forward hooks (idempotent), unless torch.compile was given a module."""
+    global _original_compile
+    if _handles or _compiled_a_module:
         return
+    if _original_compile is None and callable(getattr(torch, "compile", None)):
+        _original_compile = torch.compile
+        functools.update_wrapper(_compile, _original_compile)
+        torch.compile = _compile
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
