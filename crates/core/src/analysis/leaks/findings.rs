@@ -1,5 +1,5 @@
-//! The leaks analysis's findings by site: the console block after the seed's lines, and
-//! `leaks/findings.json` for scripts.
+//! The leaks analysis's findings by site: the console block after the original msMemScope's lines,
+//! and `leaks/findings.json` for scripts.
 //!
 //! Sites judged the same ([`super::sites`]) that share a user line (device, pool and
 //! `file:line (function)`) are one finding: a line whose tensors come from several ops is one
@@ -145,7 +145,8 @@ pub struct Findings {
 type Group = (DeviceId, EventType, Option<String>);
 
 impl Findings {
-    /// The findings of `book`'s sites; `leaks` are the judged blocks (the seed's lines).
+    /// The findings of `book`'s sites; `leaks` are the judged blocks (the original msMemScope's
+    /// lines).
     pub fn build(
         book: &SiteBook,
         leaks: &[Leak],
@@ -211,15 +212,13 @@ impl Findings {
                         f.ops.push(op.clone());
                     }
                 }
-                f.more_modules |= s.more_modules;
-                for m in &s.modules {
-                    if f.modules.contains(m) {
-                        continue;
-                    }
-                    if f.modules.len() < super::sites::MAX_MODULES {
-                        f.modules.push(m.clone());
-                    } else {
-                        f.more_modules = true;
+                if let Some(m) = &s.module {
+                    if !f.modules.contains(m) {
+                        if f.modules.len() < super::sites::MAX_MODULES {
+                            f.modules.push(m.clone());
+                        } else {
+                            f.more_modules = true;
+                        }
                     }
                 }
                 let rises = s.rises_of(s.growth().unwrap_or(Growth::NewBlocks));

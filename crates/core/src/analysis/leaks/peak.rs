@@ -231,15 +231,13 @@ impl PeakWatch {
             if line.owner.is_none() {
                 line.owner.clone_from(&s.owner);
             }
-            line.more_modules |= s.more_modules;
-            for m in &s.modules {
-                if line.modules.contains(m) {
-                    continue;
-                }
-                if line.modules.len() < sites::MAX_MODULES {
-                    line.modules.push(m.clone());
-                } else {
-                    line.more_modules = true;
+            if let Some(m) = &s.module {
+                if !line.modules.contains(m) {
+                    if line.modules.len() < sites::MAX_MODULES {
+                        line.modules.push(m.clone());
+                    } else {
+                        line.more_modules = true;
+                    }
                 }
             }
         }

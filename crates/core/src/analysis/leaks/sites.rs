@@ -1,9 +1,11 @@
 //! The allocation sites of the leaks analysis and the growth rules that judge them.
 //!
 //! A site is where a block was allocated: the Attr's `site` (the user's `file:line
-//! (function)`), `frame` (the innermost line outside torch when it is another) and `op`, with
-//! the block's device and pool. Rows without `site` (dumps of other producers, older dumps)
-//! take the first line of `Call Stack(Python)`, else they share the device's "unknown" site.
+//! (function)`), `frame` (the innermost line outside torch when it is another), `op` and
+//! `module` (the `nn.Module` whose forward ran: one line run by two layers is two sites, so a
+//! layer that leaks is told from one that does not), with the block's device and pool. Rows
+//! without `site` (dumps of other producers, older dumps) take the first line of
+//! `Call Stack(Python)`, else they share the device's "unknown" site.
 //!
 //! The rules, judged at every step end the program marked:
 //! - **New blocks that stay.** A site's *candidate bytes* are the bytes of its blocks that
@@ -30,11 +32,8 @@ use crate::events::{DeviceId, EventRow, EventType};
 pub const MAX_SERIES: usize = 512;
 /// Holder chains kept per site.
 pub const MAX_HOLDERS: usize = 3;
-/// Modules named per site (the `module` Attr of its blocks: where in the model it allocates).
+/// Modules named per finding or peak line (a line run by many layers names the first ones).
 pub const MAX_MODULES: usize = 3;
-/// MALLOC rows of a site whose `module` is read, at most: a line inside one module's forward
-/// is named by its first rows, and the others pay nothing.
-const MODULE_READS: u32 = 256;
 /// Step ends a site must stay flat after its growth, at least, to be judged bounded.
 pub const FLAT_STEPS: u64 = 3;
 
@@ -146,11 +145,9 @@ pub struct Site {
     pub late_blocks: u64,
     /// The steps its candidate blocks were allocated in, ascending.
     pub steps: Vec<u64>,
-    /// The modules its blocks were allocated in (`model.layers.3.attn`), at most
-    /// [`MAX_MODULES`], and whether it met more.
-    pub modules: Vec<String>,
-    pub more_modules: bool,
-    module_reads: u32,
+    /// The module whose forward allocated its blocks (`model.layers.3.attn`; None: outside
+    /// any, or not recorded).
+    pub module: Option<String>,
     /// Reference chains that hold its blocks (`SYSTEM HOLDER` rows), at most [`MAX_HOLDERS`]
     /// different ones: chains that differ only in container indices count as one, with the
     /// number of blocks held that way.
@@ -216,25 +213,6 @@ impl Site {
         match self.growth() {
             Some(Growth::Replaced) => &self.held.series,
             _ => &self.series,
-        }
-    }
-
-    /// Notes the module a MALLOC row of this site was allocated in.
-    fn note_module(&mut self, row: &EventRow) {
-        if self.module_reads >= MODULE_READS {
-            return;
-        }
-        self.module_reads += 1;
-        let Some(module) = row.attr_str("module") else {
-            return;
-        };
-        if self.modules.iter().any(|m| m == module) {
-            return;
-        }
-        if self.modules.len() < MAX_MODULES {
-            self.modules.push(module.to_string());
-        } else {
-            self.more_modules = true;
         }
     }
 
@@ -305,6 +283,7 @@ struct Key<'a> {
     site: Option<std::borrow::Cow<'a, str>>,
     frame: Option<&'a str>,
     op: Option<&'a str>,
+    module: Option<&'a str>,
 }
 
 impl Key<'_> {
@@ -318,6 +297,7 @@ impl Key<'_> {
         self.site.as_deref().hash(&mut h);
         self.frame.hash(&mut h);
         self.op.hash(&mut h);
+        self.module.hash(&mut h);
         h.finish()
     }
 
@@ -327,6 +307,7 @@ impl Key<'_> {
             && s.site.as_deref() == self.site.as_deref()
             && s.frame.as_deref() == self.frame
             && s.op.as_deref() == self.op
+            && s.module.as_deref() == self.module
     }
 }
 
@@ -359,6 +340,7 @@ impl SiteBook {
             site,
             frame: row.attr_str("frame"),
             op: row.attr_str("op"),
+            module: row.attr_str("module"),
         };
         let hash = key.hash();
         let ids = self.index.entry(hash).or_default();
@@ -366,7 +348,6 @@ impl SiteBook {
             .iter()
             .find(|&&id| key.matches(&self.sites[id as usize]))
         {
-            self.sites[id as usize].note_module(row);
             return id;
         }
         let id = self.sites.len() as u32;
@@ -388,12 +369,9 @@ impl SiteBook {
             held: Held::default(),
             late_blocks: 0,
             steps: Vec::new(),
-            modules: Vec::new(),
-            more_modules: false,
-            module_reads: 0,
+            module: key.module.map(str::to_string),
             holders: Vec::new(),
         });
-        self.sites[id as usize].note_module(row);
         id
     }
 
