@@ -1,6 +1,6 @@
 """msmemscope: memory analysis for PyTorch programs and the host heap.
 
-Drive a run from Python with the seed's API::
+Drive a run from Python with the original msMemScope's API::
 
     import msmemscope
     msmemscope.config(analysis=["host-leaks"], output_path="./out")

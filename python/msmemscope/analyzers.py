@@ -53,9 +53,9 @@ def check_leaks(input_path: PathArg, mstx_info: str, start_index: int) -> list[d
     A and B and not freed before C leaks (every pool: PTA, HAL, HOST). With ``mstx_info="step"``
     the dump's steps (``msmemscope.step()``, ``step start`` ranges) count as such marks too.
 
-    ``input_path`` must be absolute (as the seed requires). Prints the report (the blocks, then
-    the same bytes by site) and returns the leaked blocks in allocation order as dicts: ``id``
-    (the MALLOC row's ID), ``ptr``, ``size``, ``device`` (as the Device Id column: ``"cpu"``,
+    ``input_path`` must be absolute (as the original msMemScope requires). Prints the report (the
+    blocks, then the same bytes by site) and returns the leaked blocks in allocation order as dicts:
+    ``id`` (the MALLOC row's ID), ``ptr``, ``size``, ``device`` (as the Device Id column: ``"cpu"``,
     ``"0"``...), ``pool``, ``python_stack``, ``site`` (the user's ``file:line (function)``) and
     ``op`` (None when the dump has none).
     ``ValueError`` when the file is missing or malformed or has too few marks.

@@ -1,4 +1,4 @@
-"""User labels on allocations: ``describer`` (the seed's ``msmemscope.describe``).
+"""User labels on allocations: ``describer`` (the original msMemScope's ``msmemscope.describe``).
 
 Each form appends a label to the ``owner`` of MALLOC rows, after the framework part
 (``PTA@activation@train1``)::

@@ -1,4 +1,4 @@
-"""MSTX marks and ranges from Python (the seed's ``msmemscope.mstx``).
+"""MSTX marks and ranges from Python (the original msMemScope's ``msmemscope.mstx``).
 
 They go to the runtime library's MSTX C API (``mstxMarkA``, ``mstxRangeStartA``,
 ``mstxRangeEnd``) and become MSTX rows of the dump; ranges whose message is ``step start`` also

@@ -1,4 +1,4 @@
-"""The stream-race sanitizer for custom operators (the seed's NPU Sanitizer marks).
+"""The stream-race sanitizer for custom operators (the original msMemScope's NPU Sanitizer marks).
 
 A custom operator reports what it reads and writes with one mark on the stream it runs on::
 

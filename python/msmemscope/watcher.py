@@ -1,4 +1,5 @@
-"""``msmemscope.watcher``: watch a memory block for changes around PyTorch ops (SPEC §5, §7).
+"""``msmemscope.watcher``: watch a memory block for changes around PyTorch ops
+(docs/python-api.md#watcher).
 
 ::
 

@@ -119,7 +119,7 @@ def skip_unless_importable(module: str) -> None:
 
 
 # --- the table and its errors ---------------------------------------------------------------------
-def test_the_seed_framework_names_get_the_equivalent_here():
+def test_the_original_framework_names_get_the_equivalent_here():
     import msmemscope
 
     with pytest.raises(ValueError, match=r"'vllm_ascend' is the Ascend build.*framework='vllm'"):

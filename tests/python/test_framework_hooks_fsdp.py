@@ -215,8 +215,8 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 @pytest.mark.skipif(not TORCHRUN.is_file(), reason=f"{TORCHRUN} is not installed")
 def test_fsdp2_under_torchrun_traced_from_python(tmp_path):
-    """The seed's way for distributed jobs: each torchrun worker configures decompose and starts
-    tracing itself (the launcher traces only its direct child)."""
+    """The original msMemScope's way for distributed jobs: each torchrun worker configures
+    decompose and starts tracing itself (the launcher traces only its direct child)."""
     out = tmp_path / "out"
     cmd = [str(TORCHRUN), "--nproc-per-node", str(WORLD), "--master-port", str(_free_port())]
     cmd += [str(SCRIPT), "fsdp2", f"api={out}"]

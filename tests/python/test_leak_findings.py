@@ -119,7 +119,7 @@ def test_classic_leak_is_one_site_with_its_line_bytes_and_holder(
     assert top["steps"][:5] == [2, 3, 4, 5, 6], top
     assert top["holders"], top
     assert any(h["chain"].startswith(holder) for h in top["holders"]), top["holders"]
-    # The console: the seed's lines, then the site with its source line and holder.
+    # The console: the original msMemScope's lines, then the site with its source line and holder.
     assert "====== ERROR: Detected memory leaks on device cpu ======" in stderr
     assert f"[1] {top['site']}: +" in stderr, stderr
     assert f"      {top['source']}\n" in stderr

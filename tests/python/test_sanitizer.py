@@ -24,7 +24,7 @@ FORMAT = "sanitizer-op: name=<operator>;read=<alias:addr:size>,...;write=<alias:
 # The parser (core's, through the extension)
 
 
-def test_the_seed_example_parses() -> None:
+def test_the_original_example_parses() -> None:
     assert sanitizer.parse_mark(
         "sanitizer-op: name=my_ext.my_fused_op;read=input_a:0x7f00:1024,input_b:0x7f04:512;"
         "write=output:0x7f08:2048"
@@ -111,7 +111,7 @@ def test_rejected_marks_name_column_and_rule(message: str, reason: str) -> None:
     assert str(e.value) == f"invalid sanitizer-op mark: {reason}"
 
 
-def test_limits_are_inclusive_where_the_seed_says_so() -> None:
+def test_limits_are_inclusive_where_the_original_says_so() -> None:
     assert sanitizer.parse_mark(f"sanitizer-op: name=x;read={'a' * 31}:1:1")["read_only"] == [
         ("a" * 31, 1, 1)
     ]

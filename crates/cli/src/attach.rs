@@ -1,5 +1,5 @@
 //! `msmemscope --pid PID [--command "WORDS"]`: the client of the runtime's control channel
-//! (SPEC §9; the server is crates/runtime/src/control/).
+//! (docs/cli.md#attach; the server is crates/runtime/src/control/).
 //!
 //! Before connecting it checks, in order, that the process exists, belongs to the user (unless
 //! we are root), has the runtime library mapped and has the listener thread, and says which

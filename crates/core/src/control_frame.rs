@@ -1,5 +1,6 @@
-//! The control channel's frame format (SPEC §9). Every frame is a 12-byte little-endian header
-//! followed by a UTF-8 JSON payload of at most [`MAX_PAYLOAD`] bytes:
+//! The frame format of the control channel `msmemscope --pid` talks over (docs/cli.md#attach).
+//! Every frame is a 12-byte little-endian header followed by a UTF-8 JSON payload of at most
+//! [`MAX_PAYLOAD`] bytes:
 //!
 //! ```text
 //!   version u8 (= 1) | type u8 | flags u16 | seq u16 | reserved u16 | payload_len u32

@@ -1,6 +1,6 @@
-//! Where a process's control socket lives and which directories are safe for it (SPEC §9),
-//! shared by the runtime (which creates and binds) and `msmemscope --pid` (which says why a
-//! process has no listener). Only the checks that create nothing live here.
+//! Where a process's control socket lives and which directories are safe for it
+//! (docs/cli.md#attach), shared by the runtime (which creates and binds) and `msmemscope --pid`
+//! (which says why a process has no listener). Only the checks that create nothing live here.
 //!
 //! The socket is `ctrl_{pid}.sock` in a per-user directory only its owner can write:
 //! `$XDG_RUNTIME_DIR/msmemscope/` when that directory is ours, else `/tmp/msmemscope-{uid}/`.

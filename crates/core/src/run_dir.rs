@@ -548,7 +548,7 @@ pub fn ensure_dir(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// `YYYYmmddHHMMSS` in local time, as the seed names its directories and dump files.
+/// `YYYYmmddHHMMSS` in local time, as the original msMemScope names its directories and dump files.
 pub fn local_timestamp() -> String {
     // SAFETY: time(NULL) and localtime_r with valid out-pointers.
     unsafe {

@@ -1,7 +1,7 @@
 //! The offline analyses over a dump file, straight from core (no runtime library needed):
 //! `check_leaks` and `check_inefficient`. Arguments are checked here so that misuse is a
 //! `TypeError` or `ValueError` naming the argument; the scans run without the GIL.
-//! `python/msmemscope/analyzers.py` wraps them with the seed's signatures.
+//! `python/msmemscope/analyzers.py` wraps them with the original msMemScope's signatures.
 
 use std::path::{Path, PathBuf};
 

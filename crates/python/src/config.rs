@@ -17,8 +17,8 @@ pub fn accepted_keys() -> String {
         .join(", ")
 }
 
-/// The string value of one key: a `str`; for `analysis` also a list or tuple of `str` (the seed
-/// writes `analysis=["host-leaks"]`), joined with commas.
+/// The string value of one key: a `str`; for `analysis` also a list or tuple of `str` (the original
+/// msMemScope's users write `analysis=["host-leaks"]`), joined with commas.
 fn value_text(option: OptionName, key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
     if let Ok(s) = value.downcast::<PyString>() {
         return Ok(s.to_cow()?.into_owned());

@@ -1,4 +1,5 @@
-"""Owners of tracked tensor storages: the ``owner`` attribute of MALLOC rows (SPEC §7, decompose).
+"""Owners of tracked tensor storages: the ``owner`` attribute of MALLOC rows
+(docs/analyses.md#decompose).
 
 An owner is labels joined with ``@``: the pool (``PTA``), then the framework category when the
 decompose analysis is on (``weight``, ``gradient``, ``optimizer_state``, ``activation``,
@@ -212,7 +213,7 @@ def push_user_label(label: str) -> None:
 
 def pop_user_label(label: str) -> None:
     """Ends the innermost region labelled ``label`` (``__exit__`` may come from another describer
-    object than ``__enter__``, as in the seed's explicit-call form)."""
+    object than ``__enter__``, as in the original msMemScope's explicit-call form)."""
     labels = _state.user_labels
     for i in range(len(labels) - 1, -1, -1):
         if labels[i] == label:

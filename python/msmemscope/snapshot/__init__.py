@@ -1,4 +1,5 @@
-"""``take_snapshot``: SNAPSHOT rows of the devices' memory totals, on demand (SPEC §6).
+"""``take_snapshot``: SNAPSHOT rows of the devices' memory totals, on demand
+(docs/python-api.md#take_snapshot).
 
 A SNAPSHOT row carries ``reserved``, ``max_reserved``, ``allocated``, ``max_allocated``,
 ``total`` and ``free`` (bytes). For a CUDA device they come from the caching allocator

@@ -46,12 +46,12 @@ mallocs AS (
     SELECT * FROM block_events WHERE event = 'MALLOC'
 ),
 candidates AS (
-    -- the leaks analysis's candidates (the seed's rule): a block allocated in step >= 2 still
-    -- live when the step after its own ends (at the STEP row that starts the one after that:
-    -- at_id), or allocated in the step before the last and live at the end of the dump (at_id
-    -- NULL: the end of the dump ends no step). Each with its allocation site as the analysis
-    -- keys it: the Attr's site (else the first line of the Python stack), frame and op. Text up
-    -- to an escaped quote stands for the whole value: both engines' regexp_extract read it so.
+    -- the leaks analysis's candidates (the original msMemScope's rule): a block allocated in step
+    -- >= 2 still live when the step after its own ends (at the STEP row that starts the one after
+    -- that: at_id), or allocated in the step before the last and live at the end of the dump (at_id
+    -- NULL: the end of the dump ends no step). Each with its allocation site as the analysis keys
+    -- it: the Attr's site (else the first line of the Python stack), frame and op. Text up to an
+    -- escaped quote stands for the whole value: both engines' regexp_extract read it so.
     SELECT m.run, m.device, m.dump, m.id, m.pool, m.device_id, COALESCE(m.size, 0) AS size,
            m.next_id, checked.id AS at_id,
            CASE WHEN m.attr LIKE '%"site":"%'

@@ -1,5 +1,5 @@
-"""The memory block watch (SPEC §7): checksums or bytes of watched blocks before and after the
-ATen ops the PyTorch tracker sees, and a summary at exit.
+"""The memory block watch (docs/analyses.md#watch): checksums or bytes of watched blocks before and
+after the ATen ops the PyTorch tracker sees, and a summary at exit.
 
 - :mod:`.state`: the process's watch (:data:`~.state.WATCH`): registered blocks, the
   ``--watch`` op range, what changed, the ``watch_dump/`` files, the summary;

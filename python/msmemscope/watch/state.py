@@ -1,4 +1,5 @@
-"""Memory block watch (SPEC §7): checksums or bytes of watched blocks before and after ATen ops.
+"""Memory block watch (docs/analyses.md#watch): checksums or bytes of watched blocks before and
+after ATen ops.
 
 The PyTorch tracker calls :meth:`Watch.before` and :meth:`Watch.after` around every op it sees,
 but only while ``tracker.watch`` is not None, which is the case while something is watched:

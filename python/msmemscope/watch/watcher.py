@@ -1,6 +1,7 @@
-"""``msmemscope.watcher``: watch a memory block for changes around PyTorch ops (SPEC §5, §7).
+"""``msmemscope.watcher``: watch a memory block for changes around PyTorch ops
+(docs/python-api.md#watcher).
 
-Two ways to name the block, as in the seed::
+Two ways to name the block, as in the original msMemScope::
 
     msmemscope.watcher.watch(t, name="w", dump_nums=2)                    # a contiguous tensor
     msmemscope.watcher.watch(t.data_ptr(), length=64, name="w")           # an address range

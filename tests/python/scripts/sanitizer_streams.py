@@ -1,5 +1,6 @@
 """Two custom operators on two streams, reported with sanitizer-op marks from Python as the
-seed's example does (one ``mstx.mark`` per operator, the stream as the second argument).
+original msMemScope's example does (one ``mstx.mark`` per operator, the stream as the second
+argument).
 
     sanitizer_streams.py race   demo.py_produce (stream 11) writes a tensor's storage;
                                 demo.py_overwrite (stream 22) writes its second half,

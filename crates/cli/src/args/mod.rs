@@ -1,10 +1,10 @@
 //! The `msmemscope` command line: argv → [`Command`].
 //!
-//! Hand-written rather than clap because the seed's grammar needs exact control that clap makes
-//! awkward: the target program starts at the first non-option argument and owns everything after
-//! it (`msmemscope --analysis=host-leaks ./prog --analysis=x` passes `--analysis=x` to `prog`),
-//! `--load-api-env` takes an optional value only in its `=` form, and every error must be exactly
-//! one line (clap prints usage blocks).
+//! Hand-written rather than clap because the original msMemScope's grammar needs exact control that
+//! clap makes awkward: the target program starts at the first non-option argument and owns
+//! everything after it (`msmemscope --analysis=host-leaks ./prog --analysis=x` passes
+//! `--analysis=x` to `prog`), `--load-api-env` takes an optional value only in its `=` form, and
+//! every error must be exactly one line (clap prints usage blocks).
 //!
 //! Parsing runs in fixed stages, so the error a user sees does not depend on luck:
 //! 1. syntax, in argv order: unknown options, missing values, `-h`/`-V` (which win at once);
@@ -68,14 +68,15 @@ pub enum ApiEnvRequest {
     Unload,
 }
 
-/// Which hooks `--load-api-env` prepares. The seed has two hook libraries, so its users write
-/// `=host` or `=npu`; here one runtime library holds all hooks, and the kind tells it which to
-/// arm (the seed's `=npu` and our `=cuda` mean the device side).
+/// Which hooks `--load-api-env` prepares. The original msMemScope has two hook libraries, so its
+/// users write `=host` or `=npu`; here one runtime library holds all hooks, and the kind tells it
+/// which to arm (its `=npu` and our `=cuda` mean the device side).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApiEnvKind {
     /// `=host`: the host heap (malloc family) hooks, for `analysis=["host-leaks"]`.
     Host,
-    /// No value, `=npu` or `=cuda`: the device-memory and framework hooks, the seed's default.
+    /// No value, `=npu` or `=cuda`: the device-memory and framework hooks, the original
+    /// msMemScope's default.
     Device,
     /// `=all`: both.
     All,

@@ -325,7 +325,7 @@ function leaksView(view) {
     const raw = el("details", { id: "leak-blocks" },
       el("summary", {}, "Leaked blocks (" + leaks.total + ") and the report text"), ...body,
       el("h3", {}, "Report"), el("pre", { id: "leak-text" }, leaks.text));
-    view.appendChild(card("Leaked blocks per step (the seed's report)", raw));
+    view.appendChild(card("Leaked blocks per step (the original msMemScope's report)", raw));
   }
   hostLeakCards(view);
 }

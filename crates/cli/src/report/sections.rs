@@ -43,8 +43,8 @@ impl LeakSection {
         self.analysis.feed(row);
     }
 
-    /// The judged leaks (the seed's lines) and the findings by site (`leaks/findings.json`'s
-    /// document) with the report text that goes with them.
+    /// The judged leaks (the original msMemScope's report lines) and the findings by site
+    /// (`leaks/findings.json`'s document) with the report text that goes with them.
     pub fn finish(mut self) -> LeakOutcome {
         // The text `leaks/leak_report.txt` holds (the console adds only its notices).
         let files = self.analysis.finish().files;
@@ -75,7 +75,8 @@ pub struct LeakOutcome {
     pub findings: Value,
     /// `leaks/peak.json`'s document: what each device's peak is made of.
     pub peak: Value,
-    /// `leaks/leak_report.txt`'s text (the seed's lines, then the findings by site).
+    /// `leaks/leak_report.txt`'s text (the original msMemScope's report lines, then the findings by
+    /// site).
     pub text: String,
 }
 

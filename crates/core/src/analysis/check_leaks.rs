@@ -1,10 +1,10 @@
-//! Offline leak check between marks (SPEC §7, the seed's `check_leaks(input_path, mstx_info,
-//! start_index)`): marks A, B and C are the `start_index`-th (from 0), the next and the one after
-//! that of the `MSTX Mark` rows whose message (Name) equals `mstx_info`; with `mstx_info` `step`
-//! the dump's `SYSTEM STEP` rows count as such marks too (the steps `msmemscope.step()` and
-//! `step start` ranges wrote). A block allocated (a `MALLOC` row) after A and before B that has
-//! no `FREE` row before C leaks. Every pool counts
-//! (`PTA`, `HAL`, `HOST`; the seed checks HAL only); the input is a CSV or SQLite dump.
+//! Offline leak check between marks (docs/analyses.md#check-leaks; the original msMemScope's
+//! `check_leaks(input_path, mstx_info, start_index)`): marks A, B and C are the `start_index`-th
+//! (from 0), the next and the one after that of the `MSTX Mark` rows whose message (Name) equals
+//! `mstx_info`; with `mstx_info` `step` the dump's `SYSTEM STEP` rows count as such marks too (the
+//! steps `msmemscope.step()` and `step start` ranges wrote). A block allocated (a `MALLOC` row)
+//! after A and before B that has no `FREE` row before C leaks. Every pool counts (`PTA`, `HAL`,
+//! `HOST`; the original msMemScope checks HAL only); the input is a CSV or SQLite dump.
 //!
 //! The dump is streamed: only the blocks allocated between A and B and not yet freed are kept,
 //! and reading stops at C.
@@ -27,7 +27,7 @@
 //! `====== No memory leaks between mark A (id 3) and mark B (id 9), all freed by mark C (id 14) ======`.
 //!
 //! # Errors (one line each)
-//! - `input_path must be an absolute path: {path}` (the seed requires one);
+//! - `input_path must be an absolute path: {path}` (the original msMemScope requires one);
 //! - `{path}: no such file`, or the reader's other errors (not a dump, unreadable);
 //! - `{path}:{line}: malformed row: {reason}` (for a DB, the line is the row's ID);
 //! - `found N marks named "X", need start_index+3 = M`.

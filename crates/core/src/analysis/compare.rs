@@ -1,6 +1,6 @@
 //! `--compare`: the memory of each op (or kernel) of two dumps, aligned by name with Myers'
-//! diff (SPEC §7). Pure: rows in through [`OpCollector::feed`], CSV text out through
-//! [`write_csv`] into any `io::Write`.
+//! diff (docs/analyses.md#compare). Pure: rows in through [`OpCollector::feed`], CSV text out
+//! through [`write_csv`] into any `io::Write`.
 //!
 //! What an op's memory is:
 //! - `--level=op`: the sum of the `size` of the MALLOC rows (any pool) made on the op's thread
@@ -32,7 +32,7 @@ use super::myers;
 use crate::config::Level;
 use crate::events::{DeviceId, Event, EventRow, EventType};
 
-/// The first header line of `memory_compare_{ts}.csv`, as the seed writes it.
+/// The first header line of `memory_compare_{ts}.csv`, as the original msMemScope writes it.
 pub const HEADER_SIDES: &str = ",,,Base,Compare";
 /// The second header line.
 pub const HEADER_COLUMNS: &str =

@@ -1,4 +1,4 @@
-//! Decompose: what memory is made of, per step — bytes by `owner` (SPEC §7).
+//! Decompose: what memory is made of, per step — bytes by `owner` (docs/analyses.md#decompose).
 //!
 //! Every MALLOC row carries an `owner` (`PTA@weight`, `PTA@activation@mine`, `PTA@fsdp2@all_gather`;
 //! the bare pool name when nothing labelled it). SYSTEM/OWNER rows move a live block to a new

@@ -1,7 +1,7 @@
-//! `fluctuation`, which runs with `leaks` (SPEC §7): per step, the smallest and the largest
-//! `used` (bytes in use in the pool after an allocation or free) of each pool, and their ratio,
-//! the gap = min / max (1 = flat; a step whose max is 0 has gap 1). The first step is skipped, as
-//! the seed does: memory is not steady yet.
+//! `fluctuation`, which runs with `leaks` (docs/analyses.md#gap-analysis): per step, the smallest
+//! and the largest `used` (bytes in use in the pool after an allocation or free) of each pool, and
+//! their ratio, the gap = min / max (1 = flat; a step whose max is 0 has gap 1). The first step is
+//! skipped, as the original msMemScope does: memory is not steady yet.
 //!
 //! # Rules
 //! - Steps as in [`super::leaks`]: a `SYSTEM STEP` row starts the next step (Name = its number),

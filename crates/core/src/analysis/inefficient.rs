@@ -1,5 +1,6 @@
-//! Inefficient memory (SPEC §7, the seed's "低效内存识别"): tensor blocks whose allocation, accesses
-//! and free are badly timed, judged at operator granularity.
+//! Inefficient memory (docs/analyses.md#inefficient; the original msMemScope's "低效内存识别"):
+//! tensor blocks whose allocation, accesses and free are badly timed, judged at operator
+//! granularity.
 //!
 //! # Op granularity
 //!
@@ -20,7 +21,7 @@
 //! `Ptr`, unless both carry an `allocation_id` and the ids differ. A `MALLOC` at the `Ptr` of a
 //! live block replaces it (its free was not recorded; it is not judged for late deallocation).
 //!
-//! # The three kinds, as the seed's table 1 defines them
+//! # The three kinds, as the original msMemScope's table 1 defines them
 //!
 //! With `a` the op of the block's `MALLOC`, `f` and `l` the ops of its first and last `ACCESS`,
 //! `r` the op of its `FREE`:
@@ -43,13 +44,13 @@
 //!
 //! # Output
 //!
-//! The seed writes `inefficient_type` into the MALLOC rows of the dump. Here the dump is written
-//! in time order while the program runs, long before a block's fate is known, and rows already
-//! written are never rewritten. So the online analysis (`--analysis=inefficient`) writes its
-//! marks to `inefficient/inefficient_blocks.csv` in the run directory — one line per (block,
-//! kind): the MALLOC row's `ID`, `Ptr`, `size`, `Device Id`, `inefficient_type` — and a summary
-//! to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the marks;
-//! it writes nothing (the caller may render them with [`render_csv`]).
+//! The original msMemScope writes `inefficient_type` into the MALLOC rows of the dump. Here the
+//! dump is written in time order while the program runs, long before a block's fate is known, and
+//! rows already written are never rewritten. So the online analysis (`--analysis=inefficient`)
+//! writes its marks to `inefficient/inefficient_blocks.csv` in the run directory — one line per
+//! (block, kind): the MALLOC row's `ID`, `Ptr`, `size`, `Device Id`, `inefficient_type` — and a
+//! summary to the console. Offline, [`check_inefficient`] streams a CSV or DB dump and returns the
+//! marks; it writes nothing (the caller may render them with [`render_csv`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -71,7 +72,7 @@ pub const BLOCKS_FILE: &str = "inefficient/inefficient_blocks.csv";
 /// The header of [`BLOCKS_FILE`].
 pub const BLOCKS_HEADER: &str = "ID,Ptr,size,Device Id,inefficient_type";
 
-/// The kinds of inefficient memory, in the seed's order.
+/// The kinds of inefficient memory, in the original msMemScope's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum InefficientType {
     EarlyAllocation,

@@ -1,4 +1,4 @@
-//! `leaks`, the default analysis (SPEC §7, §12): blocks that outlive the step they were
+//! `leaks`, the default analysis (docs/analyses.md#leaks): blocks that outlive the step they were
 //! allocated in, judged per allocation site by whether they keep growing.
 //!
 //! # Rules
@@ -9,8 +9,8 @@
 //!   marked: see [`sites`].
 //! - Blocks: `MALLOC` rows of every pool (`PTA`, `HAL`, `HOST`) add a live block keyed by
 //!   (Device Id, pool, Ptr); the `FREE` row with the same key removes it.
-//! - Candidates (the seed's rule): when a step ends, every block allocated in the step before
-//!   it (so at least one step old), in step 2 or later, and still live is a candidate.
+//! - Candidates (the original msMemScope's rule): when a step ends, every block allocated in the
+//!   step before it (so at least one step old), in step 2 or later, and still live is a candidate.
 //! - Leaks: a candidate is a leak when its allocation site keeps growing ([`sites`]: the site's
 //!   live candidate bytes reach a new high at two step ends or more). The other sites' blocks
 //!   are resident (made once and kept) and listed apart. A leak found stays reported even if
@@ -35,8 +35,8 @@
 //! Direct HAL leak of 2.000 Mb(s) at 0x00007f0000200000 in kernel_N/A at step 0.
 //! ====== SUMMARY: 2.015 Mb(s) leaked in 2 allocation(s) ======
 //! ```
-//! With neither leaks nor resident sites the console text is empty (as the seed's: nothing is
-//! printed) and `leaks/leak_report.txt` holds `====== No memory leaks detected ======`.
+//! With neither leaks nor resident sites the console text is empty (as the original msMemScope's:
+//! nothing is printed) and `leaks/leak_report.txt` holds `====== No memory leaks detected ======`.
 //! `leaks/findings.json` holds the same findings for scripts ([`findings::FINDINGS_FILE`]).
 
 pub mod findings;
@@ -71,7 +71,7 @@ pub fn block_attrs(row: &EventRow) -> BlockAttrs {
     }
 }
 
-/// Bytes as the seed's `Mb(s)`: bytes / 1024 / 1024 with 3 decimals.
+/// Bytes as the original msMemScope's `Mb(s)`: bytes / 1024 / 1024 with 3 decimals.
 pub fn mb(bytes: u64) -> String {
     format!("{:.3}", bytes as f64 / (1024.0 * 1024.0))
 }
@@ -490,7 +490,7 @@ impl Analysis for Leaks {
     }
 }
 
-/// The seed's report text for `leaks` (empty when there are none).
+/// The original msMemScope's report text for `leaks` (empty when there are none).
 pub fn render(leaks: &[Leak]) -> String {
     render_lines(leaks, usize::MAX)
 }
@@ -689,7 +689,7 @@ pub(crate) mod tests {
         // rises); step 6's only at the end of the input, counted for the growing site.
         let steps: Vec<u64> = leaks.leaks().iter().map(|l| l.step).collect();
         assert_eq!(steps, vec![2, 3, 4, 5, 6]);
-        let expected_seed = "\
+        let expected_leaks = "\
 ====== ERROR: Detected memory leaks on device cpu ======
 Direct PTA leak of 0.001 Mb(s) at 0x0000000000001200 in kernel_1 at step 2.
 Direct PTA leak of 0.001 Mb(s) at 0x0000000000001300 in kernel_2 at step 3.
@@ -711,12 +711,12 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
   [2] /w/train.py:20 (main): 4.00 KiB in 1 block(s); op aten::zeros; inside /lib/model.py:7 (forward)
   [3] /w/train.py:30 (main): 1.00 KiB in 2 block(s); op aten::mul; inside /lib/model.py:7 (forward)
 ";
-        assert_eq!(out.console, format!("{expected_seed}{expected_sites}"));
+        assert_eq!(out.console, format!("{expected_leaks}{expected_sites}"));
         // The report file is the leaks' (the peak has its own file).
         let (sites_only, _) = expected_sites.split_once("====== Peak").unwrap();
         assert_eq!(
             file_text(&out, REPORT_FILE),
-            format!("{expected_seed}{sites_only}")
+            format!("{expected_leaks}{sites_only}")
         );
         let peak: serde_json::Value =
             serde_json::from_str(&file_text(&out, peak::PEAK_FILE)).unwrap();
@@ -829,7 +829,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
             }
         }
         let (out, leaks) = run(rows);
-        // The block live at the end (step 8's) is the leak line of the seed's list.
+        // The block live at the end (step 8's) is the leak line of the original msMemScope's list.
         assert_eq!(leaks.leaks().len(), 1, "{}", out.console);
         assert_eq!(leaks.leaks()[0].size, 8 * 8192);
         assert!(

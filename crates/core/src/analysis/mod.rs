@@ -1,5 +1,5 @@
-//! The analyses of the event stream (SPEC §7). Each is one implementation that sees rows in
-//! time order through [`Analysis::feed`]: online, the runtime's writer thread feeds every row it
+//! The analyses of the event stream (docs/analyses.md). Each is one implementation that sees rows
+//! in time order through [`Analysis::feed`]: online, the runtime's writer thread feeds every row it
 //! writes; offline, a dump reader feeds the rows of a file. Nothing here does I/O.
 
 mod base_index;
@@ -22,7 +22,7 @@ use crate::events::EventRow;
 /// What an analysis produced when its input ended.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct AnalysisOutput {
-    /// Text for the user's console, in the seed's report format (may be empty).
+    /// Text for the user's console, in the original msMemScope's report format (may be empty).
     pub console: String,
     /// Files to write, paths relative to the run directory.
     pub files: Vec<(String, String)>,

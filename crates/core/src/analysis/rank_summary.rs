@@ -8,13 +8,13 @@
 //!   `MALLOC` row; its step is the step of the first row that reached it.
 //! - Reserved peak: the largest `total` (the pool's reserved bytes) of a `PTA` `MALLOC` or
 //!   `FREE` row, for CUDA devices only (the CPU allocator reserves nothing of its own).
-//! - Leaks: the blocks the `leaks` analysis reports, judged on the same rows (SPEC §12): the
-//!   candidates (the seed's rule: allocated in step 2 or later and live at the STEP row that
-//!   ends the step after theirs, or allocated in the step before the last and live at the end
-//!   of the dump) of the sites whose live candidate bytes reach a new high at two step ends or
-//!   more, every `HAL` candidate, and the `HAL` blocks live at the end, with their bytes. A
-//!   block that only outlived its step once (a gradient a communication thread let go of a step
-//!   late, optimizer state made once) is no leak, as in the findings.
+//! - Leaks: the blocks the `leaks` analysis reports, judged on the same rows
+//!   (docs/analyses.md#ranks): the candidates (the original msMemScope's rule: allocated in step 2
+//!   or later and live at the STEP row that ends the step after theirs, or allocated in the step
+//!   before the last and live at the end of the dump) of the sites whose live candidate bytes reach
+//!   a new high at two step ends or more, every `HAL` candidate, and the `HAL` blocks live at the
+//!   end, with their bytes. A block that only outlived its step once (a gradient a communication
+//!   thread let go of a step late, optimizer state made once) is no leak, as in the findings.
 //! - Top owner at peak: the owner with the most live `PTA` bytes just after the peak row. A
 //!   block lives from its `MALLOC` to the next `MALLOC` or `FREE` row of its (Device Id, pool,
 //!   Ptr); its owner is its `MALLOC` row's `owner`, or that of the last `SYSTEM OWNER` row for

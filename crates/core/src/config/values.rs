@@ -1,14 +1,15 @@
 //! Parsing and validation of each option value, one function per option.
 //!
 //! Every function takes the value as the user typed it (`&str`, which is also what
-//! `msmemscope.config(**kw)` receives, since the seed's config values are strings) and returns the
-//! typed value or a [`ConfigError`] that names the option and its accepted values. The command
-//! line and the Python API call the same functions, so both accept exactly the same spellings.
+//! `msmemscope.config(**kw)` receives, since the original msMemScope's config values are strings)
+//! and returns the typed value or a [`ConfigError`] that names the option and its accepted values.
+//! The command line and the Python API call the same functions, so both accept exactly the same
+//! spellings.
 //!
 //! Lists (`--events`, `--steps`, `--call-stack`, `--device`, `--analysis`, `--watch`,
-//! `--input-path`) are separated by `,` or by the full-width comma `，` (U+FF0C), as the seed's
-//! users type on Chinese keyboards. Spaces around an item are ignored; an empty item is an error,
-//! because `alloc,,free` is far more often a typo than an intent.
+//! `--input-path`) are separated by `,` or by the full-width comma `，` (U+FF0C), as the original
+//! msMemScope's users type on Chinese keyboards. Spaces around an item are ignored; an empty item
+//! is an error, because `alloc,,free` is far more often a typo than an intent.
 //!
 //! Cross-option rules (`--steps` versus `--analysis`, events an analysis needs, …) live in
 //! [`validate`] and [`resolve`], which look at a whole [`RunConfig`].
@@ -239,8 +240,8 @@ pub fn parse_collect_mode(value: &str) -> Result<CollectMode, ConfigError> {
     )
 }
 
-/// `--device cpu,cuda,cuda:N`. The seed's `npu` and `npu:N` are accepted as aliases of `cuda`
-/// and `cuda:N` so the seed's command lines run unchanged. Duplicates are dropped; the order
+/// `--device cpu,cuda,cuda:N`. The original msMemScope's `npu` and `npu:N` are accepted as aliases
+/// of `cuda` and `cuda:N` so its command lines run unchanged. Duplicates are dropped; the order
 /// typed is kept.
 pub fn parse_devices(value: &str) -> Result<Vec<Device>, ConfigError> {
     let option = OptionName::Device;
@@ -272,8 +273,9 @@ pub fn parse_devices(value: &str) -> Result<Vec<Device>, ConfigError> {
 }
 
 /// `--analysis leaks|decompose|inefficient|oom[:K]|host-leaks|none`, a list. `none` alone is
-/// the empty list; `host-leaks` must stand alone (the seed keeps host-heap accounting apart from
-/// the device analyses). Duplicates are dropped; `oom` given twice must name the same K.
+/// the empty list; `host-leaks` must stand alone (the original msMemScope keeps host-heap
+/// accounting apart from the device analyses). Duplicates are dropped; `oom` given twice must name
+/// the same K.
 pub fn parse_analysis(value: &str) -> Result<Vec<Analysis>, ConfigError> {
     let option = OptionName::Analysis;
     let items = list_items(option, value)?;

@@ -1,6 +1,6 @@
 //! The event stream every analysis except host-leaks reads: tensor allocations and frees,
-//! operator launches, reads and writes, marks and steps (SPEC §6). One row type, written by
-//! the sinks and read back by the offline analyses.
+//! operator launches, reads and writes, marks and steps (docs/output-files.md#event-dump). One row
+//! type, written by the sinks and read back by the offline analyses.
 //!
 //! Layers, each importing only from those above it in this list (`tests/events_layers.rs`
 //! checks it):

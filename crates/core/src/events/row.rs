@@ -422,7 +422,7 @@ impl EventRow {
     }
 }
 
-/// `0x%016x`, as the seed prints pointers.
+/// `0x%016x`, as the original msMemScope prints pointers.
 pub fn format_ptr(ptr: u64) -> String {
     format!("0x{ptr:016x}")
 }

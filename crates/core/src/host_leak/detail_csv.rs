@@ -4,7 +4,8 @@
 use super::model::AllocDomain;
 use super::model::BlockDetail;
 
-/// The seed's columns, then the allocator the block came from (`malloc` or `pymalloc`).
+/// The original msMemScope's columns, then the allocator the block came from (`malloc` or
+/// `pymalloc`).
 pub const HEADER: &str = "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain";
 
 /// Renders the rows in the order given (the caller sorts, largest first). Stacks are one

@@ -12,7 +12,7 @@ pub struct Knob {
     pub unit: &'static str,
     pub min: u64,
     /// Also the default for the caps: overrides may only lower them (they are the ledger's
-    /// safety valves, SPEC §8).
+    /// safety valves, docs/environment.md#host-leak-knobs).
     pub max: u64,
     pub default: u64,
     /// A value below `min` means "unset" (a zero cap), not "the smallest".

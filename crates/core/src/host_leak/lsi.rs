@@ -1,5 +1,5 @@
 //! The Leak Suspicion Index: how much a call stack's unfreed memory looks like a leak rather
-//! than a cache, a pool or work in flight (SPEC §8).
+//! than a cache, a pool or work in flight (docs/analyses.md#lsi).
 //!
 //! `LSI = 100 · (0.26·G + 0.21·R + 0.12·S + 0.12·P + 0.29·E)`, every factor clipped to [0, 1]:
 //!

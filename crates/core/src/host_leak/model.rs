@@ -11,7 +11,7 @@ pub const MAX_TOP_N: usize = 1024;
 /// Number of leading frames that identify a stack.
 pub const STACK_KEY_FRAMES: usize = 20;
 
-/// Defaults of the ledger's caps (SPEC §8).
+/// Defaults of the ledger's caps (docs/analyses.md#limits).
 pub const DEFAULT_BLOCK_CAP: u64 = 20_000_000;
 pub const DEFAULT_OVERFLOW_CAP: u64 = 5_000_000;
 pub const DEFAULT_STACK_CAP: u64 = 400_000;
@@ -21,7 +21,7 @@ pub const DEFAULT_STACK_CAP: u64 = 400_000;
 /// send most of them to the unknown bucket.
 pub const PYTHON_STACK_CAP: u64 = 2_000_000;
 
-/// Why the ledger's data is incomplete, one bit each (the seed's numbering).
+/// Why the ledger's data is incomplete, one bit each (the original msMemScope's numbering).
 pub mod truncation {
     /// The block table reached its cap: later blocks went to the overflow ledger, without stacks.
     pub const BLOCK_TABLE_FULL: u32 = 1 << 0;

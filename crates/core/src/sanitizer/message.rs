@@ -1,4 +1,5 @@
-//! The `sanitizer-op:` mark message (SPEC §7, the seed's custom-operator marks):
+//! The `sanitizer-op:` mark message (docs/analyses.md#sanitizer; the original msMemScope's
+//! custom-operator marks):
 //!
 //! ```text
 //! sanitizer-op: name=<operator>;read=<alias:addr:size>,...;write=<alias:addr:size>,...
@@ -331,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_example() {
+    fn the_original_example() {
         let m = parse(
             "sanitizer-op: name=my_ext.my_fused_op;read=input_a:0x7f00:1024,\
              input_b:0x7f04:512;write=output:0x7f08:2048",

@@ -1,6 +1,6 @@
-//! The stream-race sanitizer's pure part: the `sanitizer-op:` mark format (SPEC §7) and the
-//! vector-clock race checker fed by those marks and by the stream/event synchronization calls
-//! the runtime intercepts.
+//! The stream-race sanitizer's pure part: the `sanitizer-op:` mark format
+//! (docs/analyses.md#sanitizer) and the vector-clock race checker fed by those marks and by the
+//! stream/event synchronization calls the runtime intercepts.
 
 pub mod message;
 pub mod race;

@@ -1,6 +1,6 @@
-//! CRC-64 as the seed's watch dumps use it (the CRC-64/XZ parameters): reflected polynomial
-//! 0x42F0E1EBA9EA3693 (0xC96C5795D7870F42 bit-reversed), initial value and final xor all ones.
-//! `"123456789"` checks to 0x995DC9BBDF1939FA.
+//! CRC-64 as the original msMemScope's watch dumps use it (the CRC-64/XZ parameters): reflected
+//! polynomial 0x42F0E1EBA9EA3693 (0xC96C5795D7870F42 bit-reversed), initial value and final xor all
+//! ones. `"123456789"` checks to 0x995DC9BBDF1939FA.
 //!
 //! Slicing-by-8: eight 256-entry tables let the loop fold eight input bytes per step with eight
 //! independent lookups instead of eight dependent ones, which is what makes a checksum of a

@@ -1,5 +1,5 @@
-//! The control channel (SPEC §9): a listener thread, `msmemscope_ctrl`, serves a Unix socket
-//! through which `msmemscope --pid PID` drives the running process: `start`, `stop`, `step`,
+//! The control channel (docs/cli.md#attach): a listener thread, `msmemscope_ctrl`, serves a Unix
+//! socket through which `msmemscope --pid PID` drives the running process: `start`, `stop`, `step`,
 //! `display config|memory summary|host_leak summary`, `help`, `exit`.
 //!
 //! Safety properties: the socket (mode 0600) lives in a per-user directory only its owner can

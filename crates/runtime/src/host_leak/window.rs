@@ -33,7 +33,7 @@ static WALKS: Mutex<()> = Mutex::new(());
 /// a table operation; past this the tables that could not be swept stay (and are logged).
 const RELEASE_DEADLINE: Duration = Duration::from_secs(10);
 
-/// How long window-close aggregation may wait for ledger locks (SPEC §8).
+/// How long window-close aggregation may wait for ledger locks.
 pub const AGGREGATION_DEADLINE: Duration = Duration::from_secs(120);
 
 /// How long an interim snapshot may wait for one ledger lock: the program keeps running, so a

@@ -1,5 +1,5 @@
 //! Marks and ranges: the MSTX C API (`mstx.rs`) and the NVTX injection (`nvtx.rs`) both end
-//! here and become `MSTX` rows of the event stream (SPEC §2, §6).
+//! here and become `MSTX` rows of the event stream (docs/output-files.md#event-types).
 //!
 //! Rows written (Event `MSTX`):
 //!

@@ -347,7 +347,7 @@ fn write_step(source: Option<&str>) {
     emit(row, false);
 }
 
-/// Ranges named `step start` mark steps, as the seed's users annotate them.
+/// Ranges named `step start` mark steps, as the original msMemScope's users annotate them.
 pub fn on_range_start(message: &str) {
     if message == "step start" {
         step();

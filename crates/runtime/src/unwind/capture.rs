@@ -9,7 +9,7 @@ use super::memo::{Memo, MemoKey, ReadLog, StackRange};
 use super::modules;
 use crate::guard::{self, Entered};
 
-/// Frames kept per stack: the stack key (SPEC §8, K = 20).
+/// Frames kept per stack: the stack key (K = 20, docs/analyses.md#sites-and-stacks).
 pub const MAX_FRAMES: usize = msmemscope_core::host_leak::STACK_KEY_FRAMES;
 
 /// Return addresses, innermost (the allocator's caller) first.

@@ -1,4 +1,5 @@
-"""The table of framework hooks (SPEC §7 "one-click hooks", the seed's 一键分析 table)."""
+"""The table of framework hooks (docs/python-api.md#framework-hooks): the original msMemScope's
+"one-click hooks" (一键分析) table."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ SPECS: tuple[HookSpec, ...] = (
     ),
 )
 
-# The seed's Ascend framework names and what stands for them here.
+# The original msMemScope's Ascend framework names and what stands for them here.
 EQUIVALENTS = {
     "vllm_ascend": "vllm",
     "vllm-ascend": "vllm",

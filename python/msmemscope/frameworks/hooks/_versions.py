@@ -1,5 +1,5 @@
-"""The seed's version keys: ``"2.6+"`` (2.6 and later), ``"2.6-2.9"`` (every 2.6 to 2.9 release,
-patches included, not 2.10), ``"11.0"`` (that release line only)."""
+"""The original msMemScope's version keys: ``"2.6+"`` (2.6 and later), ``"2.6-2.9"`` (every 2.6 to
+2.9 release, patches included, not 2.10), ``"11.0"`` (that release line only)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-//! Inefficient memory (SPEC §7): the hand-written dumps in tests/fixtures/dumps/inefficient_*
-//! checked offline through core, and a C producer (tests/fixtures/emit_inefficient.c) run
-//! online under the real CLI with `--analysis=inefficient`, whose marks must equal both the
-//! fixture's known answer and the offline check of the dump it left (CSV and DB).
+//! Inefficient memory (docs/analyses.md#inefficient): the hand-written dumps in
+//! tests/fixtures/dumps/inefficient_* checked offline through core, and a C producer
+//! (tests/fixtures/emit_inefficient.c) run online under the real CLI with `--analysis=inefficient`,
+//! whose marks must equal both the fixture's known answer and the offline check of the dump it left
+//! (CSV and DB).
 
 use std::path::{Path, PathBuf};
 

@@ -149,7 +149,7 @@ fn last_three_marks(path: &Path) -> usize {
 /// Four steps are too few to see the kept losses grow at two step ends (step 2's loss outlived
 /// step 3; step 3's only outlived the last step, the end of the program): their site is
 /// resident, and the console says how many steps judging takes. The HAL block live at exit is
-/// a leak as the seed says.
+/// a leak whatever its step (docs/analyses.md#hal-at-exit).
 const ONLINE_LEAKS: &str = "\
 ====== ERROR: Detected memory leaks on device 0 ======
 Direct HAL leak of 2.000 Mb(s) at 0x00007f0000000000 in kernel_0 at step 1.

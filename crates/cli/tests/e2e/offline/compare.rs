@@ -51,7 +51,8 @@ fn compare(scratch: &Scratch, base: &Path, other: &Path, extra: &[&str]) -> (Pat
     (path, text)
 }
 
-/// The rows after the two header lines, which must be the seed's.
+/// The rows after the two header lines, which must be the original msMemScope's
+/// (docs/output-files.md#compare-csv).
 fn body(text: &str) -> &str {
     text.strip_prefix(HEADER)
         .unwrap_or_else(|| panic!("header lines differ: {text}"))

@@ -1,6 +1,6 @@
-//! Marks and ranges end to end (SPEC §2 MSTX row, §6): the real `msmemscope-cli` launches
-//! programs with `--analysis=none` (the event dump without analyses) and the tests read the MSTX
-//! rows back from `msmemscope_*/device_*/dump/memscope_dump_*.csv`.
+//! Marks and ranges end to end (the MSTX rows of docs/output-files.md#event-types): the real
+//! `msmemscope-cli` launches programs with `--analysis=none` (the event dump without analyses) and
+//! the tests read the MSTX rows back from `msmemscope_*/device_*/dump/memscope_dump_*.csv`.
 //!
 //! - the MSTX C API through the header, from tests/fixtures/mstx_marks.c (built here with gcc,
 //!   `-DMSMEMSCOPE_MSTX_WEAK`, so it also runs without the tool);

@@ -1,4 +1,4 @@
-//! The run directory against a user who shares the output directory (SPEC: run directory):
+//! The run directory against a user who shares the output directory (docs/output-files.md):
 //! the real `msmemscope-cli` refuses a symlink as `--output-path`, keeps writing into its run
 //! directory through the descriptor it holds when that directory is renamed away and replaced
 //! by a symlink while the program runs, and makes every directory in it with the run

@@ -1,8 +1,8 @@
-//! The stream-race sanitizer end to end (SPEC §7 sanitizer marks): tests/fixtures/
-//! sanitizer_streams.c emits `sanitizer-op:` marks through `mstxMarkA` on two streams, run
-//! under the real `msmemscope-cli` with default options. Without synchronization the race is
-//! reported with both operators, on the console and in `sanitizer/race_report_*.txt`; with an
-//! event record/wait between them nothing is; a malformed mark gets one warning line and is
+//! The stream-race sanitizer end to end (the `sanitizer-op:` marks of docs/analyses.md#sanitizer):
+//! tests/fixtures/sanitizer_streams.c emits `sanitizer-op:` marks through `mstxMarkA` on two
+//! streams, run under the real `msmemscope-cli` with default options. Without synchronization the
+//! race is reported with both operators, on the console and in `sanitizer/race_report_*.txt`; with
+//! an event record/wait between them nothing is; a malformed mark gets one warning line and is
 //! skipped.
 //!
 //! Needs `cargo build --release` first and gcc on PATH.

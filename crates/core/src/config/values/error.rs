@@ -31,7 +31,8 @@ pub enum OptionName {
     Watch,
     OutputPath,
     Format,
-    /// The seed's alias of [`OptionName::Format`]; kept apart so errors repeat the user's spelling.
+    /// The original msMemScope's alias of [`OptionName::Format`]; kept apart so errors repeat the
+    /// user's spelling.
     DataFormat,
     HostLeakMode,
     BlockSizeThreshold,

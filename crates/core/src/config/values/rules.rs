@@ -1,5 +1,6 @@
-//! Rules that involve more than one option (SPEC §4, from the seed). Each single value has been
-//! checked by its own parse function already; these look at a whole [`RunConfig`].
+//! Rules that involve more than one option (docs/cli.md#rules, the original msMemScope's). Each
+//! single value has been checked by its own parse function already; these look at a whole
+//! [`RunConfig`].
 
 use super::error::{ConfigError, GivenOptions, OptionName, Setting};
 use super::{event_index, format_list};
@@ -9,7 +10,7 @@ use crate::config::types::{Analysis, EventKind, RunConfig};
 /// - `--steps` switches the analyses off, so it conflicts with analyses the user asked for
 ///   explicitly (a default analysis is silently dropped instead, by [`resolve`]);
 /// - `host-leaks` stands alone: no other analysis and no `--watch` (host-heap accounting and
-///   the device-side event pipeline are separate instruments in the seed);
+///   the device-side event pipeline are separate instruments in the original msMemScope);
 /// - `leaks`, `decompose` and `inefficient` are computed from MALLOC/FREE rows, so they need
 ///   both `alloc` and `free` events (`oom` is exempt: it turns them on itself).
 pub fn validate(config: &RunConfig, given: &GivenOptions) -> Result<(), ConfigError> {

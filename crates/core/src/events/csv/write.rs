@@ -1,4 +1,5 @@
-//! The CSV form of the dump: exactly the seed's header, RFC 4180 quoting, one row per event.
+//! The CSV form of the dump: exactly the original msMemScope's header, RFC 4180 quoting, one row
+//! per event.
 
 use crate::events::row::{DeviceId, EventRow};
 

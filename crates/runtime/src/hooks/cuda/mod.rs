@@ -1,6 +1,7 @@
-//! The CUDA backend (SPEC §2): device allocations as HAL MALLOC/FREE rows, kernel launches as
-//! KERNEL_LAUNCH rows, failed allocations as OOM triggers, and stream/event synchronization for
-//! the race checker. No CUDA header is needed: the few types and constants are declared here.
+//! The CUDA backend (docs/output-files.md#event-types): device allocations as HAL MALLOC/FREE rows,
+//! kernel launches as KERNEL_LAUNCH rows, failed allocations as OOM triggers, and stream/event
+//! synchronization for the race checker. No CUDA header is needed: the few types and constants are
+//! declared here.
 //!
 //! How calls reach the hooks (a program may use any of these paths, several at once):
 //! - direct linking: the runtime library exports the hooked names (`cuMemAlloc_v2`,

@@ -1,7 +1,8 @@
-//! Attach (SPEC §9, §8 interim snapshot): the real `msmemscope-cli --pid` against targets that
-//! load the real runtime library, launched by `msmemscope-cli --analysis=host-leaks` or
-//! preloaded as after `source msmemscope --load-api-env` (tests/fixtures/attach_target.c): its
-//! commands and interactive session, malformed frames, another user, the pre-checks.
+//! Attach (docs/cli.md#attach; the host-leak interim snapshot, docs/analyses.md#windows): the real
+//! `msmemscope-cli --pid` against targets that load the real runtime library, launched by
+//! `msmemscope-cli --analysis=host-leaks` or preloaded as after `source msmemscope --load-api-env`
+//! (tests/fixtures/attach_target.c): its commands and interactive session, malformed frames,
+//! another user, the pre-checks.
 //!
 //! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
 //! and gcc on PATH. The security test runs a client as `nobody` through `setpriv` when the

@@ -1,5 +1,5 @@
-//! Attach robustness (SPEC §9): the real `msmemscope-cli --pid` against targets that load the
-//! real runtime library (tests/fixtures/attach_target.c, as in commands.rs).
+//! Attach robustness (docs/cli.md#attach): the real `msmemscope-cli --pid` against targets that
+//! load the real runtime library (tests/fixtures/attach_target.c, as in commands.rs).
 //!
 //! - A slow client (one byte a second) neither delays another client nor outlives its
 //!   whole-request deadline; beyond the connection bound a client is answered "busy".

@@ -1,7 +1,7 @@
-//! End-to-end host leak detection (SPEC §8): the real `msmemscope-cli` launches C fixture
-//! programs (tests/fixtures/host_leaks.c, tests/fixtures/dl_leaker.c, built here with gcc) with
-//! the preloaded runtime, and the tests check the written overview / block detail against the
-//! fixtures' known heap behaviour, exactly where it is knowable.
+//! End-to-end host leak detection (docs/analyses.md#host-leaks): the real `msmemscope-cli` launches
+//! C fixture programs (tests/fixtures/host_leaks.c, tests/fixtures/dl_leaker.c, built here with
+//! gcc) with the preloaded runtime, and the tests check the written overview / block detail against
+//! the fixtures' known heap behaviour, exactly where it is knowable.
 //!
 //! Needs `cargo build --release` first (the runtime library must lie next to the CLI binary)
 //! and gcc on PATH.
