@@ -65,6 +65,7 @@ __all__ = [
     "findings",
     "get_analyzer_config",
     "init_framework_hooks",
+    "keep_steps",
     "leak_holders",
     "list_analyzers",
     "load_ipython_extension",
@@ -157,6 +158,17 @@ def findings() -> dict[str, object]:
     more."""
     found = json.loads(_native_runtime().findings())
     return found if isinstance(found, dict) else {}
+
+
+def keep_steps(*steps: int) -> bool:
+    """Asks a bounded dump (``--dump-budget``) to keep these steps' rows in full, as it keeps
+    the peak's step and the leaks' (the newest 16 asked for; the first steps and the newest are
+    kept anyway). Steps are numbered as ``msmemscope.step()`` counts them. False when nothing is
+    traced yet (no row was recorded): ask again once tracing runs."""
+    for step in steps:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"keep_steps: a step is an int of 0 or more, got {step!r}")
+    return bool(_native_runtime().keep_steps(list(steps)))
 
 
 def leak_holders(budget_s: float | None = None) -> list[dict[str, object]]:

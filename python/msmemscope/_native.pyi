@@ -82,6 +82,9 @@ def leak_suspects() -> str:
 def findings() -> str:
     """What the running analyses found so far, as JSON (schema ``msmemscope.findings/1``)."""
 
+def keep_steps(steps: list[int]) -> bool:
+    """Asks a bounded dump to keep these steps' rows in full; False when nothing is traced."""
+
 def tracing() -> bool: ...
 def host_hooks_active() -> bool: ...
 def track_python_objects() -> int: ...

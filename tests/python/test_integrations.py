@@ -117,6 +117,7 @@ def test_transformers_leaking_run(tmp_path: Path, hf: None) -> None:
     assert [e["step"] for e in history if "loss" in e] == [4, 8, 12]
     assert all(KEYS[0] in e for e in history if "loss" in e), history
     found = _printed(proc.stdout, "FINDINGS")
+    assert _printed(proc.stdout, "KEEP_PENDING") == []
     assert isinstance(found, dict)
     _check_leak(run, HF, found, history)
     # At the end of training: the leaking line and the peak on stderr.
@@ -129,6 +130,7 @@ def test_transformers_clean_run(tmp_path: Path, hf: None) -> None:
     _check_dump(run, {"train", "eval", "save"})
     history = _printed(proc.stdout, "LOG_HISTORY")
     found = _printed(proc.stdout, "FINDINGS")
+    assert _printed(proc.stdout, "KEEP_PENDING") == []
     assert isinstance(history, list) and isinstance(found, dict)
     _check_clean(run, found, history)
     assert "msmemscope: no leak sites after 12 step(s)" in proc.stderr
@@ -149,6 +151,7 @@ def test_lightning_leaking_run(tmp_path: Path, lightning: None) -> None:
     _check_dump(run, {"train", "eval", "save"})
     metrics = _printed(proc.stdout, "METRICS")
     found = _printed(proc.stdout, "FINDINGS")
+    assert _printed(proc.stdout, "KEEP_PENDING") == []
     assert isinstance(metrics, list) and isinstance(found, dict)
     _check_leak(run, LIGHTNING, found, metrics)
     assert f"{LIGHTNING}:{_leak_line(LIGHTNING)} (training_step): +" in proc.stderr
@@ -159,6 +162,7 @@ def test_lightning_clean_run(tmp_path: Path, lightning: None) -> None:
     _check_dump(run, {"train", "eval", "save"})
     metrics = _printed(proc.stdout, "METRICS")
     found = _printed(proc.stdout, "FINDINGS")
+    assert _printed(proc.stdout, "KEEP_PENDING") == []
     assert isinstance(metrics, list) and isinstance(found, dict)
     _check_clean(run, found, metrics)
 

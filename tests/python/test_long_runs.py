@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import msmemscope
-from conftest import clean_env
+from conftest import clean_env, run_under_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / "bin" / "msmemscope"
@@ -179,3 +179,17 @@ def test_the_other_formats_keep_the_same_steps(tmp_path: Path, fmt: str) -> None
     read = _steps_read(Path(head))
     assert set(range(10)) | {PEAK_STEP, LEAK_FIRST_STEP, LAST_STEP} <= read
     assert len(read) < LAST_STEP // 2
+
+
+def test_keep_steps_spares_a_step_the_program_names(tmp_path: Path) -> None:
+    """`msmemscope.keep_steps(40)`: past a 1 MiB budget the parts of the steps between the head
+    and the newest go, step 40's stays, as the peak's would."""
+    script = Path(__file__).parent / "scripts" / "keep_steps.py"
+    proc, out = run_under_cli(tmp_path, "--dump-budget=1MiB", script=script)
+    assert proc.stdout.splitlines() == ["asked"], proc.stderr
+    (steps_dir,) = out.glob("*/device_cpu/dump/memscope_dump_*.steps")
+    kept = {int(p.name.split("_")[1]) for p in steps_dir.glob("step_*.csv")}
+    assert 40 in kept, sorted(kept)
+    # Its neighbours were summarized only.
+    assert 39 not in kept and 41 not in kept, sorted(kept)
+    assert max(kept) == 600, sorted(kept)

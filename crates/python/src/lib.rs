@@ -313,6 +313,19 @@ fn findings(py: Python<'_>) -> PyResult<String> {
     py.allow_threads(|| runtime_text(c"msmemscope_findings", "the findings"))
 }
 
+/// `keep_steps(steps) -> bool`: asks a bounded dump to keep these steps' rows in full; False
+/// when nothing is traced yet.
+#[pyfunction]
+fn keep_steps(steps: Vec<u64>) -> PyResult<bool> {
+    type KeepFn = unsafe extern "C" fn(*const u64, usize) -> i32;
+    let f = runtime_symbol(c"msmemscope_keep_steps")?;
+    // SAFETY: the runtime exports msmemscope_keep_steps with this signature.
+    let f = unsafe { std::mem::transmute::<*mut c_void, KeepFn>(f) };
+    // SAFETY: `steps` holds `len` u64s for the call.
+    let rc = unsafe { f(steps.as_ptr(), steps.len()) };
+    Ok(rc == 0)
+}
+
 /// `optimizer_step() -> bool`: an optimizer's `step()` ended; True when the runtime took it as
 /// the end of a step (the program marks none itself).
 #[pyfunction]
@@ -342,6 +355,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tracing, m)?)?;
     m.add_function(wrap_pyfunction!(leak_suspects, m)?)?;
     m.add_function(wrap_pyfunction!(findings, m)?)?;
+    m.add_function(wrap_pyfunction!(keep_steps, m)?)?;
     m.add_function(wrap_pyfunction!(optimizer_step, m)?)?;
     m.add_function(wrap_pyfunction!(host_hooks_active, m)?)?;
     m.add_function(wrap_pyfunction!(track_python_objects, m)?)?;

@@ -389,6 +389,27 @@ pub unsafe extern "C" fn msmemscope_findings(buf: *mut u8, cap: usize) -> i64 {
     text.len() as i64
 }
 
+/// Asks a bounded dump (`--dump-budget`) to keep the rows of `n` steps at `steps` in full, as
+/// it keeps the peak's step (`msmemscope.keep_steps`): 0 taken, 1 nothing traced yet (no
+/// writer), -1 a NULL `steps` with a nonzero `n`.
+///
+/// # Safety
+/// `steps` is null or holds `n` readable `u64`s.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn msmemscope_keep_steps(steps: *const u64, n: usize) -> i32 {
+    if steps.is_null() && n != 0 {
+        return -1;
+    }
+    let _entered = Entered::try_enter();
+    let wanted: &[u64] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts(steps, n) }
+    };
+    catch_unwind(|| pipeline::keep_steps(wanted)).map_or(1, |taken| if taken { 0 } else { 1 })
+}
+
 /// 1 when this library's `malloc` is the process's `malloc` (it was preloaded). Compares the
 /// objects the two functions live in: taking our own `malloc`'s address would go through the
 /// GOT and find whatever `malloc` the process uses, ours or not.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from .. import _native, mstx
@@ -70,8 +71,10 @@ class Tracer:
     """One trainer's view of msmemscope: steps, phase ranges, findings. Every call does nothing
     where the runtime is not loaded or not tracing (said once, as a warning)."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, keep_steps: Iterable[int] = ()) -> None:
         self._owner = owner
+        # Asked of the runtime once it traces (its writer exists from the first row).
+        self._keep = [int(s) for s in keep_steps]
         self._warned = False
         self._ranges: dict[str, int] = {}
         self.steps_marked = 0
@@ -101,6 +104,8 @@ class Tracer:
 
         msmemscope.step()
         self.steps_marked += 1
+        if self._keep and msmemscope.keep_steps(*self._keep):
+            self._keep = []
 
     def begin(self, phase: str) -> None:
         """Opens the range of ``phase`` (once: an open one stays)."""

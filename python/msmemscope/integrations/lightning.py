@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._tracer import Tracer, log_values
@@ -40,12 +41,14 @@ __all__ = ["MsMemScopeCallback"]
 class MsMemScopeCallback(_Base):
     """Per-step memory capture for a Lightning ``Trainer`` (see the module's text).
 
-    ``log_findings``: log the findings (each refresh costs a flush of the event queue)."""
+    ``log_findings``: log the findings (each refresh costs a flush of the event queue).
+    ``keep_steps``: global steps whose rows a bounded dump keeps in full
+    (``msmemscope.keep_steps``)."""
 
-    def __init__(self, log_findings: bool = True) -> None:
+    def __init__(self, log_findings: bool = True, keep_steps: Iterable[int] = ()) -> None:
         super().__init__()
         self.log_findings = log_findings
-        self.tracer = Tracer("MsMemScopeCallback")
+        self.tracer = Tracer("MsMemScopeCallback", keep_steps)
         self._marked_at: int | None = None
         self._refreshed_at: int | None = None
         self._values: dict[str, float] = {}

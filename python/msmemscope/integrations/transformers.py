@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._tracer import Tracer, log_values
@@ -38,12 +39,13 @@ class MsMemScopeCallback(_Base):
     """Per-step memory capture for ``transformers.Trainer`` (see the module's text).
 
     ``log_findings``: add the findings to each log event (each costs a flush of the event
-    queue, at the trainer's ``logging_steps``)."""
+    queue, at the trainer's ``logging_steps``). ``keep_steps``: global steps whose rows a
+    bounded dump keeps in full (``msmemscope.keep_steps``)."""
 
-    def __init__(self, log_findings: bool = True) -> None:
+    def __init__(self, log_findings: bool = True, keep_steps: Iterable[int] = ()) -> None:
         super().__init__()
         self.log_findings = log_findings
-        self.tracer = Tracer("MsMemScopeCallback")
+        self.tracer = Tracer("MsMemScopeCallback", keep_steps)
         # The phases the step's control asks for, in the order the trainer runs them.
         self._pending: list[str] = []
         self.findings: dict[str, Any] | None = None

@@ -48,7 +48,7 @@ args = TrainingArguments(
     disable_tqdm=True,
     dataloader_num_workers=0,
 )
-callback = MsMemScopeCallback()
+callback = MsMemScopeCallback(keep_steps=[3])
 trainer = Trainer(
     model=model, args=args, train_dataset=train, eval_dataset=evaluation, callbacks=[callback]
 )
@@ -56,3 +56,5 @@ trainer.train()
 print("GLOBAL_STEP", trainer.state.global_step)
 print("LOG_HISTORY", json.dumps(trainer.state.log_history))
 print("FINDINGS", json.dumps(callback.findings))
+# The keep request was taken by the runtime (nothing left to ask).
+print("KEEP_PENDING", json.dumps(callback.tracer._keep))

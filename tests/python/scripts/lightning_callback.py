@@ -74,7 +74,7 @@ def loader(n):
 
 
 recorder = Recorder()
-callback = MsMemScopeCallback()
+callback = MsMemScopeCallback(keep_steps=[3])
 trainer = pl.Trainer(
     max_steps=12,
     accumulate_grad_batches=2,
@@ -93,3 +93,5 @@ trainer.fit(Model(), loader(24), loader(2))
 print("GLOBAL_STEP", trainer.global_step)
 print("METRICS", json.dumps(recorder.rows))
 print("FINDINGS", json.dumps(callback.findings))
+# The keep request was taken by the runtime (nothing left to ask).
+print("KEEP_PENDING", json.dumps(callback.tracer._keep))

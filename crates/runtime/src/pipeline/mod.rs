@@ -607,6 +607,21 @@ pub fn leak_suspects(timeout: Duration) -> Vec<writer::Suspect> {
         .unwrap_or_default()
 }
 
+/// Asks a bounded dump to keep these steps' rows in full; false when no writer runs yet
+/// (nothing was traced).
+pub fn keep_steps(steps: &[u64]) -> bool {
+    if !WRITER_STARTED.load(Ordering::Acquire) {
+        return false;
+    }
+    let Some(p) = PIPELINE.get() else {
+        return false;
+    };
+    let Ok(writer) = p.writer.lock() else {
+        return false;
+    };
+    writer.as_ref().is_some_and(|w| w.keep_steps(steps))
+}
+
 /// Writes everything queued so far and returns what the online analyses found so far as JSON
 /// (see `writer::findings_json`); `None` when no writer runs (nothing was traced: none is
 /// started for this) or it did not answer in `timeout`.

@@ -140,7 +140,13 @@ pub struct Sinks {
     held_paths: Vec<PathBuf>,
     /// `--format parquet`: the head journals, relative to the run directory.
     journals: Vec<PathBuf>,
+    /// Steps the program asked to keep in full (`msmemscope.keep_steps`), the newest
+    /// [`KEPT_BY_REQUEST`].
+    requested: std::collections::BTreeSet<u64>,
 }
+
+/// Steps kept in full on the program's request, at most.
+const KEPT_BY_REQUEST: usize = 16;
 
 impl Sinks {
     pub fn new(run_dir: &Arc<RunDir>, format: DataFormat, budget: Option<u64>) -> Sinks {
@@ -154,6 +160,16 @@ impl Sinks {
             paths: Vec::new(),
             held_paths: Vec::new(),
             journals: Vec::new(),
+            requested: std::collections::BTreeSet::new(),
+        }
+    }
+
+    /// The program asks that these steps' rows stay in full (a bounded dump spares them as
+    /// it spares the peak's step).
+    pub fn keep_steps(&mut self, steps: Vec<u64>) {
+        self.requested.extend(steps);
+        while self.requested.len() > KEPT_BY_REQUEST {
+            self.requested.pop_first();
         }
     }
 
@@ -414,6 +430,7 @@ impl Sinks {
         notes: &StepNotes,
     ) -> Result<(), String> {
         let mut wanted: Vec<u64> = notes.keep.clone();
+        wanted.extend(self.requested.iter().copied());
         let devices: Vec<DeviceId> = self.open.keys().copied().collect();
         for device in devices {
             self.summarize(device, next, notes)?;

@@ -42,6 +42,9 @@ struct Control {
     /// Set with a flush request: the writer then writes the findings so far into `findings`.
     findings_wanted: bool,
     findings: Option<String>,
+    /// Steps the program asked a bounded dump to keep in full (`msmemscope.keep_steps`), taken
+    /// by the writer at its next turn.
+    keep_steps: Vec<u64>,
 }
 
 /// A live block of a site the leaks analysis judges leaking: (device, Ptr, size, site).
@@ -148,6 +151,15 @@ impl Writer {
         self.control.0.lock().ok()?.suspects.take()
     }
 
+    /// Asks a bounded dump to keep these steps' rows in full (as it keeps the peak's).
+    pub fn keep_steps(&self, steps: &[u64]) -> bool {
+        let Ok(mut c) = self.control.0.lock() else {
+            return false;
+        };
+        c.keep_steps.extend_from_slice(steps);
+        true
+    }
+
     /// Writes everything queued so far, then the findings so far as JSON (see
     /// [`findings_json`]); waits at most `timeout` (`None` when the time ran out).
     pub fn findings(&self, timeout: Duration) -> Option<String> {
@@ -195,9 +207,9 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
     let mut acknowledged = 0;
     let mut tick = TICK;
     loop {
-        let (stop, flush_to, suspects_wanted, findings_wanted) = {
+        let (stop, flush_to, suspects_wanted, findings_wanted, keep) = {
             let Ok(c) = lock.lock() else { return };
-            let (c, _) = match cv
+            let (mut c, _) = match cv
                 .wait_timeout_while(c, tick, |c| !c.stop && c.flush_requested == c.flushed)
             {
                 Ok(r) => r,
@@ -208,8 +220,10 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
                 c.flush_requested,
                 c.suspects_wanted,
                 c.findings_wanted,
+                std::mem::take(&mut c.keep_steps),
             )
         };
+        state.sinks.keep_steps(keep);
         // A flush request writes everything queued, young rows included.
         let everything = stop || flush_to != acknowledged;
         let written = write_batch(state, everything);
