@@ -755,19 +755,24 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         assert_eq!(json["resident"][0]["since_step"], 4);
     }
 
+    /// `deque(maxlen=window)` of each step's 1 KiB block, over `steps` steps.
+    fn window(steps: u64, window: u64) -> Vec<EventRow> {
+        let mut rows = Vec::new();
+        for s in 1..=steps {
+            rows.push(step(s));
+            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::relu"));
+            if s > window {
+                rows.push(free(0x1000 + (s - window) * 0x100, 1024));
+            }
+        }
+        rows
+    }
+
     /// `recent = deque(maxlen=3)` of each step's block over 12 steps: live bytes rise while the
     /// window fills, then stay flat for the rest of the run.
     #[test]
     fn a_window_that_fills_and_stays_flat_is_bounded_not_a_leak() {
-        let mut rows = Vec::new();
-        for s in 1..=12u64 {
-            rows.push(step(s));
-            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::relu"));
-            if s > 3 {
-                rows.push(free(0x1000 + (s - 3) * 0x100, 1024));
-            }
-        }
-        let (out, leaks) = run(rows);
+        let (out, leaks) = run(window(12, 3));
         assert!(leaks.leaks().is_empty(), "{}", out.console);
         assert_eq!(
             out.console,
@@ -790,15 +795,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
     /// flat): a leak.
     #[test]
     fn growth_that_stopped_only_lately_is_still_a_leak() {
-        let mut rows = Vec::new();
-        for s in 1..=9u64 {
-            rows.push(step(s));
-            rows.push(malloc_at(0x1000 + s * 0x100, 1024, 10, "aten::relu"));
-            if s > 6 {
-                rows.push(free(0x1000 + (s - 6) * 0x100, 1024));
-            }
-        }
-        let (out, leaks) = run(rows);
+        let (out, leaks) = run(window(9, 6));
         // Rises at the ends of steps 3..=7, flat at step end 8: still a leak.
         assert!(!leaks.leaks().is_empty(), "{}", out.console);
         assert!(
@@ -812,13 +809,18 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
     /// step, each old one freed (never a candidate).
     #[test]
     fn one_block_replaced_by_a_larger_one_each_step_is_a_leak() {
-        let mut rows = Vec::new();
-        for s in 1..=8u64 {
-            rows.push(step(s));
-            rows.push(malloc_at(0x1000 + s * 0x10000, s * 8192, 15, "aten::cat"));
+        // The cat's block of step `s`, and the free of step `s - 1`'s.
+        let grown = |s: u64| {
+            let mut rows = vec![malloc_at(0x1000 + s * 0x10000, s * 8192, 15, "aten::cat")];
             if s > 1 {
                 rows.push(free(0x1000 + (s - 1) * 0x10000, (s - 1) * 8192));
             }
+            rows
+        };
+        let mut rows = Vec::new();
+        for s in 1..=8u64 {
+            rows.push(step(s));
+            rows.extend(grown(s));
             // A per-step temporary at another line, alive at the step end with a size that
             // varies: its live bytes fall, so it does not grow this way.
             let size = [4096, 8192, 2048][(s % 3) as usize];
@@ -829,7 +831,7 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
             }
         }
         let (out, leaks) = run(rows);
-        // The block live at the end (step 8's) is the leak line of the original msMemScope's list.
+        // The block live at the end (step 8's) is the leak's `Direct ... leak` line.
         assert_eq!(leaks.leaks().len(), 1, "{}", out.console);
         assert_eq!(leaks.leaks()[0].size, 8 * 8192);
         assert!(
@@ -846,15 +848,8 @@ Direct PTA leak of 0.001 Mb(s) at 0x0000000000001600 in kernel_5 at step 6.
         assert_eq!(json["leaks"][0]["series"][0], serde_json::json!([2, 16384]));
         // Its live block is what the holder search looks for.
         let mut again = Leaks::new();
-        let mut rows = Vec::new();
-        for s in 1..=8u64 {
-            rows.push(step(s));
-            rows.push(malloc_at(0x1000 + s * 0x10000, s * 8192, 15, "aten::cat"));
-            if s > 1 {
-                rows.push(free(0x1000 + (s - 1) * 0x10000, (s - 1) * 8192));
-            }
-        }
-        for (i, mut row) in rows.into_iter().enumerate() {
+        let rows = (1..=8u64).flat_map(|s| std::iter::once(step(s)).chain(grown(s)));
+        for (i, mut row) in rows.enumerate() {
             row.id = i as u64 + 1;
             again.feed(&row);
         }

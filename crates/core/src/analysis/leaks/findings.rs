@@ -212,15 +212,7 @@ impl Findings {
                         f.ops.push(op.clone());
                     }
                 }
-                if let Some(m) = &s.module {
-                    if !f.modules.contains(m) {
-                        if f.modules.len() < super::sites::MAX_MODULES {
-                            f.modules.push(m.clone());
-                        } else {
-                            f.more_modules = true;
-                        }
-                    }
-                }
+                super::sites::name_module(&mut f.modules, &mut f.more_modules, s.module.as_ref());
                 let rises = s.rises_of(s.growth().unwrap_or(Growth::NewBlocks));
                 if let Some(first) = rises.first {
                     f.first_step = f.first_step.min(first.step);

@@ -231,15 +231,7 @@ impl PeakWatch {
             if line.owner.is_none() {
                 line.owner.clone_from(&s.owner);
             }
-            if let Some(m) = &s.module {
-                if !line.modules.contains(m) {
-                    if line.modules.len() < sites::MAX_MODULES {
-                        line.modules.push(m.clone());
-                    } else {
-                        line.more_modules = true;
-                    }
-                }
-            }
+            sites::name_module(&mut line.modules, &mut line.more_modules, s.module.as_ref());
         }
         let mut lines: Vec<Line> = by_line
             .into_iter()

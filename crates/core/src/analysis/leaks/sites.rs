@@ -34,6 +34,19 @@ pub const MAX_SERIES: usize = 512;
 pub const MAX_HOLDERS: usize = 3;
 /// Modules named per finding or peak line (a line run by many layers names the first ones).
 pub const MAX_MODULES: usize = 3;
+
+/// Adds a site's module to a line's `modules` (the first [`MAX_MODULES`]; `more` past them).
+pub fn name_module(modules: &mut Vec<String>, more: &mut bool, module: Option<&String>) {
+    let Some(module) = module else { return };
+    if modules.contains(module) {
+        return;
+    }
+    if modules.len() < MAX_MODULES {
+        modules.push(module.clone());
+    } else {
+        *more = true;
+    }
+}
 /// Step ends a site must stay flat after its growth, at least, to be judged bounded.
 pub const FLAT_STEPS: u64 = 3;
 
