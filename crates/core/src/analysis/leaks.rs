@@ -419,7 +419,7 @@ impl Analysis for Leaks {
         };
         let mut console = render_lines(&self.leaks, CONSOLE_BLOCKS);
         console.push_str(&found.render());
-        console.push_str(&self.peak.render());
+        console.push_str(&self.peak.render(self.source));
         console.push_str(&found.notice());
         let json = found.to_json();
         self.findings = found;

@@ -265,8 +265,9 @@ impl PeakWatch {
             .map(|(device, d)| (*device, &d.run))
     }
 
-    /// The console block: per device, the peak and its largest lines.
-    pub fn render(&self) -> String {
+    /// The console block: per device, the peak and its largest lines, the first followed by its
+    /// source text when `source` can read it (as the leak findings quote theirs).
+    pub fn render(&self, source: Option<SourceLine>) -> String {
         let mut out = String::new();
         for (device, peak) in self.peaks() {
             let mut when = format!("at step {}", peak.step);
@@ -314,6 +315,12 @@ impl PeakWatch {
                 }
                 out.push_str(&text);
                 out.push('\n');
+                // The largest line's code: what fills the peak most, without opening the file.
+                if i == 0 {
+                    if let Some(code) = source_of(line.site.as_deref(), source) {
+                        out.push_str(&format!("      {code}\n"));
+                    }
+                }
             }
             let more = peak.lines.len().saturating_sub(CONSOLE_LINES);
             if more > 0 || peak.other.0 > 0 {
