@@ -22,6 +22,7 @@
 //!       "bytes_per_step": 256000, "blocks_per_step": 1.0,
 //!       "first_step": 3, "last_step": 11,  // the step ends it grew at, first and last
 //!       "steps": [2, 3, 4],               // the steps its leaked blocks were allocated in
+//!       "more_steps": 0,                  // steps past the first 512 listed (a long leak)
 //!       "leaked_bytes": 2304000, "leaked_blocks": 9,  // the `Direct ... leak` blocks
 //!       "series": [[3, 256000], [4, 512000]],        // its live leaked bytes at each step end
 //!       "holders": [ {                    // what keeps its live blocks (at exit, or on demand)
@@ -80,7 +81,10 @@ pub struct Finding {
     pub blocks_per_step: f64,
     pub first_step: u64,
     pub last_step: u64,
+    /// The first [`super::sites::MAX_SERIES`] steps its blocks were allocated in.
     pub steps: Vec<u64>,
+    /// Steps past those listed (a long leak).
+    pub more_steps: u64,
     pub leaked_bytes: u64,
     pub leaked_blocks: u64,
     pub series: Vec<(u64, u64)>,
@@ -198,6 +202,7 @@ impl Findings {
                 first_step: u64::MAX,
                 last_step: 0,
                 steps: Vec::new(),
+                more_steps: 0,
                 leaked_bytes: 0,
                 leaked_blocks: 0,
                 series: Vec::new(),
@@ -225,11 +230,12 @@ impl Findings {
                 let (bytes, blocks) = s.per_step();
                 f.bytes_per_step += bytes;
                 f.blocks_per_step += blocks;
-                for step in &s.steps {
-                    if !f.steps.contains(step) {
+                for step in s.steps.listed() {
+                    if !f.steps.contains(step) && f.steps.len() < super::sites::MAX_SERIES {
                         f.steps.push(*step);
                     }
                 }
+                f.more_steps += s.steps.more();
                 for (step, bytes) in s.judged_series() {
                     *series.entry(*step).or_default() += bytes;
                 }
@@ -483,6 +489,7 @@ fn leak_json(f: &Finding) -> Value {
         "first_step": f.first_step,
         "last_step": f.last_step,
         "steps": f.steps,
+        "more_steps": f.more_steps,
         "leaked_bytes": f.leaked_bytes,
         "leaked_blocks": f.leaked_blocks,
         "series": f.series.iter().map(|(s, b)| json!([s, b])).collect::<Vec<_>>(),

@@ -115,6 +115,49 @@ impl Rises {
     }
 }
 
+/// The steps a site's candidate blocks were allocated in: the first [`MAX_SERIES`] in order,
+/// then only the latest and how many more, so a site leaking every step of a long run holds a
+/// bounded list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepList {
+    listed: Vec<u64>,
+    latest: Option<u64>,
+    more: u64,
+}
+
+impl StepList {
+    pub fn add(&mut self, step: u64) {
+        if let Err(at) = self.listed.binary_search(&step) {
+            if self.listed.len() < MAX_SERIES {
+                self.listed.insert(at, step);
+            } else if self.latest.is_none_or(|l| step > l) && at == self.listed.len() {
+                // Steps arrive in order: one past the list and past the latest is a new one.
+                self.more += 1;
+                self.latest = Some(step);
+            }
+        }
+    }
+
+    /// The steps listed, ascending (the first [`MAX_SERIES`]).
+    pub fn listed(&self) -> &[u64] {
+        &self.listed
+    }
+
+    /// Steps past the listed ones (not kept, but for the latest).
+    pub fn more(&self) -> u64 {
+        self.more
+    }
+
+    pub fn first(&self) -> Option<&u64> {
+        self.listed.first()
+    }
+
+    /// The latest step, listed or not.
+    pub fn last(&self) -> Option<&u64> {
+        self.latest.as_ref().or(self.listed.last())
+    }
+}
+
 /// A site's held bytes (all its live blocks) at step ends, for the rule of one block that grows.
 #[derive(Clone, Debug, Default)]
 pub struct Held {
@@ -156,8 +199,8 @@ pub struct Site {
     pub held: Held,
     /// Candidate blocks found at the end of the input only.
     pub late_blocks: u64,
-    /// The steps its candidate blocks were allocated in, ascending.
-    pub steps: Vec<u64>,
+    /// The steps its candidate blocks were allocated in (the first [`MAX_SERIES`] and the latest).
+    pub steps: StepList,
     /// The module whose forward allocated its blocks (`model.layers.3.attn`; None: outside
     /// any, or not recorded).
     pub module: Option<String>,
@@ -381,7 +424,7 @@ impl SiteBook {
             series: Vec::new(),
             held: Held::default(),
             late_blocks: 0,
-            steps: Vec::new(),
+            steps: StepList::default(),
             module: key.module.map(str::to_string),
             holders: Vec::new(),
         });
@@ -405,9 +448,7 @@ impl SiteBook {
         if late {
             s.late_blocks += 1;
         }
-        if let Err(at) = s.steps.binary_search(&step) {
-            s.steps.insert(at, step);
-        }
+        s.steps.add(step);
     }
 
     /// A block of site `id` was allocated.
@@ -493,7 +534,26 @@ pub fn chain_shape(chain: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::chain_shape;
+    use super::{chain_shape, StepList, MAX_SERIES};
+
+    #[test]
+    fn a_site_leaking_every_step_lists_a_bounded_number_of_steps() {
+        let mut steps = StepList::default();
+        for step in (2..10_002).rev().take(3) {
+            steps.add(step); // out of order, while the list has room: kept sorted
+        }
+        assert_eq!(steps.listed(), &[9_999, 10_000, 10_001]);
+        let mut steps = StepList::default();
+        for step in 2..10_002 {
+            steps.add(step);
+            steps.add(step); // a second block in the same step
+        }
+        assert_eq!(steps.listed().len(), MAX_SERIES);
+        assert_eq!(steps.first(), Some(&2));
+        assert_eq!(steps.listed().last(), Some(&(MAX_SERIES as u64 + 1)));
+        assert_eq!(steps.last(), Some(&10_001));
+        assert_eq!(steps.more(), 10_000 - MAX_SERIES as u64);
+    }
 
     #[test]
     fn chain_shapes_blank_indices_keys_and_repeats() {
