@@ -12,6 +12,9 @@ the wheel, this backend builds both with cargo and stages them in the wheel's da
   another glibc never replaces the source tree's own copy of the library, which the checkout's
   tests use (an editable install, which runs the source tree, gets them in
   ``python/msmemscope/`` instead);
+- ``platlib/msmemscope/include/msmemscope/*.h``: the runtime's C headers, for C producers and
+  for the native PyTorch capture, which is compiled on first use against ``runtime.h`` (a
+  checkout's capture reads them from ``crates/runtime/include``);
 - ``scripts/msmemscope`` (``bin/msmemscope`` of the checkout links to it) lands on the
   environment's ``PATH`` as it is, its ``#!/bin/sh`` line kept, so that it can be both run and
   sourced.
@@ -108,6 +111,14 @@ def _build_parts(baseline: str | None, package: Path) -> None:
         os.replace(partial, placed)
 
 
+def _stage_headers(package: Path) -> None:
+    """Copies the runtime's C headers into ``package/include/msmemscope``."""
+    placed = package / "include" / "msmemscope"
+    placed.mkdir(parents=True, exist_ok=True)
+    for header in sorted((ROOT / "crates" / "runtime" / "include" / "msmemscope").glob("*.h")):
+        shutil.copy2(header, placed / header.name)
+
+
 def _maturin_settings(
     config_settings: Mapping[str, Any] | None, baseline: str | None
 ) -> dict[str, Any]:
@@ -142,6 +153,7 @@ def build_wheel(
     settings = _maturin_settings(config_settings, baseline)
     try:
         _build_parts(baseline, STAGED / "msmemscope")
+        _stage_headers(STAGED / "msmemscope")
         return maturin.build_wheel(wheel_directory, settings, metadata_directory)
     finally:
         # Staged only for this wheel: `maturin develop` would install what it finds there.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests and the demo need, idempotently: a virtual environment in .venv
 # with the Python tools (maturin, pytest, pytest-xdist, ruff, mypy, numpy, torch, nvtx, and
-# nbclient, nbformat, ipykernel for the notebook test), the release build of the workspace,
+# nbclient, nbformat, ipykernel for the notebook test), CPython 3.10 and 3.13 for the install
+# tests (uv's builds, where the machine has neither), the release build of the workspace,
 # and the msmemscope Python package installed in .venv in
 # development mode (its Python files are used from python/msmemscope/, the extension is built
 # into it) with a copy of the runtime library in python/msmemscope/lib/.
@@ -48,6 +49,28 @@ fi
 # Lightning for the trainer-callback tests (tests/python/test_integrations.py); torch kept.
 $VPY -c "import lightning" 2>/dev/null || $VPY -m pip install --quiet --disable-pip-version-check lightning
 scripts/setup_frameworks.sh  # vLLM, verl, Megatron-Core for the framework-hook tests (torch kept)
+
+# The install tests build user environments on CPython 3.10 and 3.13 (tests/python/test_install.py,
+# whose conftest.interpreter() looks in pyenv, /usr/local/bin, /usr/bin, then uv's directory); a
+# machine with neither gets uv's builds of them, in ~/.local/share/uv/python.
+have_python() {
+    compgen -G "${PYENV_ROOT:-$HOME/.pyenv}/versions/$1.*/bin/python$1" >/dev/null \
+        || [ -x "/usr/local/bin/python$1" ] || [ -x "/usr/bin/python$1" ] \
+        || compgen -G "$HOME/.local/share/uv/python/cpython-$1.*-linux-*/bin/python$1" >/dev/null
+}
+pythons=()
+for version in 3.10 3.13; do
+    have_python "$version" || pythons+=("$version")
+done
+if [ ${#pythons[@]} -gt 0 ]; then
+    [ -x .venv/bin/uv ] || $VPY -m pip install --quiet --disable-pip-version-check uv || true
+    say "installing CPython ${pythons[*]} (uv python install)"
+    # uv fetches its builds from GitHub; a machine that cannot reach it still runs every other
+    # test (those on the missing versions skip, naming the version and this step).
+    UV_PYTHON_INSTALL_DIR="$HOME/.local/share/uv/python" .venv/bin/uv python install "${pythons[@]}" \
+        || say "could not install CPython ${pythons[*]} (uv python install failed, see above);" \
+            "the install tests on those versions will skip"
+fi
 
 say "cargo build --release"
 cargo build --release --quiet

@@ -516,9 +516,9 @@ def _search(targets: set[int], budget: float) -> _Search:
     import torch
 
     from .capture import sites
-    from .capture.torch_tracker import _SKIP_DIRS
+    from .capture.config import SKIP_DIRS
 
-    search = _Search(targets, sites.library_dirs(_SKIP_DIRS), _SKIP_DIRS, budget, torch)
+    search = _Search(targets, sites.library_dirs(SKIP_DIRS), SKIP_DIRS, budget, torch)
     was_enabled = gc.isenabled()
     gc.disable()  # no collection (and no finalizer) runs in the middle of the walk
     try:

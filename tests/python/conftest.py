@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "python" / "msmemscope"
 AUTOSTART = PACKAGE / "_autostart"
 FAKE_SOURCE = Path(__file__).resolve().parent / "native" / "fake_runtime.c"
+RUNTIME_INCLUDE = REPO / "crates" / "runtime" / "include"
 RUNTIME_LIB = REPO / "target" / "release" / "libmsmemscope_runtime.so"
 ABI_SYMBOLS = (
     "msmemscope_abi_version",
@@ -139,12 +140,15 @@ def unfreed_blocks_of_size(report: str, size: int) -> int:
 
 
 def interpreter(version: str) -> Path | None:
-    """A CPython ``version`` (``"3.10"``) of this machine: pyenv's, else the system's."""
+    """A CPython ``version`` (``"3.10"``) of this machine: pyenv's, else the system's, else one
+    that uv installed (scripts/setup.sh installs 3.10 and 3.13 with uv where none is found)."""
     found: list[Path] = []
     for root in (os.environ.get("PYENV_ROOT"), str(Path.home() / ".pyenv")):
         if root:
             found += sorted(Path(root).glob(f"versions/{version}.*/bin/python{version}"))
     found += [Path(d) / f"python{version}" for d in ("/usr/local/bin", "/usr/bin")]
+    uv_root = Path.home() / ".local" / "share" / "uv" / "python"
+    found += sorted(uv_root.glob(f"cpython-{version}.*-linux-*/bin/python{version}"))
     for path in found:
         if path.is_file() and os.access(path, os.X_OK):
             return path
@@ -188,7 +192,20 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 def _build_fake(out: Path, name: str, *defines: str) -> Path:
     lib = out / name
     subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-O1", *defines, "-o", str(lib), str(FAKE_SOURCE)],
+        # The runtime's C header: the fake's functions are checked against its declarations.
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            f"-I{RUNTIME_INCLUDE}",
+            *defines,
+            "-o",
+            str(lib),
+            str(FAKE_SOURCE),
+        ],
         check=True,
     )
     return lib

@@ -282,7 +282,7 @@ print("ok", float(c.sum()), float(b[0]))
 
 @pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or not CLI.is_file(),
-    reason="needs torch and target/release/msmemscope-cli",
+    reason=f"needs torch and {CLI} (scripts/setup.sh installs and builds them)",
 )
 def test_online_and_offline_agree_on_a_pytorch_run(tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -32,6 +32,7 @@ BAD_VALUES = [
     ("block_size_threshold", "-1", "a byte count"),
     ("block_size_threshold", "1k", "a byte count"),
     ("sample_rate", "0", "a positive integer"),
+    ("sample_bytes", "512k", "a byte count from 0 (exact, every block)"),
     ("log_level", "loud", "debug, info, warning, error"),
     ("steps", "1,2,3,4,5,6", "1 to 5 positive step numbers"),
     ("collect_mode", "lazy", "immediate, deferred"),
@@ -121,6 +122,12 @@ def test_cross_option_rules_use_python_spelling() -> None:
         apply(events="launch")
     assert str(info.value) == (
         'analysis="leaks" needs alloc and free events, which are missing from events="launch"'
+    )
+    assert apply(analysis="host-leaks", sample_bytes="524288")["sample_bytes"] == 524288
+    with pytest.raises(ValueError) as info:
+        apply(sample_bytes="4096", sample_rate="8")
+    assert str(info.value) == (
+        'sample_bytes="4096" samples by bytes and cannot be combined with sample_rate="8"'
     )
 
 

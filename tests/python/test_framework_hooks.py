@@ -165,7 +165,7 @@ def test_a_version_key_must_cover_the_installed_framework():
 
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 10):
-        pytest.skip(f"torch {torch.__version__}: the check below is written for 2.10 and later")
+        pytest.skip(f"needs torch 2.10 or later (torch {torch.__version__} is installed)")
     with pytest.raises(ValueError) as err:
         msmemscope.init_framework_hooks("pytorch", "2.6-2.9", "fsdp2", "decompose")
     assert str(err.value) == (

@@ -24,7 +24,7 @@ from conftest import CLI, build_leaker, clean_env, interpreter
 HERE = Path(__file__).resolve().parent
 SERVICE = HERE / "scripts" / "leaky_service.py"
 
-pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built")
+pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)")
 
 
 def line_of(text: str) -> int:

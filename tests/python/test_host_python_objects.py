@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "scripts" / "record_growth.py"
 MIXED = HERE / "scripts" / "mixed_leaks.py"
 
-pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built")
+pytestmark = pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)")
 
 
 def interpreters() -> list[Path]:

@@ -142,6 +142,8 @@ def test_the_wheel_is_abi3_manylinux_and_holds_the_command_and_the_runtime(
     for name in [*binaries, "msmemscope-0.1.0.data/scripts/msmemscope"]:
         assert name in names, sorted(names)
         assert modes[name] & 0o111, f"{name} is not executable in the wheel"
+    # The runtime's C ABI, which the native capture is compiled against on first use.
+    assert "msmemscope-0.1.0.data/platlib/msmemscope/include/msmemscope/runtime.h" in names
     assert script.startswith("#!/bin/sh\n")
     assert "Requires-Python: >=3.9" in metadata
     # Nothing pinned that the user already has: no dependency but the SQL engines' extras.
@@ -199,7 +201,10 @@ def user_env(
     version, torch_req, how = ENVIRONMENTS[request.param]
     python = interpreter(version)
     if python is None:
-        pytest.skip(f"no CPython {version} on this machine (pyenv or /usr/bin)")
+        pytest.skip(
+            f"CPython {version} is not installed (looked in pyenv, /usr/local/bin, /usr/bin and "
+            "uv's ~/.local/share/uv/python; scripts/setup.sh installs it with uv)"
+        )
     root = tmp_path_factory.mktemp(request.param)
     venv = root / "venv"
     env = project_free_env()
@@ -291,7 +296,7 @@ def test_a_host_leak_window_after_sourcing_load_api_env(
     user_env: UserEnv, tmp_path: Path, shell: str
 ) -> None:
     if shutil.which(shell) is None:
-        pytest.skip(f"{shell} is not installed")
+        pytest.skip(f"{shell} is not installed (scripts/test.sh installs zsh as root)")
     (tmp_path / "window.py").write_text(HOST_WINDOW)
     script = (
         "source msmemscope --load-api-env=host || exit 9\n"

@@ -297,7 +297,8 @@ def test_without_a_compiler_the_fallback_records_and_one_line_says_why(tmp_path:
         # told at once that the build failed, without compiling again.
         assert len(lines) == (2 if attempt == 1 else 1), proc.stderr
         assert lines[-1].startswith("msmemscope: warning: native PyTorch capture unavailable: ")
-        assert "compiling capture.cpp and pyframes.cpp failed" in lines[-1]
+        assert "compiling the native capture (" in lines[-1]
+        assert "/capture/native/*.cpp) failed (exit 1; full log in " in lines[-1]
         assert "using the Python dispatch mode" in lines[-1]
         sizes = [attrs(r)["size"] for r in dump_rows(out) if r["Event"] == "MALLOC"]
         assert 40 in sizes

@@ -64,3 +64,58 @@ def test_no_file_cites_documents_the_repository_does_not_carry() -> None:
         "these lines cite documents that are not in the repository; say the fact itself, or "
         "point at the docs/ section that says it (docs/README.md):\n" + "\n".join(found)
     )
+
+
+# Where a path in ARCHITECTURE.md may be relative to: the repository, or the piece its line
+# describes (a crate's folder or sources, the Python package, its capture, tests/).
+ARCHITECTURE_BASES = (
+    "",
+    "crates/core/src",
+    "crates/runtime",
+    "crates/runtime/src",
+    "crates/cli",
+    "crates/cli/src",
+    "crates/python/src",
+    "python/msmemscope",
+    "python/msmemscope/capture",
+    "tests",
+)
+PATH_SUFFIXES = (".rs", ".py", ".md", ".h", ".c", ".cpp", ".sh", ".toml", ".sql", ".json")
+
+
+def architecture_paths(text: str) -> list[str]:
+    """The paths ARCHITECTURE.md names: in backquotes and in its code blocks, every word that
+    ends with ``/`` or a source file's suffix (a backquoted one also when it has a ``/``), and
+    every link target."""
+    found: list[str] = []
+    in_block = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_block = not in_block
+            continue
+        words = line.split() if in_block else re.findall(r"`([^`]+)`", line)
+        for word in words:
+            word = word.strip(",;:()")
+            if not re.fullmatch(r"[\w.*/-]+", word) or "*" in word or "//" in word:
+                continue
+            if word.endswith("/") or word.endswith(PATH_SUFFIXES) or (not in_block and "/" in word):
+                found.append(word)
+        found += [t for t in re.findall(r"\]\(([^)#]+)", line) if "://" not in t]
+    return found
+
+
+def test_architecture_names_only_paths_that_exist() -> None:
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    assert len(text.splitlines()) <= 150, "ARCHITECTURE.md is a map: 150 lines at most"
+    named = architecture_paths(text)
+    # The reader itself: a code block's paths and a backquoted one are both taken.
+    assert architecture_paths("```\n  -> a/b.rs x::y\n```\n`c/` and [d](e.md)") == [
+        "a/b.rs",
+        "c/",
+        "e.md",
+    ]
+    assert len(named) > 40, named
+    missing = sorted(
+        {p for p in named if not any((REPO / base / p).exists() for base in ARCHITECTURE_BASES)}
+    )
+    assert not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"

@@ -140,7 +140,7 @@ def run_script(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[s
     return proc, report
 
 
-@pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (cargo build --release)")
+@pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)")
 def test_python_marks_on_two_streams_race(tmp_path: Path) -> None:
     proc, report = run_script(tmp_path, "race")
     ptr, nbytes = (int(v) for v in re.fullmatch(r"ptr=(\d+) bytes=(\d+)\n", proc.stdout).groups())
@@ -160,7 +160,7 @@ def test_python_marks_on_two_streams_race(tmp_path: Path) -> None:
     assert f"msmemscope: sanitizer report: {report}\n" in proc.stderr
 
 
-@pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (cargo build --release)")
+@pytest.mark.skipif(not CLI.is_file(), reason=f"{CLI} is not built (scripts/setup.sh)")
 def test_python_marks_with_event_record_and_wait_do_not_race(tmp_path: Path) -> None:
     proc, report = run_script(tmp_path, "sync")
     expected = (

@@ -3,7 +3,9 @@
 //!
 //! Before connecting it checks, in order, that the process exists, belongs to the user (unless
 //! we are root), has the runtime library mapped and has the listener thread, and says which
-//! check failed. Each command goes over a fresh connection, so an idle interactive session
+//! check failed. A runtime starts that thread only when asked (so a program nobody attaches to
+//! keeps its own thread count): when the process has bound its socket and handles the wake
+//! signal, the client sends it and waits for the thread. Each command goes over a fresh connection, so an idle interactive session
 //! holds nothing in the target.
 
 use std::io::{BufRead, Write};
@@ -17,6 +19,9 @@ use std::time::Duration;
 /// The listener thread's name in `/proc/PID/task/*/comm`.
 const THREAD_NAME: &str = "msmemscope_ctrl";
 const RUNTIME_LIBRARY: &str = msmemscope_core::launch_env::RUNTIME_LIBRARY;
+/// How long the thread may take to start once the wake signal is sent: a program busy inside
+/// its allocator or the C library starts it at its next safe point.
+const WAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A snapshot of a big ledger (symbolization included) can take a while.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 /// All response frames of one command together, at most.
@@ -155,7 +160,7 @@ pub fn precheck(pid: i32) -> Result<Target, String> {
              `source msmemscope --load-api-env`"
         ));
     }
-    if !has_listener_thread(&proc_dir) {
+    if !has_listener_thread(&proc_dir) && !wake_listener(&proc_dir, &Target { pid, uid })? {
         let why = no_listener_reason(pid, uid).unwrap_or_else(|| {
             "with --load-api-env it starts at the program's first msmemscope start() or config()"
                 .to_string()
@@ -205,6 +210,44 @@ fn status_uid(status: &str) -> Option<u32> {
     line.split_whitespace().nth(2)?.parse().ok()
 }
 
+/// Asks a runtime whose socket is bound but whose thread has not started to start it: sends
+/// the wake signal, only to a process that handles it (`SigCgt` in its status: a process whose
+/// default action would end it is never sent one), and waits for the thread. `Ok(false)` when
+/// there is nothing to wake; `Err` when it was asked and did not start in time.
+fn wake_listener(proc_dir: &Path, target: &Target) -> Result<bool, String> {
+    let signal = control_socket::wake_signal();
+    let status = std::fs::read_to_string(proc_dir.join("status")).unwrap_or_default();
+    let bound = socket_candidates(target).iter().any(|p| p.exists());
+    if !bound || !catches(&status, signal) {
+        return Ok(false);
+    }
+    // SAFETY: sends a signal the target handles (checked just now) to a pid of this user.
+    if unsafe { libc::kill(target.pid, signal) } != 0 {
+        return Ok(false);
+    }
+    let deadline = std::time::Instant::now() + WAKE_TIMEOUT;
+    while std::time::Instant::now() < deadline {
+        if has_listener_thread(proc_dir) {
+            return Ok(true);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!(
+        "process {} was asked to start its control listener ({THREAD_NAME}, signal {signal})          and did not within {} s: it may be stopped inside a lock, or have taken the signal          for itself",
+        target.pid,
+        WAKE_TIMEOUT.as_secs()
+    ))
+}
+
+/// Whether the `SigCgt:` mask of a `/proc/PID/status` has a handler for `signal`.
+fn catches(status: &str, signal: i32) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| (1..=64).contains(&signal) && mask & (1u64 << (signal - 1)) != 0)
+}
+
 fn has_listener_thread(proc_dir: &Path) -> bool {
     let Ok(tasks) = std::fs::read_dir(proc_dir.join("task")) else {
         return false;
@@ -243,30 +286,38 @@ fn socket_candidates(target: &Target) -> Vec<PathBuf> {
 
 fn connect(target: &Target) -> Result<UnixStream, String> {
     let candidates = socket_candidates(target);
-    let mut last = None;
-    for path in &candidates {
-        if !path.exists() {
-            continue;
-        }
-        match UnixStream::connect(path) {
-            Ok(stream) => {
-                check_server(&stream, target)?;
-                return Ok(stream);
+    // A thread just woken may be making its socket again (the program had closed the first
+    // one): the file is briefly missing or refuses; tried again for a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let mut last = None;
+        for path in &candidates {
+            if !path.exists() {
+                continue;
             }
-            Err(e) => last = Some(format!("cannot connect to {}: {e}", path.display())),
+            match UnixStream::connect(path) {
+                Ok(stream) => {
+                    check_server(&stream, target)?;
+                    return Ok(stream);
+                }
+                Err(e) => last = Some(format!("cannot connect to {}: {e}", path.display())),
+            }
         }
+        if std::time::Instant::now() >= deadline {
+            return Err(last.unwrap_or_else(|| {
+                format!(
+                    "process {} has no control socket (looked for {})",
+                    target.pid,
+                    candidates
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Err(last.unwrap_or_else(|| {
-        format!(
-            "process {} has no control socket (looked for {})",
-            target.pid,
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    }))
 }
 
 /// The socket must be served by the target itself (same pid), not by whoever bound the path.
@@ -365,6 +416,18 @@ mod tests {
             .unwrap_err()
             .contains("version 7"));
         assert!(frame::read(&mut &f[..5]).is_err());
+    }
+
+    #[test]
+    fn caught_signals_from_status() {
+        // SIGINT (2) and signal 60 caught; 61 not.
+        let status = "Name:\tx\nSigCgt:\t0800000000000002\n";
+        assert!(catches(status, 2));
+        assert!(catches(status, 60));
+        assert!(!catches(status, 61));
+        assert!(!catches(status, 1));
+        assert!(!catches("Name: x\n", 2));
+        assert!(!catches(status, 0));
     }
 
     #[test]

@@ -240,7 +240,11 @@ fn documents(process: &Process) -> Vec<Value> {
         .overviews
         .iter()
         .filter_map(|overview| {
-            let text = std::fs::read_to_string(sites_file(overview)?).ok()?;
+            let text = crate::report::run_file::read(
+                &sites_file(overview)?,
+                crate::report::run_file::MAX_TEXT,
+            )
+            .ok()?;
             serde_json::from_str(&text).ok()
         })
         .collect()

@@ -30,10 +30,21 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         eprintln!("msmemscope: {line}");
         return ExitCode::from(2);
     }
+    // Under a file size limit (`ulimit -f`) a write of ours past it fails with EFBIG and is
+    // said, instead of SIGXFSZ ending the launcher; the program gets its own disposition back.
+    // SAFETY: setting a signal's disposition to SIG_IGN; no handler runs.
+    let xfsz = unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     // The output path is the user's choice: one it cannot be made in (read-only, not a
     // directory, no permission) is a usage error.
     let dir = match RunDir::create(config, std::process::id()) {
         Ok(dir) => dir,
+        Err(line) if line.contains("(os error 27)") => {
+            eprintln!(
+                "msmemscope: {line}: the file size limit (ulimit -f) leaves no room for the run \
+                 directory's files; raise it"
+            );
+            return ExitCode::from(2);
+        }
         Err(line) => {
             eprintln!("msmemscope: {line}; choose another --output-path");
             return ExitCode::from(2);
@@ -65,12 +76,15 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         .env(launch_env::RUN_DIR, dir.path())
         .env(launch_env::RUN_DIR_FD, held.to_string())
         .env(launch_env::LAUNCHER_PID, std::process::id().to_string());
-    // SAFETY: the closure runs in the forked child before exec and only calls fcntl, which is
-    // async-signal-safe; `held` stays open in the parent for the whole spawn.
+    // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
+    // signal, which are async-signal-safe; `held` stays open in the parent for the whole spawn.
     unsafe {
         command.pre_exec(move || {
             if libc::fcntl(held, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if xfsz != libc::SIG_ERR {
+                libc::signal(libc::SIGXFSZ, xfsz);
             }
             Ok(())
         });
@@ -151,10 +165,10 @@ pub fn run(config: &RunConfig, program: &[OsString], report: bool) -> ExitCode {
         report_host_leaks(&dir, config, &status, &program[0], full);
     } else {
         if config.format == DataFormat::Parquet {
-            convert_journals(&dir);
+            note_open_segments(&dir);
             for process in &followed {
                 if let Ok(run) = RunDir::open(&process.dir) {
-                    convert_journals(&run);
+                    note_open_segments(&run);
                 }
             }
         }
@@ -193,78 +207,40 @@ fn python_autostart_path() -> Option<OsString> {
     Some(path)
 }
 
-/// `--format parquet`: the target wrote CSV journals (a Parquet file needs a footer, which a
-/// killed process never writes); now that it has ended, however it ended, each becomes
-/// `memscope_dump_{ts}.parquet` and the journal goes. A journal cut by a kill loses its partial
-/// last row (said); one that cannot be converted stays, a complete CSV dump (said, with the
-/// command that converts it later).
-fn convert_journals(run: &RunDir) {
-    use msmemscope_core::events::parquet::export::{export, Source};
-    let devices: Vec<String> = std::fs::read_dir(run.resolved())
+/// `--format parquet`: the target wrote its dump in segments, each a complete Parquet file
+/// once closed; a target that was killed left its open segments (`*.parquet.open`) without a
+/// footer. Their rows are lost: said once each, with what is still read.
+fn note_open_segments(run: &RunDir) {
+    use msmemscope_core::events::parts::{open_segment_note, OPEN_SUFFIX};
+    let mut devices: Vec<String> = std::fs::read_dir(run.resolved())
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n.starts_with("device_"))
         .collect();
+    devices.sort();
     for device in devices {
-        let Ok(dir) = run.open_dir(&Path::new(&device).join("dump")) else {
-            continue;
-        };
-        // (directory, file, its path in the run for the log)
-        let mut journals: Vec<(RunDir, String, String)> = Vec::new();
-        for name in crate::report::parquet::dump_names(&dir, &["csv"]).unwrap_or_default() {
-            // A bounded run's step parts beside the head are journals too.
-            let parts = msmemscope_core::events::parts::parts_dir(Path::new(&name));
-            if let Ok(parts_dir) = dir.open_dir(&parts) {
-                let mut names: Vec<String> = std::fs::read_dir(parts_dir.resolved())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|n| n.starts_with("step_") && n.ends_with(".csv"))
-                    .collect();
-                names.sort();
-                for part in names {
-                    if let Ok(held) = parts_dir.try_clone() {
-                        let shown = format!("{device}/dump/{}/{part}", parts.display());
-                        journals.push((held, part, shown));
+        let dump = run.path().join(&device).join("dump");
+        let mut open: Vec<std::path::PathBuf> = Vec::new();
+        for entry in std::fs::read_dir(&dump).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(OPEN_SUFFIX) {
+                open.push(path);
+            } else if name.ends_with(".steps") && path.is_dir() {
+                for part in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                    if part.file_name().to_string_lossy().ends_with(OPEN_SUFFIX) {
+                        open.push(part.path());
                     }
                 }
             }
-            if let Ok(held) = dir.try_clone() {
-                let shown = format!("{device}/dump/{name}");
-                journals.push((held, name, shown));
-            }
         }
-        for (dir, name, shown) in journals {
-            let started = std::time::Instant::now();
-            let exported = export(&dir, &name, Source::Journal, true);
-            if let Ok(done) = &exported {
-                let seconds = started.elapsed().as_secs_f64();
-                log(
-                    run,
-                    &format!(
-                        "converted {shown} to Parquet: {} rows in {seconds:.3} s \
-                         ({:.0} rows/s)",
-                        done.rows,
-                        done.rows as f64 / seconds.max(1e-9)
-                    ),
-                );
-            }
-            match exported {
-                Ok(done) if done.cut_row_left_out => eprintln!(
-                    "msmemscope: {}: the last row, cut off when the target was killed, is left out",
-                    done.path.display()
-                ),
-                Ok(_) => {}
-                Err(e) => eprintln!(
-                    "msmemscope: event dump not converted to Parquet: {e}; the rows stay in {} \
-                     (msmemscope export --format parquet {} converts it)",
-                    dir.path().join(&name).display(),
-                    run.path().display()
-                ),
-            }
+        open.sort();
+        for segment in open {
+            let note = open_segment_note(&segment);
+            log(run, &note);
+            eprintln!("msmemscope: {note}");
         }
     }
 }
@@ -295,8 +271,14 @@ fn report_event_dump(
         .map(|e| e.path())
         .filter(|p| {
             p.is_file()
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("memscope_dump_"))
+                && p.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    // A Parquet segment a killed target left open is no dump (said above).
+                    // SQLite's rollback journal, left by a failed write, is no dump.
+                    n.starts_with("memscope_dump_")
+                        && !n.ends_with(msmemscope_core::events::parts::OPEN_SUFFIX)
+                        && !n.ends_with("-journal")
+                })
         })
         .map(|p| shown.join(p.strip_prefix(&dir).unwrap_or(&p)))
         .collect();
@@ -317,6 +299,7 @@ fn report_event_dump(
         );
     }
     let incomplete = crate::why_empty::dump_failure(run);
+    let any_dump = !dumps.is_empty();
     for dump in dumps {
         match &incomplete {
             Some(why) => eprintln!(
@@ -339,6 +322,15 @@ fn report_event_dump(
                 msmemscope_core::events::parts::SUMMARY_FILE,
             );
         }
+    }
+    let missing = msmemscope_core::events::run_end::missing_exit_files(&dir);
+    if let Some(sig) = status.signal().filter(|_| any_dump && !missing.is_empty()) {
+        eprintln!(
+            "msmemscope: the program was killed by signal {sig} ({}) before its exit: {} \
+             (written at exit) are missing; the event dump holds the rows written until then",
+            crate::why_empty::signal_name(sig).unwrap_or("?"),
+            missing.join(", ")
+        );
     }
     match run.read_to_string(Path::new(launch_env::ANALYSIS_REPORT)) {
         Ok(report) if config.log_level < LogLevel::Error => eprint!("{report}"),

@@ -21,13 +21,52 @@ pub fn reason(run: &RunDir, program: &OsStr, status: &ExitStatus) -> String {
         return "the run directory was deleted while the program ran".to_string();
     }
     if !runtime_loaded(run) {
-        return not_loaded(program);
+        // The log is made in the run directory: on a full disk it may be missing too.
+        return disk_full(run).unwrap_or_else(|| not_loaded(program));
     }
     if let Some(error) = last_runtime_error(run) {
         return format!("the runtime could not write it: {error}");
     }
+    // A full disk also keeps the runtime's log from saying so: judged from the disk itself.
+    if let Some(full) = disk_full(run) {
+        return full;
+    }
     "it ended without running exit handlers (_exit, or exec into a program without the runtime)"
         .to_string()
+}
+
+/// Free space below this on the run directory's file system counts as full: the runtime's
+/// next write of a report or a log line would not fit.
+const FULL_BELOW: u64 = 64 * 1024;
+
+/// The reason when the file system holding the run directory is full (no space, or no inode
+/// left), naming what was kept; `None` otherwise.
+fn disk_full(run: &RunDir) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let fd = run.fd().ok()?;
+    // SAFETY: all-zero bytes are a valid `statvfs`; fstatvfs writes it for a valid descriptor.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: our own descriptor and a valid out-pointer.
+    if unsafe { libc::fstatvfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // The runtime runs as the program's user: root may use the blocks kept for it.
+    let blocks = if root { st.f_bfree } else { st.f_bavail };
+    let free = blocks as u64 * st.f_frsize as u64;
+    let no_inodes = st.f_files > 0 && st.f_ffree == 0;
+    if free >= FULL_BELOW && !no_inodes {
+        return None;
+    }
+    let what = if no_inodes && free >= FULL_BELOW {
+        "has no inode left".to_string()
+    } else {
+        format!("is full ({free} bytes free)")
+    };
+    Some(format!(
+        "the disk holding the run directory {what}: No space left on device; the program's exit          status is kept, and what the runtime wrote before the disk filled stays in the run          directory"
+    ))
 }
 
 /// Whether the held run directory has no name left (removed, with everything in it).
@@ -80,15 +119,8 @@ fn last_runtime_error(run: &RunDir) -> Option<String> {
 /// Why the event dump is incomplete, when the runtime said so (a write that failed: a full
 /// disk, a file size limit).
 pub fn dump_failure(run: &RunDir) -> Option<String> {
-    runtime_logs(run)
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .find_map(|text| {
-            text.lines().find_map(|l| {
-                l.split_once(" [ERROR] event dump incomplete: ")
-                    .map(|(_, m)| m.to_string())
-            })
-        })
+    msmemscope_core::events::run_end::dump_failure(&run.resolved())
+        .map(|f| format!("since {}: {}", f.when, f.what))
 }
 
 /// Why the runtime never began in the program: what the loader does with `LD_PRELOAD` for it.

@@ -13,6 +13,14 @@ use std::path::{Path, PathBuf};
 /// thread, no attaching).
 pub const ENV_NO_CONTROL: &str = "MSMEMSCOPE_NO_CONTROL";
 
+/// The signal `msmemscope --pid` sends to a process whose control socket is bound but whose
+/// service thread has not started yet: the runtime then starts it (docs/cli.md#attach). A
+/// real-time signal the C library leaves to programs, near the top of the range where
+/// programs seldom reach.
+pub fn wake_signal() -> i32 {
+    libc::SIGRTMAX() - 4
+}
+
 /// The directory the socket goes in, before it is checked or created.
 pub fn socket_dir(uid: u32, xdg_runtime_dir: Option<OsString>) -> PathBuf {
     if let Some(xdg) = xdg_runtime_dir.filter(|x| !x.is_empty()) {

@@ -69,6 +69,7 @@ fn example(option: OptionName) -> &'static str {
         OptionName::HostLeakMode => "summary",
         OptionName::BlockSizeThreshold => "1024",
         OptionName::SampleRate => "1",
+        OptionName::SampleBytes => "524288",
         OptionName::InputPath => "a.csv,b.csv",
         OptionName::Pid => "1234",
         OptionName::Follow => "exec",

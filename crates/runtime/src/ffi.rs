@@ -138,7 +138,11 @@ pub unsafe extern "C" fn msmemscope_emit_block(record: *const BlockRecord) -> i3
 /// `name` points at `len` bytes that stay valid and unchanged until the process exits (or is
 /// null with `len` 0).
 #[cfg_attr(not(test), no_mangle)]
-pub unsafe extern "C" fn msmemscope_emit_op(event_type: u32, name: *const u8, len: usize) -> i32 {
+pub unsafe extern "C" fn msmemscope_emit_op(
+    event_type: u32,
+    name: *const std::ffi::c_char,
+    len: usize,
+) -> i32 {
     let event_type = match EventType::from_u32(event_type) {
         Some(t @ (EventType::AtenStart | EventType::AtenEnd)) => t,
         _ => return INVALID,

@@ -24,6 +24,13 @@ struct ThreadSlots {
     /// Where this thread's errno is (null until first asked): it never moves, and asking libc
     /// is a call.
     errno: Cell<*mut libc::c_int>,
+    /// Sampling by bytes: what this thread may still allocate before its next sample (0 until
+    /// the first draw, so the first allocation takes the slow path and draws).
+    countdown: Cell<i64>,
+    /// The mean interval the countdown was drawn for (0: never drawn), and the generator's
+    /// state (seeded on the first draw).
+    sample_mean: Cell<u64>,
+    sample_rng: Cell<u64>,
 }
 
 thread_local! {
@@ -35,6 +42,9 @@ thread_local! {
             stripe: Cell::new(usize::MAX),
             unwinder: Cell::new(std::ptr::null_mut()),
             errno: Cell::new(std::ptr::null_mut()),
+            countdown: Cell::new(0),
+            sample_mean: Cell::new(0),
+            sample_rng: Cell::new(0),
         }
     };
 }
@@ -95,6 +105,68 @@ impl Entered {
     #[inline]
     pub fn unwinder(&self) -> &Cell<*mut ()> {
         &self.slots().unwinder
+    }
+
+    /// Sampling by bytes with mean interval `mean`: whether this allocation of `size` bytes is
+    /// sampled. The unsampled path is a subtract and a branch on this thread's own countdown:
+    /// no lock, no atomic, no system call.
+    #[inline(always)]
+    pub fn take_sample(&self, size: u64, mean: u64) -> bool {
+        let slots = self.slots();
+        let left = slots.countdown.get().wrapping_sub(size as i64);
+        slots.countdown.set(left);
+        if left > 0 {
+            return false;
+        }
+        self.sample_slow(size, mean)
+    }
+
+    /// The countdown ran out (or was never drawn, or was drawn for another interval).
+    #[cold]
+    #[inline(never)]
+    fn sample_slow(&self, size: u64, mean: u64) -> bool {
+        let slots = self.slots();
+        if slots.sample_mean.get() != mean {
+            // First draw of this thread, or a window with another interval: the countdown so
+            // far belongs to no window, so this allocation is decided on a fresh one.
+            slots.sample_mean.set(mean);
+            let fresh = self.draw_interval(mean) as i64 - size as i64;
+            slots.countdown.set(fresh);
+            if fresh > 0 {
+                return false;
+            }
+        }
+        // Memoryless: the next sample point is a fresh draw after this block, whatever of the
+        // block lay beyond the point that was hit.
+        let next = self.draw_interval(mean) as i64;
+        slots.countdown.set(next);
+        true
+    }
+
+    /// An exponentially distributed number of bytes of mean `mean`, from this thread's own
+    /// generator (xorshift64*, seeded from the thread's slots' address, which differs between
+    /// threads and, with address randomisation, between runs, and a process-wide count).
+    fn draw_interval(&self, mean: u64) -> u64 {
+        static SEEDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let slots = self.slots();
+        let mut x = slots.sample_rng.get();
+        if x == 0 {
+            // splitmix64's finaliser spreads the few bits that differ.
+            let mut z = (self.slots as u64)
+                ^ SEEDS
+                    .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+                    .rotate_left(17);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x = (z ^ (z >> 31)) | 1;
+        }
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        slots.sample_rng.set(x);
+        let bits = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11;
+        let uniform = (bits as f64 + 1.0) / (1u64 << 53) as f64;
+        msmemscope_core::host_leak::sampling::next_interval(uniform, mean)
     }
 
     /// This thread's stripe of the striped counters: handed out in order of a thread's first

@@ -39,8 +39,8 @@ extern "C" fn on_load() {
                 capture::prime_this_thread();
             }
             ensure_exit_handler();
-            // `msmemscope --pid` can attach to every launched run; the same thread reads the
-            // signal pipe.
+            // `msmemscope --pid` can attach to every launched run: its socket is bound now, its
+            // thread (which also reads the signal pipe) starts when first needed.
             crate::control::signals::prepare();
             crate::control::start();
             crate::control::signals::install();
@@ -93,6 +93,11 @@ pub extern "C" fn at_exit(_: *mut libc::c_void) {
         return;
     };
     let _ = catch_unwind(AssertUnwindSafe(finish_run));
+    if crate::control::signals::is_terminating() && !crate::control::service_running() {
+        // The run has just been finished here, and no service thread was started to take the
+        // signal: its default action, now.
+        crate::control::signals::default_of_pending();
+    }
     if crate::control::signals::is_terminating() {
         // A terminating signal is being taken through the end of the run on the service
         // thread, which then raises it again: the process ends by that signal, as it would

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
-use msmemscope_core::config::{CollectMode, DataFormat, RunConfig};
+use msmemscope_core::config::{CollectMode, RunConfig};
 use msmemscope_core::run_dir::RunDir;
 
 use crate::host_leak::settings::{CapOverrides, WindowSettings};
@@ -38,9 +38,6 @@ struct State {
     dir: Option<Arc<RunDir>>,
     origin: Origin,
     caps: CapOverrides,
-    /// The launcher asked for `--format parquet`: it turns the journals into Parquet files
-    /// when the program has ended, however it ends, so the exit handler leaves them.
-    launcher_converts: bool,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -65,7 +62,6 @@ impl State {
             dir: None,
             origin: Origin::Api,
             caps: CapOverrides::default(),
-            launcher_converts: false,
         }
     }
 }
@@ -85,7 +81,6 @@ pub fn begin_launched(dir: Option<RunDir>, config: RunConfig, caps: CapOverrides
         s.dir = dir.map(Arc::new);
         s.origin = Origin::Launched;
         s.caps = caps.clone();
-        s.launcher_converts = config.format == DataFormat::Parquet;
     });
     pipeline::apply_config(&config, run_dir_handle);
     // Stacks (host-leak blocks, `--call-stack c`) need the modules and the runtime's own range.
@@ -271,7 +266,7 @@ pub fn finish() {
             )),
         }
     }
-    pipeline::shutdown(!with_state(|s| s.launcher_converts));
+    pipeline::shutdown();
     // After the pipeline: the sanitizer's console text follows the analyses' report.
     let (origin, config) = with_state(|s| (s.origin, s.config.clone()));
     // The launcher prints analysis_report.txt once an event-dump program has ended.

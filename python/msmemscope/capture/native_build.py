@@ -41,9 +41,26 @@ from typing import Any
 __all__ = ["Unavailable", "cache_dir", "library"]
 
 _NATIVE = Path(__file__).resolve().parent / "native"
-# capture.cpp: the PyTorch side; pyframes.cpp: Python frames (built with the interpreter's
-# internal headers, kept apart so that capture.cpp sees only the public C API).
-SOURCES = (_NATIVE / "capture.cpp", _NATIVE / "pyframes.cpp")
+# The PyTorch side, one part a file (capture.h lists them), and pyframes.cpp: Python frames
+# (built with the interpreter's internal headers, kept apart so that the PyTorch side sees
+# only the public C API).
+SOURCES = tuple(
+    _NATIVE / name
+    for name in (
+        "capture.cpp",
+        "owners.cpp",
+        "blocks.cpp",
+        "ops.cpp",
+        "allocators.cpp",
+        "pyframes.cpp",
+    )
+)
+# Included by the sources: a change to them is a change to the library.
+HEADERS = (_NATIVE / "capture.h", _NATIVE / "blocks.h")
+# The runtime's C ABI, msmemscope/runtime.h (generated from the Rust): a wheel ships it in the
+# package's include/ (build_support/msmemscope_backend.py); a checkout, in the runtime's crate.
+_PACKAGE = Path(__file__).resolve().parent.parent
+_ABI_INCLUDES = (_PACKAGE / "include", _PACKAGE.parent.parent / "crates" / "runtime" / "include")
 _BUILD_TIMEOUT_S = 600
 
 
@@ -60,6 +77,14 @@ def cache_dir() -> Path:
     return base / "msmemscope"
 
 
+def abi_include() -> Path:
+    """The folder that holds ``msmemscope/runtime.h``, the runtime's C ABI."""
+    for folder in _ABI_INCLUDES:
+        if (folder / "msmemscope" / "runtime.h").is_file():
+            return folder
+    raise Unavailable(f"the runtime's C header msmemscope/runtime.h is not in {_ABI_INCLUDES[0]}")
+
+
 def _compiler() -> str:
     for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if name and shutil.which(name):
@@ -70,7 +95,7 @@ def _compiler() -> str:
 def _key(torch: Any, cxx: str) -> str:
     """What the built library depends on: this source, the torch build, its C++ ABI, Python."""
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS, abi_include() / "msmemscope" / "runtime.h"):
         h.update(source.read_bytes())
     abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
     h.update(f"{torch.__version__}|{torch.__file__}|{abi}|{sys.version}|{cxx}".encode())
@@ -108,6 +133,7 @@ def compile_command(torch: Any, cxx: str, sources: Sequence[Path], out: Path) ->
         str(include / "torch" / "csrc" / "api" / "include"),
         "-isystem",
         py_include,
+        f"-I{abi_include()}",
         *(str(source) for source in sources),
         "-o",
         str(out),
@@ -151,9 +177,9 @@ def library(torch: Any, notice: Callable[[str], None] | None = None) -> Path:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
             (directory / "build.log").write_text(" ".join(cmd) + "\n" + proc.stderr)
             why = first.strip() or f"exit {proc.returncode}"
-            names = " and ".join(s.name for s in SOURCES)
             log = directory / "build.log"
-            reason = f"compiling {names} failed ({why}; full log in {log})"
+            sources = f"{_NATIVE}/*.cpp"
+            reason = f"compiling the native capture ({sources}) failed ({why}; full log in {log})"
             failed.write_text(reason + "\n")
             raise Unavailable(reason)
         os.replace(partial, target)

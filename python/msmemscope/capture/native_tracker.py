@@ -40,11 +40,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import extensions, modules, owners, sites
+from .config import SKIP_DIRS, Config, report_once
+from .op_info import OP_OVERLOAD, OpInfo, dtensor_in
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
 
-    from .torch_tracker import _Config, _OpInfo
     from .tracker import OpWatch, Tracker
 
 __all__ = ["NativeTracker", "load_library"]
@@ -175,23 +176,21 @@ class NativeTracker:
     capture = "native"
 
     def __init__(self, nat: ModuleType, lib: ctypes.CDLL) -> None:
-        from .torch_tracker import _SKIP_DIRS, _Config
-
         self.nat = nat
         self.lib = lib
-        self.cfg = _Config()
+        self.cfg = Config()
         self.enabled = False
         self.reported = False
         self.lock = threading.RLock()
         self.freed = _Freed(lib)
-        self.ops: dict[OpOverload, _OpInfo] = {}
+        self.ops: dict[OpOverload, OpInfo] = {}
         # Categories given to storages (by identity): a storage resized outside the dispatcher
         # (FSDP) gets a new block, which keeps the category.
         self.categories: MutableMapping[torch.UntypedStorage, str] = WeakIdKeyDictionary()
         # block address -> ref to its storage
         self.adopted: dict[int, weakref.ref[torch.UntypedStorage]] = {}
-        lib.msmemscope_torch_skip_prefixes("\n".join(_SKIP_DIRS).encode())
-        lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(_SKIP_DIRS)).encode())
+        lib.msmemscope_torch_skip_prefixes("\n".join(SKIP_DIRS).encode())
+        lib.msmemscope_torch_library_prefixes("\n".join(sites.library_dirs(SKIP_DIRS)).encode())
         owners.attach_native(lib)
         modules.attach_native(lib)
         self._watch: OpWatch | None = None
@@ -221,16 +220,14 @@ class NativeTracker:
                 mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             mode.retired = True
 
-    def op_info(self, func: OpOverload) -> _OpInfo:
-        from .torch_tracker import _OpInfo
-
+    def op_info(self, func: OpOverload) -> OpInfo:
         info = self.ops.get(func)
         if info is None:
-            info = self.ops[func] = _OpInfo(func)
+            info = self.ops[func] = OpInfo(func)
         return info
 
     # --- configuration --------------------------------------------------------------------------
-    def configure(self, cfg: _Config) -> None:
+    def configure(self, cfg: Config) -> None:
         self.cfg = cfg
         self.lib.msmemscope_torch_configure(
             int(cfg.alloc),
@@ -260,8 +257,6 @@ class NativeTracker:
         self.lib.msmemscope_torch_uninstall()
 
     def report(self, exc: BaseException) -> None:
-        from .torch_tracker import report_once
-
         report_once(self, exc)
 
     # --- owners ---------------------------------------------------------------------------------
@@ -402,17 +397,15 @@ class _WatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        from .torch_tracker import _dtensor_in, _OpOverload
-
         if kwargs is None:
             kwargs = {}
         tr = self.tracker
         w = tr.watch
         if self.retired or w is None or not tr.enabled or not tr.nat.tracing():
             return func(*args, **kwargs)
-        if _dtensor_in(types):
+        if dtensor_in(types):
             return NotImplemented
-        if type(func) is not _OpOverload:
+        if type(func) is not OP_OVERLOAD:
             return func(*args, **kwargs)
         try:
             info = tr.op_info(func)

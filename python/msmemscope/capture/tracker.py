@@ -1,7 +1,8 @@
 """The interface both PyTorch captures offer the rest of the package, and the one they call.
 
 :mod:`.torch_tracker` installs one tracker per process: the native capture's
-:class:`~.native_tracker.NativeTracker`, or the dispatch-mode fallback ``torch_tracker._Tracker``.
+:class:`~.native_tracker.NativeTracker`, or the dispatch-mode fallback's
+:class:`~.dispatch_tracker.DispatchTracker`.
 Code that works with either (the owner hooks, the memory block watch, the watcher's address
 lookups) uses only the members of :class:`Tracker` below. Members that only one capture has
 (``live``/``used`` of the fallback; ``live_block``, ``usage``, ``configure``, ``start``/``stop``
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
 
     import torch
 
+    from .config import Config
     from .native_tracker import _Freed
-    from .torch_tracker import _Config, _OpInfo
+    from .op_info import OpInfo
 
 __all__ = ["OpWatch", "Tracker"]
 
@@ -36,12 +38,12 @@ class OpWatch(Protocol):
     memory block watch (``msmemscope.watch.state.Watch``), which sets and clears that attribute
     itself. Neither call raises."""
 
-    def before(self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+    def before(self, info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
         """Before the op runs, with its arguments."""
         ...
 
     def after(
-        self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
+        self, info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
     ) -> None:
         """After the op returned ``out``."""
         ...
@@ -54,7 +56,7 @@ class Tracker(Protocol):
     nat: ModuleType
     """The runtime's native module (``msmemscope._native``) the tracker emits through."""
 
-    cfg: _Config
+    cfg: Config
     """The parts of the runtime's configuration the tracker acts on; replaced by
     ``torch_tracker.reload_config`` when the configuration changes."""
 

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     import torch
 
-    from ..capture.torch_tracker import _OpInfo
+    from ..capture.op_info import OpInfo
     from ..capture.tracker import Tracker
 
 MAX_NAME = 64
@@ -469,7 +469,7 @@ class Watch:
             self.dropped_changes += 1
 
     # --- around one op --------------------------------------------------------------------------
-    def before(self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
+    def before(self, info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object]) -> None:
         try:
             with self.lock:
                 self.local.pending = None
@@ -501,7 +501,7 @@ class Watch:
             self._report(exc)
 
     def after(
-        self, info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
+        self, info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object], out: object
     ) -> None:
         try:
             pending = getattr(self.local, "pending", None)
@@ -658,7 +658,7 @@ def _similar(name: str, seen: Iterable[str]) -> str:
 
 
 def _written_arg(
-    info: _OpInfo, args: Sequence[object], kwargs: Mapping[str, object], addr: int, length: int
+    info: OpInfo, args: Sequence[object], kwargs: Mapping[str, object], addr: int, length: int
 ) -> str | None:
     """The name of the first argument the op's schema writes whose memory overlaps
     ``[addr, addr + length)``, or None."""

@@ -1,36 +1,22 @@
-/* A stand-in for libmsmemscope_runtime.so that implements its C ABI (crates/core/src/events/abi/)
- * by recording every call, so the tests can check what the extension passes across it.
- * Built by tests/python/conftest.py; -DFAKE_ABI=N sets the ABI version it reports, and
- * -DONLY_VERSION builds a library that exports nothing else. */
+/* A stand-in for libmsmemscope_runtime.so that implements its C ABI (msmemscope/runtime.h,
+ * generated from the Rust) by recording every call, so the tests can check what the extension
+ * passes across it. Its definitions are checked against the header's declarations, so it cannot
+ * drift from the real one. Built by tests/python/conftest.py; -DFAKE_ABI=N sets the ABI version
+ * it reports, and -DONLY_VERSION builds a library that exports nothing else. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include <msmemscope/runtime.h>
+
 #ifndef FAKE_ABI
-#define FAKE_ABI 4
+#define FAKE_ABI MSMEMSCOPE_ABI_VERSION
 #endif
 
 uint32_t msmemscope_abi_version(void) { return FAKE_ABI; }
 
 #ifndef ONLY_VERSION
-typedef struct {
-    const uint8_t *ptr;
-    size_t len;
-} StrRef;
-
-typedef struct {
-    uint32_t event;
-    uint32_t event_type;
-    StrRef name;
-    uint32_t device_kind;
-    uint32_t device_index;
-    uint32_t has_ptr;
-    uint64_t ptr;
-    StrRef attrs_json;
-    StrRef python_stack;
-    uint32_t want_c_stack;
-} EventRecord;
 
 /* Settable from Python with ctypes (c_int.in_dll). */
 int fake_emit_rc = 0;
@@ -60,7 +46,7 @@ const char *fake_journal(void) {
     return journal;
 }
 
-int32_t msmemscope_emit(const EventRecord *r) {
+int32_t msmemscope_emit(const msmemscope_event_record *r) {
     note("emit|%u|%u|%.*s|%u|%u|%u|%llu|%.*s|%.*s|%u\n", r->event, r->event_type, (int)r->name.len,
          (const char *)r->name.ptr, r->device_kind, r->device_index, r->has_ptr,
          (unsigned long long)r->ptr, (int)r->attrs_json.len, (const char *)r->attrs_json.ptr,
@@ -68,22 +54,7 @@ int32_t msmemscope_emit(const EventRecord *r) {
     return fake_emit_rc;
 }
 
-typedef struct {
-    uint32_t event;
-    uint32_t event_type;
-    uint32_t device_kind;
-    uint32_t device_index;
-    uint64_t ptr;
-    uint64_t allocation_id;
-    uint64_t size;
-    uint32_t flags;
-    uint32_t reserved;
-    uint64_t used;
-    uint64_t total;
-    StrRef category, labels, site, frame, op, module, python_stack;
-} BlockRecord;
-
-int32_t msmemscope_emit_block(const BlockRecord *r) {
+int32_t msmemscope_emit_block(const msmemscope_block_record *r) {
     note("emit_block|%u|%u|%llu|%llu|%llu|%u\n", r->event, r->device_kind,
          (unsigned long long)r->ptr, (unsigned long long)r->allocation_id,
          (unsigned long long)r->size, r->flags);
@@ -97,7 +68,7 @@ int32_t msmemscope_emit_op(uint32_t event_type, const char *name, size_t len) {
 
 int32_t msmemscope_tracing(void) { return fake_tracing; }
 
-int32_t msmemscope_configure(StrRef json) {
+int32_t msmemscope_configure(msmemscope_str json) {
     note("configure\n");
     if (fake_configure_rc != 0) return fake_configure_rc;
     if (json.len >= sizeof config) return -1;

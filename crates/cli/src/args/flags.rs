@@ -131,6 +131,13 @@ pub(super) const OPTIONS: &[OptSpec] = &[
         "host-leaks tracks about 1 in N allocations (default 1, all): ",
     ),
     opt(
+        Some("sample-bytes"),
+        None,
+        Kind::Config(OptionName::SampleBytes),
+        "N",
+        "host-leaks samples about one block per N bytes allocated, reporting estimates (default 0, exact; 524288 for services and long jobs): ",
+    ),
+    opt(
         Some("dump-budget"),
         None,
         Kind::Config(OptionName::DumpBudget),

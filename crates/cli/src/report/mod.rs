@@ -12,6 +12,7 @@
 mod page;
 pub mod parquet;
 mod pickle;
+pub(crate) mod run_file;
 mod sections;
 mod timeline;
 mod torch_snapshot;

@@ -125,10 +125,19 @@ fn export_run(run: &Path, outcome: &mut Outcome) {
             };
             match export(&dir, &name, source, true) {
                 Ok(done) => {
-                    if done.cut_row_left_out {
+                    if done.cut_row_left_out && source == Source::Journal {
                         eprintln!(
                             "msmemscope: {}: the journal's last row, cut off when the run was \
                              killed, is left out",
+                            done.path.display()
+                        );
+                    } else if done.cut_row_left_out {
+                        let dump = dir.path().join(&name);
+                        eprintln!(
+                            "msmemscope: warning: {}: the last row is cut off (the writing \
+                             stopped inside it: {}); it is left out of {}",
+                            dump.display(),
+                            msmemscope_core::events::run_end::cut_row_cause(&dump),
                             done.path.display()
                         );
                     }

@@ -13,6 +13,8 @@ use msmemscope_core::events::row::format_ptr;
 use msmemscope_core::events::{Event, EventRow};
 use serde_json::{json, Value};
 
+use super::run_file;
+
 /// OOM_DETAIL rows kept for the page (the first ones; the rest are counted).
 pub const MAX_OOM_ROWS: usize = 10_000;
 /// Compare rows kept per file: the first ones as they are, then only ops whose memory differs
@@ -290,8 +292,7 @@ fn files_in(dir: &Path, prefix: &str, ext: &str) -> Vec<std::path::PathBuf> {
 pub fn compare_json(run: &Path) -> Result<Value, String> {
     let mut out = Vec::new();
     for path in files_in(&run.join("compare"), "memory_compare_", ".csv") {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = run_file::read(&path, run_file::MAX_CSV)?;
         let mut lines = text.lines();
         let sides = lines.next().unwrap_or_default();
         let columns = lines.next().unwrap_or_default();
@@ -349,9 +350,9 @@ pub fn compare_json(run: &Path) -> Result<Value, String> {
 /// column is found by name, so the view follows the file's own header.
 pub fn watch_json(run: &Path) -> Result<Value, String> {
     let mut out = Vec::new();
+    let summary = run.join("watch_dump/watch_summary.txt");
     for path in files_in(&run.join("watch_dump"), "", ".csv") {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = run_file::read(&path, run_file::MAX_CSV)?;
         let mut lines = text.lines();
         let header = csv_fields(lines.next().unwrap_or_default());
         // The first word that some column contains wins: the words are in order of preference.
@@ -404,7 +405,7 @@ pub fn watch_json(run: &Path) -> Result<Value, String> {
         out.push(json!({
             "file": path.file_name().map(|n| n.to_string_lossy().into_owned()),
             "header": header,
-            "summary": std::fs::read_to_string(run.join("watch_dump/watch_summary.txt")).ok(),
+            "summary": run_file::read(&summary, run_file::MAX_TEXT).ok(),
             "checksum_column": sum,
             "rows": rows,
             "total": total,
@@ -419,8 +420,7 @@ pub fn host_leak_json(run: &Path) -> Result<Value, String> {
     let dir = run.join("host_leak");
     let mut windows = Vec::new();
     for path in files_in(&dir, "leak_sites_", ".json") {
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = run_file::read(&path, run_file::MAX_TEXT)?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
         windows.push(value);
@@ -428,7 +428,7 @@ pub fn host_leak_json(run: &Path) -> Result<Value, String> {
     let overviews: Vec<Value> = files_in(&dir, "leak_overview_", ".txt")
         .into_iter()
         .filter_map(|p| {
-            let text = std::fs::read_to_string(&p).ok()?;
+            let text = run_file::read(&p, run_file::MAX_TEXT).ok()?;
             Some(json!({"file": p.file_name()?.to_string_lossy(), "text": text}))
         })
         .collect();

@@ -8,6 +8,8 @@ pub const DEFAULT_STACK_DEPTH: u32 = 50;
 pub const MAX_STACK_DEPTH: u32 = 1000;
 /// Largest sample rate; larger requests are clipped to it.
 pub const MAX_SAMPLE_RATE: u64 = 1 << 30;
+/// Largest `--sample-bytes` interval (1 TiB): beyond it nearly nothing would be sampled.
+pub const MAX_SAMPLE_BYTES: u64 = 1 << 40;
 /// Default and limits of K in `oom:K`.
 pub const DEFAULT_OOM_K: u32 = 10;
 pub const MAX_OOM_K: u32 = 1000;
@@ -51,8 +53,8 @@ pub enum CollectMode {
 pub enum DataFormat {
     Csv,
     Db,
-    /// Written as the CSV journal while the program runs, turned into
-    /// `memscope_dump_{ts}.parquet` when it ends (`events::parquet::export`).
+    /// `memscope_dump_{ts}.parquet`, written by the writer thread in segments that are complete
+    /// Parquet files (`events::parts`).
     Parquet,
 }
 
@@ -123,6 +125,10 @@ pub struct RunConfig {
     pub sample_rate_requested: u64,
     /// The effective sample rate: a power of two, at most [`MAX_SAMPLE_RATE`].
     pub sample_rate: u64,
+    /// Host-leak sampling by bytes: the mean number of bytes allocated between two sampled
+    /// blocks (0: every block is tracked).
+    #[serde(default)]
+    pub sample_bytes: u64,
     /// Where the run sits in a distributed job, from the environment the run directory was made
     /// in: how `msmemscope ranks` tells the ranks' runs apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,6 +224,7 @@ impl Default for RunConfig {
             block_size_threshold: 0,
             sample_rate_requested: 1,
             sample_rate: 1,
+            sample_bytes: 0,
             distributed: None,
             follow: Follow::Exec,
             python_objects: true,

@@ -570,6 +570,20 @@ pub fn parse_sample_rate(value: &str) -> Result<SampleRate, ConfigError> {
     }
 }
 
+/// `--sample-bytes N`: 0 (exact) or a mean sampling interval in bytes, at most
+/// [`MAX_SAMPLE_BYTES`].
+pub fn parse_sample_bytes(value: &str) -> Result<u64, ConfigError> {
+    match parse_digits::<u64>(value) {
+        Some(n) if n <= MAX_SAMPLE_BYTES => Ok(n),
+        Some(_) => Err(ConfigError::invalid_because(
+            OptionName::SampleBytes,
+            value,
+            "more than 2^40",
+        )),
+        None => Err(ConfigError::invalid(OptionName::SampleBytes, value)),
+    }
+}
+
 /// `--input-path base,compare` of `--compare`: exactly two non-empty paths.
 pub fn parse_input_paths(value: &str) -> Result<[PathBuf; 2], ConfigError> {
     let option = OptionName::InputPath;
@@ -623,6 +637,7 @@ pub fn set_option(
             config.sample_rate_requested = rate.requested;
             config.sample_rate = rate.effective;
         }
+        OptionName::SampleBytes => config.sample_bytes = parse_sample_bytes(value)?,
         OptionName::Follow => config.follow = parse_follow(value)?,
         OptionName::PythonObjects => config.python_objects = parse_python_objects(value)?,
         OptionName::DumpBudget => config.dump_budget = parse_dump_budget(value)?,
@@ -892,6 +907,11 @@ mod tests {
         );
         assert!(err(parse_sample_rate("0")).contains("0 is not a rate"));
         assert!(parse_sample_rate("-4").is_err());
+        assert_eq!(parse_sample_bytes("0"), Ok(0));
+        assert_eq!(parse_sample_bytes("524288"), Ok(524288));
+        assert_eq!(parse_sample_bytes("1099511627776"), Ok(1 << 40));
+        assert!(err(parse_sample_bytes("1099511627777")).contains("more than 2^40"));
+        assert!(err(parse_sample_bytes("512k")).starts_with("invalid --sample-bytes \"512k\""));
         assert_eq!(parse_pid("1234"), Ok(1234));
         assert!(parse_pid("0").is_err());
         assert!(parse_pid("-5").is_err());
@@ -1045,6 +1065,26 @@ mod tests {
         .unwrap();
         assert_eq!(config.events, vec![Alloc, Free, Launch]);
         assert_eq!(config.analysis, vec![Analysis::Oom(5)]);
+    }
+
+    #[test]
+    fn sampling_is_by_count_or_by_bytes() {
+        let config = resolved(&[(OptionName::SampleBytes, "524288")]).unwrap();
+        assert_eq!(config.sample_bytes, 524288);
+        assert!(resolved(&[
+            (OptionName::SampleBytes, "0"),
+            (OptionName::SampleRate, "8")
+        ])
+        .is_ok());
+        assert_eq!(
+            resolved(&[
+                (OptionName::SampleBytes, "4096"),
+                (OptionName::SampleRate, "8")
+            ])
+            .unwrap_err()
+            .to_string(),
+            "--sample-bytes=4096 samples by bytes and cannot be combined with --sample-rate=8"
+        );
     }
 
     #[test]

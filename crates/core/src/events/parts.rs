@@ -4,7 +4,14 @@
 //! flight recorder (`crate::recorder`) decides what is kept; the readers chain the files here
 //! into one stream of rows and say which steps are in the summary only.
 //!
-//! A leaf of `events`: names and texts only, no rows.
+//! A `--format parquet` dump is written in segments, each a complete Parquet file (a file is
+//! readable only once its footer is written): the head's first segment is the head file, its
+//! later ones `head_{N}.parquet` in the same directory as the parts, and a long step's rows
+//! are cut into parts the same way. The one segment being written has the suffix
+//! [`OPEN_SUFFIX`] until it is complete; a run that ended without closing it (killed) leaves
+//! it so, and the readers name it as the rows they miss.
+//!
+//! Names and texts only, no rows; the summary is opened through `source` (a regular file only).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -26,6 +33,14 @@ pub fn is_part_name(name: &str) -> bool {
     parse_part_name(name).is_some()
 }
 
+/// A later segment of the head, inside [`parts_dir`] (the first is the head file itself).
+pub fn head_segment_name(segment: u32, ext: &str) -> String {
+    format!("head_{segment:06}.{ext}")
+}
+
+/// The suffix of a segment file while it is written: its name once complete, then this.
+pub const OPEN_SUFFIX: &str = ".open";
+
 /// The summary file, inside [`parts_dir`].
 pub const SUMMARY_FILE: &str = "steps.csv";
 
@@ -34,15 +49,26 @@ fn parse_part_name(name: &str) -> Option<(u64, u32, &str)> {
     let rest = name.strip_prefix("step_")?;
     let (stem, ext) = rest.split_once('.')?;
     let (step, part) = stem.split_once('_')?;
-    if step.len() != 10 || part.len() != 3 {
+    // Parts past 999 (a long step cut into many) take more digits.
+    if step.len() != 10 || part.len() < 3 {
         return None;
     }
     Some((step.parse().ok()?, part.parse().ok()?, ext))
 }
 
-/// The files that make one dump, in the order of their rows: the head, then the step parts
-/// kept beside it, by step and part. A part with the head's extension is taken over another
-/// of the same step and part (a Parquet run's journal being converted).
+/// (segment, extension) of a later head segment's name.
+fn parse_head_segment_name(name: &str) -> Option<(u32, &str)> {
+    let (number, ext) = name.strip_prefix("head_")?.split_once('.')?;
+    if number.len() < 6 || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((number.parse().ok()?, ext))
+}
+
+/// The files that make one dump, in the order of their rows: the head, its later segments,
+/// then the step parts kept beside it, by step and part. A part with the head's extension is
+/// taken over another of the same step and part (an older Parquet run's journal being
+/// converted).
 pub fn dump_files(head: &Path) -> Vec<PathBuf> {
     let mut files = vec![head.to_path_buf()];
     let head_ext = head.extension().and_then(|e| e.to_str()).unwrap_or("");
@@ -51,10 +77,17 @@ pub fn dump_files(head: &Path) -> Vec<PathBuf> {
         return files;
     };
     let mut parts: Vec<((u64, u32), bool, PathBuf)> = Vec::new();
+    let mut segments: Vec<(u32, PathBuf)> = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some((step, part, ext)) =
-            parse_part_name(&name.to_string_lossy()).map(|(s, p, e)| (s, p, e.to_string()))
+        let name = name.to_string_lossy();
+        if let Some((segment, ext)) = parse_head_segment_name(&name) {
+            if ext == head_ext {
+                segments.push((segment, entry.path()));
+            }
+            continue;
+        }
+        let Some((step, part, ext)) = parse_part_name(&name).map(|(s, p, e)| (s, p, e.to_string()))
         else {
             continue;
         };
@@ -68,8 +101,45 @@ pub fn dump_files(head: &Path) -> Vec<PathBuf> {
     // The head's own extension first within one (step, part), then one file per (step, part).
     parts.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
     parts.dedup_by(|later, first| later.0 == first.0);
+    segments.sort();
+    files.extend(segments.into_iter().map(|(_, path)| path));
     files.extend(parts.into_iter().map(|(_, _, path)| path));
     files
+}
+
+/// The segments of the dump at `head` that a run left unfinished ([`OPEN_SUFFIX`]): the head
+/// itself, or a later segment or part. Each is the dump's newest rows, which no reader gets.
+pub fn open_segments(head: &Path) -> Vec<PathBuf> {
+    let mut open = Vec::new();
+    let mut name = head.as_os_str().to_owned();
+    name.push(OPEN_SUFFIX);
+    let head_open = PathBuf::from(name);
+    if head_open.is_file() {
+        open.push(head_open);
+    }
+    if let Ok(entries) = std::fs::read_dir(parts_dir(head)) {
+        let mut names: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().ends_with(OPEN_SUFFIX))
+            })
+            .collect();
+        names.sort();
+        open.extend(names);
+    }
+    open
+}
+
+/// One line for a reader of a dump a run left unfinished: the segment that was being written,
+/// whose rows are missing.
+pub fn open_segment_note(segment: &Path) -> String {
+    format!(
+        "{}: the run ended while this segment of the dump was being written (it has no Parquet \
+         footer): its rows, the dump's newest, are missing; the rows read are those before them",
+        segment.display()
+    )
 }
 
 /// What a bounded run's dump holds: the steps summarized, and which of them kept their rows.
@@ -91,7 +161,7 @@ pub fn coverage(head: &Path) -> Option<Coverage> {
 
 /// [`coverage`] of the dump whose files ([`dump_files`]) are already listed.
 fn coverage_of(head: &Path, files: &[PathBuf]) -> Option<Coverage> {
-    let summary = std::fs::read_to_string(parts_dir(head).join(SUMMARY_FILE)).ok()?;
+    let summary = summary_steps(&parts_dir(head).join(SUMMARY_FILE))?;
     let parts: BTreeSet<u64> = files
         .iter()
         .skip(1)
@@ -103,24 +173,59 @@ fn coverage_of(head: &Path, files: &[PathBuf]) -> Option<Coverage> {
         summarized_only: Vec::new(),
     };
     let mut kept = parts.clone();
-    for line in summary.lines().skip(1) {
-        let mut fields = line.split(',');
-        let (Some(step), Some(detail)) = (fields.next(), fields.nth(3)) else {
-            continue;
-        };
-        let Ok(step) = step.parse::<u64>() else {
-            continue;
-        };
+    for (step, in_head) in summary {
         coverage.steps += 1;
-        if detail == "head" {
+        if in_head {
             kept.insert(step);
         } else if !parts.contains(&step) {
             coverage.summarized_only.push(step);
         }
     }
+    // A summary of ours names each step once, in order; any other is read as a set.
+    coverage.summarized_only.sort_unstable();
+    coverage.summarized_only.dedup();
     // Parts of the steps a killed run had no time to summarize count as kept too.
     coverage.kept = kept.into_iter().collect();
     (!coverage.summarized_only.is_empty()).then_some(coverage)
+}
+
+/// The longest summary line read: the runtime's are a dozen numbers.
+const MAX_SUMMARY_LINE: u64 = 4096;
+
+/// (step, whether its rows are in the head) of each line of the summary at `path` past its
+/// header. `None` when it is no regular file (a FIFO would block the reader) or cannot be
+/// opened; a line past [`MAX_SUMMARY_LINE`] ends it (no summary of ours has one, and a file
+/// of any size is then read no further), a line that names no step is passed over.
+fn summary_steps(path: &Path) -> Option<Vec<(u64, bool)>> {
+    use std::io::{BufRead, Read};
+    let file = super::source::open_regular(path).ok()?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut steps = Vec::new();
+    let mut line = Vec::new();
+    let mut header = true;
+    loop {
+        line.clear();
+        let n = (&mut reader)
+            .take(MAX_SUMMARY_LINE)
+            .read_until(b'\n', &mut line)
+            .ok()?;
+        if n == 0 || (n as u64 == MAX_SUMMARY_LINE && line.last() != Some(&b'\n')) {
+            return Some(steps);
+        }
+        if std::mem::take(&mut header) {
+            continue;
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let mut fields = text.split(|b| *b == b',');
+        let (Some(step), Some(detail)) = (fields.next(), fields.nth(3)) else {
+            continue;
+        };
+        let Some(step) = std::str::from_utf8(step).ok().and_then(|s| s.parse().ok()) else {
+            continue;
+        };
+        steps.push((step, detail == b"head"));
+    }
 }
 
 /// One line for a reader of a bounded run's dump: which steps are in the summary only.
@@ -145,7 +250,7 @@ pub fn ranges(steps: &[u64]) -> String {
     while i < steps.len() {
         let start = steps[i];
         let mut end = start;
-        while i + 1 < steps.len() && steps[i + 1] == end + 1 {
+        while i + 1 < steps.len() && end.checked_add(1) == Some(steps[i + 1]) {
             i += 1;
             end = steps[i];
         }

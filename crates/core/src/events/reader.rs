@@ -32,9 +32,17 @@ pub fn open(
     Ok(Box::new(chain))
 }
 
-/// The step part files kept beside a dump's head (none for a run within its budget), after the
-/// note about the steps whose rows are gone.
+/// The step part files (and later segments) kept beside a dump's head (none for a run within
+/// its budget), after the notes about a run that ended early, the steps whose rows are gone
+/// and the segment a killed run left unfinished.
 fn parts_of(path: &Path) -> Vec<PathBuf> {
+    super::run_end::say_once(path);
+    for open in super::parts::open_segments(path) {
+        eprintln!(
+            "msmemscope: note: {}",
+            super::parts::open_segment_note(&open)
+        );
+    }
     let files = super::parts::dump_files(path);
     if files.len() > 1 {
         if let Some(note) = super::parts::coverage_note(path, &files) {
@@ -219,8 +227,9 @@ fn warn_cut_last_row(e: &ReadError) {
     if let ReadError::BadRow { path, line, .. } = e {
         eprintln!(
             "msmemscope: warning: {}:{line}: the last row is cut off (the writing stopped inside \
-             it: a full disk, or the process killed); it is left out, the rows before it are read",
-            path.display()
+             it: {}); it is left out, the rows before it are read",
+            path.display(),
+            super::run_end::cut_row_cause(path)
         );
     }
 }

@@ -392,6 +392,14 @@ impl EventRow {
         self.attrs.get(key)
     }
 
+    /// Whether the Attr values were found when `attrs_json` was made or read, so that
+    /// [`EventRow::attr_u64`] answers without searching the text.
+    pub(crate) fn attrs_known(&self) -> bool {
+        self.attrs_json
+            .as_deref()
+            .is_some_and(|text| self.numbers.answers_for(text))
+    }
+
     /// A string Attr value without escapes, from the parsed map or the raw text.
     pub fn attr_str(&self, key: &str) -> Option<&str> {
         if let Some(value) = self.parsed_attr(key) {

@@ -97,6 +97,15 @@ pub fn count_line_ends(mut file: impl std::io::Read) -> std::io::Result<u64> {
     }
 }
 
+/// A library's message (SQLite's) on one line, as every reader error is: it may quote the
+/// damaged bytes it read, line ends and other control characters included.
+pub(crate) fn one_line(message: &str) -> String {
+    message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 pub(crate) fn io_error(path: &Path, e: &std::io::Error) -> ReadError {
     ReadError::Io {
         path: path.to_path_buf(),

@@ -8,11 +8,19 @@ use super::model::BlockDetail;
 /// `pymalloc`).
 pub const HEADER: &str = "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain";
 
+/// The columns a window sampled by bytes adds: every row is then a sampled block (`Sampled`
+/// is `yes`), standing for `Estimated Bytes` of the program's allocations.
+pub const SAMPLED_COLUMNS: &str = ",Sampled,Estimated Bytes";
+
 /// Renders the rows in the order given (the caller sorts, largest first). Stacks are one
-/// field each, frames separated by newlines inside the quoted field.
-pub fn render_block_detail(blocks: &[BlockDetail]) -> String {
+/// field each, frames separated by newlines inside the quoted field. `sampled`: the window
+/// sampled by bytes, and the rows say what each sample stands for.
+pub fn render_block_detail(blocks: &[BlockDetail], sampled: bool) -> String {
     let mut out = String::with_capacity(64 + blocks.len() * 128);
     out.push_str(HEADER);
+    if sampled {
+        out.push_str(SAMPLED_COLUMNS);
+    }
     out.push_str("\r\n");
     for b in blocks {
         out.push_str(&format!("0x{:016x},{},{},", b.addr, b.size, b.alloc_ts_ns));
@@ -21,6 +29,10 @@ pub fn render_block_detail(blocks: &[BlockDetail]) -> String {
         out.push_str(&quote(&b.python_stack.join("\n")));
         out.push(',');
         out.push_str(b.domain.label());
+        if sampled {
+            let estimate = b.estimated_bytes.unwrap_or(b.size);
+            out.push_str(&format!(",yes,{estimate}"));
+        }
         out.push_str("\r\n");
     }
     out
@@ -54,6 +66,7 @@ mod tests {
                 c_stack: vec![],
                 python_stack: vec!["a.py(3): f".into()],
                 domain: AllocDomain::Pymalloc,
+                estimated_bytes: None,
             },
             BlockDetail {
                 addr: 0x20,
@@ -62,15 +75,22 @@ mod tests {
                 c_stack: vec!["f (m+0x1)".into(), "g \"q\", x".into()],
                 python_stack: vec![],
                 domain: AllocDomain::Malloc,
+                estimated_bytes: Some(65536),
             },
         ];
         sort_blocks(&mut blocks);
-        let text = render_block_detail(&blocks);
+        let text = render_block_detail(&blocks, false);
         assert_eq!(
             text,
             "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain\r\n\
              0x0000000000000020,64,6,\"f (m+0x1)\ng \"\"q\"\", x\",,malloc\r\n\
              0x0000000000000010,8,5,,a.py(3): f,pymalloc\r\n"
+        );
+        let text = render_block_detail(&blocks[..1], true);
+        assert_eq!(
+            text,
+            "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain,Sampled,Estimated Bytes\r\n\
+             0x0000000000000020,64,6,\"f (m+0x1)\ng \"\"q\"\", x\",,malloc,yes,65536\r\n"
         );
     }
 }

@@ -65,6 +65,7 @@ mod tests {
             allocated: unfreed,
             freed: CountBytes::default(),
             assessment: assess(&Series::Missing(Degradation::NoSeries), &facts, &window),
+            samples: unfreed.count,
             frames: Vec::new(),
             python_frames: vec![frame.to_string()],
             cut: false,

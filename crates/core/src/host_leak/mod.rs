@@ -8,6 +8,7 @@ pub mod lsi;
 pub mod made_once;
 pub mod model;
 pub mod overview;
+pub mod sampling;
 pub mod sites_json;
 
 pub use buckets::{SizeBucket, SizeHistogram, SIZE_BUCKETS};

@@ -80,6 +80,9 @@ pub struct DataHealth {
     pub prewindow_frees: CountBytes,
     pub sample_rate: u64,
     pub sample_rate_requested: u64,
+    /// Sampling by bytes: the mean interval between samples (0: exact). When set, every
+    /// count and byte figure of the report is an estimate (`sampling::weight`).
+    pub sample_bytes: u64,
     pub untracked_sampled: CountBytes,
     pub frees_untracked: u64,
     pub block_size_threshold: u64,
@@ -164,6 +167,9 @@ pub struct LeakSite {
     pub allocated: CountBytes,
     pub freed: CountBytes,
     pub assessment: Assessment,
+    /// The ledger blocks behind `unfreed`: with sampling by bytes, the samples its estimate
+    /// rests on (equal to `unfreed.count` when exact).
+    pub samples: u64,
     /// Rendered frames, innermost first.
     pub frames: Vec<String>,
     /// The Python frames the stack was allocated under (`file(line): function`), innermost
@@ -205,6 +211,8 @@ pub struct BlockDetail {
     pub c_stack: Vec<String>,
     pub python_stack: Vec<String>,
     pub domain: AllocDomain,
+    /// With sampling by bytes: the bytes this sampled block stands for (`None`: exact).
+    pub estimated_bytes: Option<u64>,
 }
 
 /// A resident site beyond the TOP N largest is listed when it holds at least 1/this of the

@@ -33,6 +33,8 @@ fn site_json(rank: String, site: &LeakSite) -> Value {
         "frames": site.frames,
         "python_frames": site.python_frames,
         "domain": site.domain.label(),
+        // With sampling by bytes the figures above are estimates resting on this many samples.
+        "samples": site.samples,
         "series": site.live_series.iter().map(|&(beat, bytes)| json!([beat, bytes])).collect::<Vec<_>>(),
     })
 }
@@ -51,6 +53,8 @@ pub fn render_sites_json(report: &HostLeakReport) -> String {
         "beat_first_ms": report.series.first_beat_ms,
         "beat_last_ms": report.series.last_beat_ms,
         "top_n": report.top_n,
+        // 0: exact; else the mean bytes between samples, and every figure is an estimate.
+        "sample_bytes": report.health.sample_bytes,
         "unfreed": {"count": report.unfreed.count, "bytes": report.unfreed.bytes},
         "sites_total": report.sites.len(),
         "sites": report.sites.iter().take(report.top_n).enumerate()

@@ -206,30 +206,62 @@ mod tests {
             .collect()
     }
 
-    /// pyenv's CPython 3.9..=3.13 interpreters, each with the minor version its name claims.
-    fn pyenv_interpreters() -> Vec<(u8, PathBuf)> {
-        let root = std::env::var_os("PYENV_ROOT")
+    /// One CPython of each minor version 3.9..=3.13 found here: pyenv's, the system's
+    /// (`/usr/local/bin`, `/usr/bin`), then uv's (`~/.local/share/uv/python`), the first found
+    /// of each version.
+    fn cpython_interpreters() -> Vec<(u8, PathBuf)> {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let pyenv = std::env::var_os("PYENV_ROOT")
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))
+            .or_else(|| home.as_ref().map(|h| h.join(".pyenv")))
             .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
-        let Ok(dir) = std::fs::read_dir(root.join("versions")) else {
-            return Vec::new();
-        };
-        let mut found = Vec::new();
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let mut parts = name.split('.');
-            let (Some("3"), Some(minor), Some(_patch), None) =
-                (parts.next(), parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let Ok(minor) = minor.parse::<u8>() else {
-                continue;
-            };
-            let exe = entry.path().join("bin").join(format!("python3.{minor}"));
-            if (9..=13).contains(&minor) && exe.is_file() {
+        let mut found: Vec<(u8, PathBuf)> = Vec::new();
+        let mut add = |minor: u8, exe: PathBuf| {
+            if (9..=13).contains(&minor) && exe.is_file() && !found.iter().any(|f| f.0 == minor) {
                 found.push((minor, exe));
+            }
+        };
+        // pyenv's `versions/3.M.P`, and uv's `cpython-3.M.P-linux-x86_64-gnu`.
+        let versioned = |dir: &Path, prefix: &str| -> Vec<(u8, PathBuf)> {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return Vec::new();
+            };
+            let mut out = Vec::new();
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(version) = name.strip_prefix(prefix) else {
+                    continue;
+                };
+                let version = version.split('-').next().unwrap_or("");
+                let mut parts = version.split('.');
+                let (Some("3"), Some(minor), Some(_patch), None) =
+                    (parts.next(), parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                let Ok(minor) = minor.parse::<u8>() else {
+                    continue;
+                };
+                out.push((
+                    minor,
+                    entry.path().join("bin").join(format!("python3.{minor}")),
+                ));
+            }
+            out.sort();
+            out
+        };
+        for (minor, exe) in versioned(&pyenv.join("versions"), "") {
+            add(minor, exe);
+        }
+        for dir in ["/usr/local/bin", "/usr/bin"] {
+            for minor in 9..=13u8 {
+                add(minor, Path::new(dir).join(format!("python3.{minor}")));
+            }
+        }
+        if let Some(home) = &home {
+            let uv = home.join(".local/share/uv/python");
+            for (minor, exe) in versioned(&uv, "cpython-") {
+                add(minor, exe);
             }
         }
         found.sort();
@@ -290,10 +322,13 @@ mod tests {
     }
 
     #[test]
-    fn linetable_matches_cpython_on_every_pyenv_interpreter() {
-        let interpreters = pyenv_interpreters();
+    fn linetable_matches_cpython_on_every_interpreter_found() {
+        let interpreters = cpython_interpreters();
         if interpreters.is_empty() {
-            eprintln!("no pyenv CPython 3.9..=3.13 found; skipping the line table comparison");
+            eprintln!(
+                "skipped: no CPython 3.9..=3.13 is installed (looked in pyenv's versions/, \
+                 /usr/local/bin, /usr/bin and ~/.local/share/uv/python)"
+            );
             return;
         }
         for (minor, exe) in &interpreters {

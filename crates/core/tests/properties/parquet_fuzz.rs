@@ -97,7 +97,7 @@ fn write_parquet(path: &Path, rows: &[EventRow]) -> bool {
     let mut out = ParquetWriter::new(std::fs::File::create(path).unwrap()).unwrap();
     for row in rows {
         match out.push(row) {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(WriteError::TooLarge { .. }) => return false,
             Err(e) => panic!("{e}"),
         }

@@ -2,7 +2,7 @@
 //! default would end the process without its exit handlers, losing the open host-leak window
 //! and the event dump's analyses. While the program leaves such a signal at its default, the
 //! kernel holds a handler of ours instead: it only writes the signal's number into a pipe. The
-//! runtime's service thread (the attach listener) reads it, runs the end of the run
+//! runtime's service thread (started for it: see `wake`) reads it, runs the end of the run
 //! (`session::finish`), then puts the real default back and sends the signal again, so the
 //! process ends the way it would have without the tool (same signal, same status).
 //!
@@ -17,8 +17,9 @@
 //! second, makes the pipe again when the program has closed it, and takes a recorded signal
 //! even if its byte never arrived.
 //!
-//! Without the attach listener (`MSMEMSCOPE_NO_CONTROL=1`, or its socket refused) the runtime
-//! adds no thread, so nothing would read the pipe: then the signals keep their plain default.
+//! Without the control channel (`MSMEMSCOPE_NO_CONTROL=1`, or its socket refused) no service
+//! thread can be started, so nothing would read the pipe: then the signals keep their plain
+//! default.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
@@ -51,14 +52,14 @@ static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
 /// its pipe end is the parent's: there the default runs at once.
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
-type SigactionFn =
+pub(super) type SigactionFn =
     unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
 
 fn index_of(sig: c_int) -> Option<usize> {
     HANDLED.iter().position(|&s| s == sig)
 }
 
-fn real_sigaction() -> Option<SigactionFn> {
+pub(super) fn real_sigaction() -> Option<SigactionFn> {
     let mut addr = REAL_SIGACTION.load(Ordering::Relaxed);
     if addr == 0 {
         // SAFETY: RTLD_NEXT lookup of a libc symbol by a NUL-terminated name.
@@ -70,7 +71,7 @@ fn real_sigaction() -> Option<SigactionFn> {
 }
 
 /// A zeroed `sigaction` with `handler` and an empty mask.
-fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
+pub(super) fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
     // SAFETY: sigaction is plain data; all-zero is a valid value, completed below.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
     act.sa_sigaction = handler;
@@ -145,14 +146,15 @@ pub fn service_fd() -> i32 {
     read
 }
 
-/// Puts our handler in place of each handled signal's default, once a service thread reads
-/// the pipe (else the signals keep their default: nobody would end the run for them).
+/// Puts our handler in place of each handled signal's default, once the service thread can
+/// be started to read the pipe (else the signals keep their default: nobody would end the run
+/// for them).
 pub fn install() {
     let write_end = PIPE_WRITE_PENDING.load(Ordering::Acquire);
     let Some(real) = real_sigaction().filter(|_| write_end >= 0) else {
         return;
     };
-    if !super::signal_service_running() {
+    if !super::wake::armed() {
         return;
     }
     // SAFETY: getpid has no preconditions.
@@ -171,14 +173,17 @@ pub fn install() {
 }
 
 fn take_over(real: SigactionFn, i: usize, sig: c_int) -> bool {
-    let ours = action(on_signal as *const () as sighandler_t, libc::SA_RESTART);
+    let ours = action(
+        on_signal as *const () as sighandler_t,
+        libc::SA_RESTART | libc::SA_SIGINFO,
+    );
     // SAFETY: installing a handler that only does async-signal-safe work.
     let ok = unsafe { real(sig, &ours, std::ptr::null_mut()) } == 0;
     OURS[i].store(ok, Ordering::Release);
     ok
 }
 
-extern "C" fn on_signal(sig: c_int) {
+extern "C" fn on_signal(sig: c_int, _info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // Only async-signal-safe calls here.
     let fd = PIPE_WRITE.load(Ordering::Acquire);
     // SAFETY: getpid is async-signal-safe and has no preconditions.
@@ -210,6 +215,8 @@ extern "C" fn on_signal(sig: c_int) {
         if is_our_pipe(fd) {
             libc::write(fd, (&byte as *const u8).cast(), 1);
         }
+        // The thread that reads the pipe, started now if this point allows it.
+        super::wake::from_handler(context);
         *libc::__errno_location() = errno;
     }
 }

@@ -12,7 +12,6 @@ use libc::{c_int, c_void, size_t};
 use super::own_blocks;
 use crate::forward;
 use crate::guard::Entered;
-use crate::host_leak::ledger::Taken;
 use crate::host_leak::window;
 
 /// Runs recording work, stopping a panic there: the program's allocation or free has been or
@@ -54,6 +53,7 @@ fn begin_run_now() -> Option<&'static crate::host_leak::ledger::Ledger> {
 
 #[inline(always)]
 fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
+    crate::process::at_safe_point();
     if ptr.is_null() {
         if size != 0 && crate::pipeline::oom::watching() {
             if let Some(_entered) = Entered::try_enter() {
@@ -87,15 +87,14 @@ fn record_alloc(ptr: *mut c_void, size: usize, function: &'static str) {
 /// Frees `ptr` with `real`, taking it out of the ledger first.
 #[inline(always)]
 fn free_with(ptr: *mut c_void, real: impl FnOnce(*mut c_void)) {
+    crate::process::at_safe_point();
     if !ptr.is_null() {
         if let Some(ledger) = window::active() {
             match Entered::try_enter() {
                 Some(entered) => {
                     caught_entered(&entered, || {
                         let taken = ledger.take(ptr as usize, &entered);
-                        if !(matches!(taken, Taken::NotFound { .. })
-                            && own_blocks::remove(ptr as usize))
-                        {
+                        if !(taken.not_in_ledger() && own_blocks::remove(ptr as usize)) {
                             ledger.settle_free(ptr as usize, taken, &entered);
                         }
                     });
@@ -186,7 +185,7 @@ pub unsafe extern "C" fn realloc(ptr: *mut c_void, size: size_t) -> *mut c_void 
     // `None`: the recording panicked; the reallocation still happens, once.
     let taken = caught_entered(&entered, || {
         let taken = ledger.take(ptr as usize, &entered);
-        let own = matches!(taken, Taken::NotFound { .. }) && own_blocks::remove(ptr as usize);
+        let own = taken.not_in_ledger() && own_blocks::remove(ptr as usize);
         (taken, own)
     });
     // SAFETY: the caller's live block (our contract), passed to glibc's realloc unchanged; the

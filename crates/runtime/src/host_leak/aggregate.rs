@@ -7,10 +7,12 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use msmemscope_core::config::HostLeakMode;
+use msmemscope_core::host_leak::buckets::bucket_index;
 use msmemscope_core::host_leak::detail_csv::{render_block_detail, sort_blocks};
 use msmemscope_core::host_leak::lsi::{self, SiteFacts, WindowFacts};
 use msmemscope_core::host_leak::made_once::demote_imports;
 use msmemscope_core::host_leak::overview::render_overview;
+use msmemscope_core::host_leak::sampling;
 use msmemscope_core::host_leak::sites_json::render_sites_json;
 use msmemscope_core::host_leak::{
     resident_listed, AllocDomain, AllocatorPath, BlockDetail, CountBytes, DataHealth,
@@ -45,12 +47,18 @@ pub fn build_report(
     let mut unfreed_by_stack: HashMap<u32, Unfreed> = HashMap::new();
     let mut unfreed_sizes = SizeHistogram::default();
     let mut raw_blocks: Vec<(usize, u64, u64, u32)> = Vec::new();
+    let mean = ledger.settings.sample_bytes;
     let mut unread = ledger.blocks.for_each_shard(deadline, |shard| {
         for (ptr, block) in shard.iter() {
+            // With sampling by bytes a block stands for the blocks and bytes it estimates.
+            let (count, bytes) = sampling::weight(block.size, mean);
             let entry = unfreed_by_stack.entry(block.stack).or_default();
-            entry.blocks.add(block.size);
-            entry.age_ms_sum += end_ms.saturating_sub(block.alloc_ms as u64);
-            unfreed_sizes.add(block.size);
+            entry.blocks.merge(CountBytes { count, bytes });
+            entry.samples += 1;
+            entry.age_ms_sum += end_ms.saturating_sub(block.alloc_ms as u64) * count;
+            let bucket = bucket_index(block.size);
+            unfreed_sizes.count[bucket] += count;
+            unfreed_sizes.bytes[bucket] += bytes;
             if event_mode {
                 raw_blocks.push((ptr, block.size, ledger.alloc_ns(block), block.stack));
             }
@@ -100,7 +108,17 @@ pub fn build_report(
             last_alloc_ns: counts.last_alloc_ns,
             first_alloc_ns: counts.first_alloc_ns,
         };
-        lsi::assess(&ledger.beats.series_of(id, &window), &facts, &window)
+        let flat_tail = if mean > 0 {
+            lsi::FLAT_TAIL + sampling::tail_noise(unfreed.samples)
+        } else {
+            lsi::FLAT_TAIL
+        };
+        lsi::assess_with_flat_tail(
+            &ledger.beats.series_of(id, &window),
+            &facts,
+            &window,
+            flat_tail,
+        )
     };
     let mut all_sites: Vec<LeakSite> = Vec::new();
     let mut frames_of: HashMap<u32, Vec<u64>> = HashMap::new();
@@ -115,6 +133,7 @@ pub fn build_report(
             allocated: s.counts.allocated,
             freed: s.counts.freed,
             assessment: assess_site(Some(s.id), &s.counts, unfreed),
+            samples: unfreed.samples,
             frames: Vec::new(),
             python_frames: Vec::new(),
             cut: s.cut,
@@ -133,6 +152,7 @@ pub fn build_report(
             allocated: unknown.allocated,
             freed: unknown.freed,
             assessment: assess_site(None, &unknown, unfreed),
+            samples: unfreed.samples,
             frames: Vec::new(),
             python_frames: Vec::new(),
             cut: false,
@@ -201,6 +221,7 @@ pub fn build_report(
                     c_stack: by_id.get(&key).map(|f| f.0.clone()).unwrap_or_default(),
                     python_stack: by_id.get(&key).map(|f| f.1.clone()).unwrap_or_default(),
                     domain: by_id.get(&key).map(|f| f.2).unwrap_or_default(),
+                    estimated_bytes: (mean > 0).then(|| sampling::weight(size, mean).1),
                 }
             })
             .collect();
@@ -234,6 +255,7 @@ pub fn build_report(
         prewindow_frees,
         sample_rate: s.sample_rate,
         sample_rate_requested: s.sample_rate_requested,
+        sample_bytes: s.sample_bytes,
         untracked_sampled: ledger.untracked_sampled.sum(),
         frees_untracked: ledger.frees_untracked.sum().count,
         block_size_threshold: s.block_size_threshold,
@@ -291,6 +313,8 @@ type ShownSite<'a> = (&'a Vec<String>, &'a Vec<String>, AllocDomain);
 #[derive(Default)]
 struct Unfreed {
     blocks: CountBytes,
+    /// Ledger blocks behind `blocks` (fewer with sampling by bytes).
+    samples: u64,
     age_ms_sum: u64,
 }
 
@@ -433,7 +457,7 @@ pub fn write_report(
         // reader can tell "no unfreed block" from "no file".
         write(
             format!("block_detail_{}.csv", report.stage),
-            render_block_detail(details).as_bytes(),
+            render_block_detail(details, report.health.sample_bytes > 0).as_bytes(),
         )?;
     }
     Ok(run_dir.path().join(dir).join(overview))

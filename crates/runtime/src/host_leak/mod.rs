@@ -11,6 +11,7 @@ pub mod frame_trie;
 mod key_index;
 pub mod ledger;
 pub mod overflow;
+mod sampled_set;
 pub mod settings;
 mod spin_lock;
 pub mod stack_table;

@@ -12,6 +12,8 @@ pub struct WindowSettings {
     pub block_size_threshold: u64,
     pub sample_rate: u64,
     pub sample_rate_requested: u64,
+    /// Sampling by bytes: the mean interval between samples (0: every block is tracked).
+    pub sample_bytes: u64,
     pub block_cap: u64,
     pub overflow_cap: u64,
     pub stack_cap: u64,
@@ -62,6 +64,7 @@ impl WindowSettings {
             block_size_threshold: config.block_size_threshold,
             sample_rate: config.sample_rate.max(1),
             sample_rate_requested: config.sample_rate_requested.max(1),
+            sample_bytes: config.sample_bytes,
             block_cap: knobs::BLOCK_CAP.resolve(caps.block_cap),
             overflow_cap: knobs::OVERFLOW_CAP.resolve(caps.overflow_cap),
             stack_cap: match caps.stack_cap {

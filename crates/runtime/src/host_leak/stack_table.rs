@@ -176,11 +176,11 @@ impl StripedCounters {
     }
 
     #[inline]
-    fn add(&self, slot: usize, size: u64, ts: u64, stripe: Stripe) {
+    fn add(&self, slot: usize, block: CountBytes, ts: u64, stripe: Stripe) {
         if let Some(c) = self.mine(slot, stripe) {
             let alone = stripe.alone_in(STRIPES);
-            bump(&c.allocated, 1, alone);
-            bump(&c.allocated_bytes, size, alone);
+            bump(&c.allocated, block.count, alone);
+            bump(&c.allocated_bytes, block.bytes, alone);
             c.last_alloc_ns.store(ts, Ordering::Relaxed);
             if c.first_alloc_ns.load(Ordering::Relaxed) == 0 {
                 c.first_alloc_ns.store(ts, Ordering::Relaxed);
@@ -190,12 +190,12 @@ impl StripedCounters {
 
     /// Counts a free; `undo` takes one back (a `realloc` that failed after its block was taken).
     #[inline(always)]
-    fn free(&self, slot: usize, size: u64, lifetime_ms: u64, undo: bool, stripe: Stripe) {
+    fn free(&self, slot: usize, block: CountBytes, lifetime_ms: u64, undo: bool, stripe: Stripe) {
         if let Some(c) = self.mine(slot, stripe) {
             let alone = stripe.alone_in(STRIPES);
             let sign = |n: u64| if undo { n.wrapping_neg() } else { n };
-            bump(&c.freed, sign(1), alone);
-            bump(&c.freed_bytes, sign(size), alone);
+            bump(&c.freed, sign(block.count), alone);
+            bump(&c.freed_bytes, sign(block.bytes), alone);
             bump(&c.freed_lifetime_ms, sign(lifetime_ms), alone);
         }
     }
@@ -424,27 +424,29 @@ impl StackTable {
             .map(|n| n as u32)
     }
 
-    /// Counts an allocation against `id` (or the unknown bucket).
+    /// Counts an allocation against `id` (or the unknown bucket): `block` is what the ledger
+    /// block stands for (itself, or with sampling by bytes the blocks and bytes it estimates).
     #[inline]
-    pub fn count_alloc(&self, id: u32, size: u64, ts: u64, stripe: Stripe) {
+    pub fn count_alloc(&self, id: u32, block: CountBytes, ts: u64, stripe: Stripe) {
         if id == UNKNOWN_STACK {
             self.unattributed_allocs.fetch_add(1, Ordering::Relaxed);
         }
-        self.counters.add(self.slot_of(id), size, ts, stripe);
+        self.counters.add(self.slot_of(id), block, ts, stripe);
     }
 
-    /// Counts the free of a block of `id` that lived `lifetime_ms`. Called under the block's
-    /// shard lock, so a recycling pass sees either the block or its free.
+    /// Counts the free of a block of `id` standing for `block`, whose lifetimes sum to
+    /// `lifetime_ms`. Called under the block's shard lock, so a recycling pass sees either the
+    /// block or its free.
     #[inline]
-    pub fn count_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: Stripe) {
+    pub fn count_free(&self, id: u32, block: CountBytes, lifetime_ms: u64, stripe: Stripe) {
         self.counters
-            .free(self.slot_of(id), size, lifetime_ms, false, stripe);
+            .free(self.slot_of(id), block, lifetime_ms, false, stripe);
     }
 
     /// Undoes [`StackTable::count_free`].
-    pub fn uncount_free(&self, id: u32, size: u64, lifetime_ms: u64, stripe: Stripe) {
+    pub fn uncount_free(&self, id: u32, block: CountBytes, lifetime_ms: u64, stripe: Stripe) {
         self.counters
-            .free(self.slot_of(id), size, lifetime_ms, true, stripe);
+            .free(self.slot_of(id), block, lifetime_ms, true, stripe);
     }
 
     #[inline]

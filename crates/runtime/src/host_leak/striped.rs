@@ -33,10 +33,16 @@ impl StripedCountBytes {
     /// Counts a block in `stripe` (the calling thread's, [`crate::guard::Entered::stripe`]).
     #[inline]
     pub fn add(&self, bytes: u64, stripe: Stripe) {
+        self.add_blocks(CountBytes { count: 1, bytes }, stripe);
+    }
+
+    /// Counts what one sampled block stands for (several blocks, with sampling by bytes).
+    #[inline]
+    pub fn add_blocks(&self, blocks: CountBytes, stripe: Stripe) {
         let alone = stripe.alone_in(STRIPES);
         let stripe = &self.stripes[stripe.of(STRIPES)];
-        bump(&stripe.count, 1, alone);
-        bump(&stripe.bytes, bytes, alone);
+        bump(&stripe.count, blocks.count, alone);
+        bump(&stripe.bytes, blocks.bytes, alone);
     }
 
     pub fn sum(&self) -> CountBytes {

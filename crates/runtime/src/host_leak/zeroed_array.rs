@@ -74,6 +74,21 @@ impl<T: Zeroable> ZeroedArray<T> {
     }
 }
 
+impl<T: Zeroable> ZeroedArray<T> {
+    /// Gives the array's pages back to the kernel and keeps the mapping: every element reads
+    /// zero afterwards. Unlike [`ZeroedArray::release`] it is safe while other threads still
+    /// read or write elements (they see zeros, or fault a fresh zero page in).
+    pub fn zero_and_give_back(&self) {
+        let bytes = self.mapped.load(Ordering::Acquire);
+        let ptr = self.ptr.load(Ordering::Acquire);
+        if bytes != 0 {
+            // SAFETY: advice on exactly the private anonymous mapping made in `new`, which stays
+            // mapped; MADV_DONTNEED makes its pages read as zeros, a valid value of T.
+            unsafe { libc::madvise(ptr as *mut libc::c_void, bytes, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
 impl<T: Zeroable> Deref for ZeroedArray<T> {
     type Target = [T];
     #[inline]

@@ -9,7 +9,9 @@
 
 mod buffers;
 pub mod oom;
+mod segments;
 mod sinks;
+mod write_failure;
 mod writer;
 pub use writer::FINDINGS_SCHEMA;
 
@@ -634,10 +636,8 @@ pub fn findings(timeout: Duration) -> Option<String> {
     writer.as_ref().and_then(|w| w.findings(timeout))
 }
 
-/// At exit: the last rows reach the files. `--format parquet` journals become Parquet files
-/// here when `convert` (runs without a launcher; the launcher converts its target's, since it
-/// outlives a killed one); however long that takes, it is the end of the run.
-pub fn shutdown(convert: bool) {
+/// At exit: the last rows reach the files (a `--format parquet` dump's last segments closed).
+pub fn shutdown() {
     if let Some(p) = PIPELINE.get() {
         if p.tracing.load(Ordering::Acquire) {
             emit(
@@ -647,19 +647,9 @@ pub fn shutdown(convert: bool) {
             p.tracing.store(false, Ordering::Release);
         }
         ensure_writer();
-        let journals = match p.writer.lock() {
-            Ok(writer) => writer
-                .as_ref()
-                .and_then(|w| w.stop(Duration::from_secs(30))),
-            Err(_) => None,
-        };
-        let journals = journals.unwrap_or_default();
-        if convert && !journals.is_empty() {
-            // The conversion's C code (zstd) allocates with malloc: never the program's.
-            let _entered = crate::guard::Entered::try_enter();
-            match run_dir() {
-                Ok(dir) => sinks::convert_journals(&dir, &journals),
-                Err(e) => crate::log::error(&format!("event dump: not converted to Parquet: {e}")),
+        if let Ok(writer) = p.writer.lock() {
+            if let Some(w) = writer.as_ref() {
+                w.stop(Duration::from_secs(30));
             }
         }
     }

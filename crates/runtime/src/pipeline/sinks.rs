@@ -10,15 +10,15 @@
 //! unless a step is still wanted (the peak's, the leaks', an OOM's); every step appends its
 //! summary line to `steps.csv` there.
 //!
-//! `--format parquet` writes the CSV as a journal (a Parquet file is only readable once its
-//! footer is written, and a killed process writes none): flushed as the CSV is, so a crash
-//! loses what a CSV run loses, and turned into `memscope_dump_{ts}.parquet` when the run ends
-//! ([`convert_journals`]), by the launcher in launched runs (it outlives a killed target).
+//! `--format parquet` writes `memscope_dump_{ts}.parquet` directly, each file in segments
+//! that are complete Parquet files (`super::segments` says when one closes): the head's later
+//! segments are `head_{N}.parquet` beside the parts, and a long step has more parts.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use msmemscope_core::config::DataFormat;
 use msmemscope_core::events::parts;
@@ -28,11 +28,22 @@ use msmemscope_core::held_fd::HeldFile;
 use msmemscope_core::recorder::{KeepPolicy, StepNotes, StepStats};
 use msmemscope_core::run_dir::RunDir;
 
-trait Sink: Send {
+use super::segments::{open_name, segment_age, ParquetSink};
+
+pub(super) trait Sink: Send {
     /// Writes one row; the bytes it took in the file (an estimate where the format can't say).
     fn write(&mut self, row: &EventRow) -> Result<u64, String>;
-    /// Makes everything written so far durable against a crash of the process.
+    /// Makes everything written so far durable against a crash of the process (a Parquet
+    /// segment's rows only once it is closed).
     fn flush(&mut self) -> Result<(), String>;
+    /// Whether the file is to be closed now, its rows made readable (a Parquet segment).
+    fn due(&self, _now: Instant) -> bool {
+        false
+    }
+    /// Completes the file.
+    fn close(mut self: Box<Self>) -> Result<(), String> {
+        self.flush()
+    }
 }
 
 struct CsvSink {
@@ -70,7 +81,10 @@ impl Sink for DbSink {
                 .map_err(|e| e.to_string())?;
             self.pending = true;
         }
-        db::insert(&self.conn, row).map_err(|e| e.to_string())?;
+        if let Err(e) = db::insert(&self.conn, row) {
+            self.abandon();
+            return Err(e.to_string());
+        }
         // SQLite says its size only per page: the texts and the numbers' columns.
         Ok((row.name.len()
             + row.attrs_json.as_ref().map_or(64, String::len)
@@ -82,11 +96,34 @@ impl Sink for DbSink {
     fn flush(&mut self) -> Result<(), String> {
         if self.pending {
             self.pending = false;
-            self.conn
-                .execute_batch("COMMIT")
-                .map_err(|e| e.to_string())?;
+            if let Err(e) = self.conn.execute_batch("COMMIT") {
+                self.abandon();
+                return Err(e.to_string());
+            }
         }
         Ok(())
+    }
+}
+
+impl DbSink {
+    /// Rolls the failed transaction back (a full disk, the file size limit): the file keeps
+    /// the rows committed before it, and no hot journal is left, which a reader would have to
+    /// write to roll back (readers open the dump read-only).
+    fn abandon(&mut self) {
+        let _ = self.conn.execute_batch("ROLLBACK");
+        self.pending = false;
+        // After an I/O error SQLite may refuse the rollback and keep the journal until the
+        // connection closes, which the runtime's never does: a fresh connection takes over, and
+        // its first read rolls the journal back once the old one has let go of its locks.
+        let Some(path) = self.conn.path().map(PathBuf::from) else {
+            return;
+        };
+        if let Ok(fresh) = rusqlite::Connection::open(&path) {
+            drop(std::mem::replace(&mut self.conn, fresh));
+            let _ = self
+                .conn
+                .query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()));
+        }
     }
 }
 
@@ -102,7 +139,15 @@ const SUMMARY_LINES_WAITING: usize = 4_096;
 struct DeviceDump {
     /// Relative to the run directory.
     head_path: PathBuf,
+    /// The head's segment being written; `None` once the head is closed, or while its next
+    /// segment waits for a row (`head_pending`).
     head: Option<Box<dyn Sink>>,
+    /// `--format parquet`: the head's segment closed, the next is made at its first row.
+    head_pending: bool,
+    /// The head's segments made so far, the first being `head_path` (relative).
+    head_segments: Vec<PathBuf>,
+    /// Segments closed at a flush point so far (they stay open longer as there are more).
+    aged: u32,
     /// The part being written: its path relative to the run directory, the bytes written.
     part: Option<(PathBuf, u64, Box<dyn Sink>)>,
     /// The next part's number within the current step.
@@ -138,8 +183,8 @@ pub struct Sinks {
     pub paths: Vec<PathBuf>,
     /// The same files reached through the run directory's descriptor, for reading back.
     held_paths: Vec<PathBuf>,
-    /// `--format parquet`: the head journals, relative to the run directory.
-    journals: Vec<PathBuf>,
+    /// The device whose dump opened first: the one device-less rows are read back from.
+    first_device: Option<DeviceId>,
     /// Steps the program asked to keep in full (`msmemscope.keep_steps`), the newest
     /// [`KEPT_BY_REQUEST`].
     requested: std::collections::BTreeSet<u64>,
@@ -159,7 +204,7 @@ impl Sinks {
             unrouted: Vec::new(),
             paths: Vec::new(),
             held_paths: Vec::new(),
-            journals: Vec::new(),
+            first_device: None,
             requested: std::collections::BTreeSet::new(),
         }
     }
@@ -173,20 +218,22 @@ impl Sinks {
         }
     }
 
-    /// `--format parquet`: the CSV journals on disk now (the heads and the parts kept),
-    /// relative to the run directory.
-    pub fn journals(&self) -> Vec<PathBuf> {
-        let mut journals = self.journals.clone();
-        if self.format == DataFormat::Parquet {
-            journals.extend(self.policy.parts().map(|p| p.key.clone()));
-        }
-        journals
-    }
-
-    /// A new dump file of the run's format at `relative` (created before, exclusively).
-    fn sink_at(&self, relative: &Path, file: std::fs::File) -> Result<Box<dyn Sink>, String> {
+    /// A new dump file of the run's format at `relative` (created before, exclusively: a
+    /// Parquet segment under its `.open` name); a Parquet segment closes after `age`.
+    fn sink_at(
+        &self,
+        relative: &Path,
+        file: std::fs::File,
+        age: std::time::Duration,
+    ) -> Result<Box<dyn Sink>, String> {
         match self.format {
-            DataFormat::Csv | DataFormat::Parquet => {
+            DataFormat::Parquet => Ok(Box::new(ParquetSink::new(
+                &self.run_dir,
+                relative,
+                file,
+                age,
+            )?)),
+            DataFormat::Csv => {
                 let mut file = file;
                 writeln!(file, "{}", csv::HEADER).map_err(|e| e.to_string())?;
                 let file = HeldFile::new(file, &self.run_dir.path().join(relative))
@@ -215,7 +262,17 @@ impl Sinks {
     fn extension(&self) -> &'static str {
         match self.format {
             DataFormat::Db => "db",
-            DataFormat::Csv | DataFormat::Parquet => "csv",
+            DataFormat::Csv => "csv",
+            DataFormat::Parquet => "parquet",
+        }
+    }
+
+    /// Creates the file of a new segment or part at `relative` (a Parquet one under its
+    /// `.open` name).
+    fn create(&self, relative: &Path) -> Result<std::fs::File, String> {
+        match self.format {
+            DataFormat::Parquet => self.run_dir.create_file(&open_name(relative)),
+            DataFormat::Csv | DataFormat::Db => self.run_dir.create_file(relative),
         }
     }
 
@@ -223,13 +280,18 @@ impl Sinks {
         if !self.open.contains_key(&device) {
             let dir = Path::new(device.dir_name().as_str()).join("dump");
             let ext = self.extension();
-            // The Parquet file's name must be free too when the journal ends.
-            let also = (self.format == DataFormat::Parquet).then_some("parquet");
-            let (relative, file) = create_unique(&self.run_dir, &dir, &self.stamp, ext, also)?;
-            if self.format == DataFormat::Parquet {
-                self.journals.push(relative.clone());
-            }
-            let mut sink = self.sink_at(&relative, file)?;
+            // A Parquet head is written as `.open` first: its final name must be free too.
+            let (relative, file) = match self.format {
+                DataFormat::Parquet => {
+                    let (open, file) =
+                        create_unique(&self.run_dir, &dir, &self.stamp, "parquet.open", Some(ext))?;
+                    (open.with_extension(""), file)
+                }
+                DataFormat::Csv | DataFormat::Db => {
+                    create_unique(&self.run_dir, &dir, &self.stamp, ext, None)?
+                }
+            };
+            let mut sink = self.sink_at(&relative, file, segment_age(0))?;
             let mut bytes = 0;
             if self.open.is_empty() {
                 for waiting in std::mem::take(&mut self.unrouted) {
@@ -242,13 +304,17 @@ impl Sinks {
             self.paths.push(self.run_dir.path().join(&relative));
             self.held_paths
                 .push(self.run_dir.resolved().join(&relative));
+            self.first_device.get_or_insert(device);
             let mut stats = StepStats::new();
             stats.starts_in(self.policy.head_open());
             self.open.insert(
                 device,
                 DeviceDump {
+                    head_segments: vec![relative.clone()],
                     head_path: relative,
                     head: Some(sink),
+                    head_pending: false,
+                    aged: 0,
                     part: None,
                     next_part: 0,
                     summary: None,
@@ -268,26 +334,84 @@ impl Sinks {
         for dump in self.open.values_mut() {
             flush_dump(dump)?;
         }
-        let Some(first) = self.held_paths.first() else {
-            return Ok(0);
-        };
-        // The reader of the format written (not `reader::open`, whose Parquet reader the
-        // runtime does not need to carry).
+        // The reader of the format written (not `reader::open`, which would read the parts
+        // too and note what they miss on the program's stderr).
+        use msmemscope_core::events::parquet::ParquetRows;
         use msmemscope_core::events::reader::{CsvRows, DbRows};
-        let rows: Box<dyn Iterator<Item = _>> = match self.format {
-            DataFormat::Db => Box::new(DbRows::open(first).map_err(|e| e.to_string())?),
-            DataFormat::Csv | DataFormat::Parquet => {
-                Box::new(CsvRows::open(first).map_err(|e| e.to_string())?)
+        let mut files: Vec<Box<dyn Iterator<Item = _>>> = Vec::new();
+        match self.format {
+            DataFormat::Db | DataFormat::Csv => {
+                let Some(first) = self.held_paths.first() else {
+                    return Ok(0);
+                };
+                files.push(match self.format {
+                    DataFormat::Db => Box::new(DbRows::open(first).map_err(|e| e.to_string())?),
+                    _ => Box::new(CsvRows::open(first).map_err(|e| e.to_string())?),
+                });
             }
-        };
+            DataFormat::Parquet => {
+                // The first device's head segments, its open one closed to be read.
+                let Some(device) = self.first_device else {
+                    return Ok(0);
+                };
+                self.close_head_segment(device)?;
+                let segments = self
+                    .open
+                    .get(&device)
+                    .map(|d| d.head_segments.clone())
+                    .unwrap_or_default();
+                for segment in segments {
+                    let path = self.run_dir.resolved().join(segment);
+                    files.push(Box::new(
+                        ParquetRows::open(&path).map_err(|e| e.to_string())?,
+                    ));
+                }
+            }
+        }
         let mut bytes = 0;
-        for row in rows {
+        for row in files.into_iter().flatten() {
             let row = row.map_err(|e| e.to_string())?;
             if row.device == DeviceId::None {
                 bytes += sink.write(&row)?;
             }
         }
         Ok(bytes)
+    }
+
+    /// Closes the device's open head segment (a Parquet one: its rows readable now); the next
+    /// head row starts another.
+    fn close_head_segment(&mut self, device: DeviceId) -> Result<(), String> {
+        let Some(dump) = self.open.get_mut(&device) else {
+            return Ok(());
+        };
+        if self.format != DataFormat::Parquet || dump.head_pending {
+            return Ok(());
+        }
+        if let Some(head) = dump.head.take() {
+            dump.head_pending = true;
+            head.close()?;
+        }
+        Ok(())
+    }
+
+    /// The device's next head segment, `head_{N}.parquet` beside the parts.
+    fn open_head_segment(&mut self, device: DeviceId) -> Result<(), String> {
+        let Some(dump) = self.open.get(&device) else {
+            return Ok(());
+        };
+        let number = dump.head_segments.len() as u32;
+        let relative = dump
+            .parts_dir()
+            .join(parts::head_segment_name(number, self.extension()));
+        let age = segment_age(dump.aged);
+        let file = self.create(&relative)?;
+        let sink = self.sink_at(&relative, file, age)?;
+        if let Some(dump) = self.open.get_mut(&device) {
+            dump.head = Some(sink);
+            dump.head_pending = false;
+            dump.head_segments.push(relative);
+        }
+        Ok(())
     }
 
     /// Each open device's highest bytes in use so far and the step it was reached in.
@@ -325,6 +449,12 @@ impl Sinks {
             return Ok(());
         };
         dump.stats.feed(row);
+        if self.policy.head_open() && dump.head_pending {
+            self.open_head_segment(device)?;
+        }
+        let Some(dump) = self.open.get_mut(&device) else {
+            return Ok(());
+        };
         if self.policy.head_open() {
             if let Some(head) = dump.head.as_mut() {
                 let bytes = head.write(row)?;
@@ -358,8 +488,9 @@ impl Sinks {
     /// The head has its share of the budget: every device's head is flushed and closed.
     fn close_heads(&mut self) -> Result<(), String> {
         for dump in self.open.values_mut() {
-            if let Some(mut head) = dump.head.take() {
-                head.flush()?;
+            dump.head_pending = false;
+            if let Some(head) = dump.head.take() {
+                head.close()?;
             }
         }
         Ok(())
@@ -373,8 +504,8 @@ impl Sinks {
             let Some(dump) = self.open.get_mut(&device) else {
                 return Ok(());
             };
-            if let Some((_, _, mut sink)) = dump.part.take() {
-                sink.flush()?;
+            if let Some((_, _, sink)) = dump.part.take() {
+                sink.close()?;
             }
             let number = dump.next_part;
             dump.next_part += 1;
@@ -384,8 +515,9 @@ impl Sinks {
             )
         };
         let relative = dir.join(&name);
-        let file = self.run_dir.create_file(&relative)?;
-        let sink = self.sink_at(&relative, file)?;
+        let file = self.create(&relative)?;
+        let age = self.open.get(&device).map_or(0, |d| d.aged);
+        let sink = self.sink_at(&relative, file, segment_age(age))?;
         let step = self.open.get(&device).map_or(0, |d| d.stats.step());
         self.policy.part_opened(relative.clone(), step);
         if let Some(dump) = self.open.get_mut(&device) {
@@ -446,8 +578,8 @@ impl Sinks {
         }
         let head_open = self.policy.head_open();
         for dump in self.open.values_mut() {
-            if let Some((_, _, mut sink)) = dump.part.take() {
-                sink.flush()?;
+            if let Some((_, _, sink)) = dump.part.take() {
+                sink.close()?;
             }
             dump.next_part = 0;
             dump.stats.starts_in(head_open);
@@ -504,13 +636,45 @@ impl Sinks {
         self.flush(true)
     }
 
-    /// Makes everything written durable; `last` also places rows still waiting for a device.
+    /// Makes everything written durable; `last` (the program asked for it, or the run ends)
+    /// also places rows still waiting for a device and closes every open Parquet segment, the
+    /// others only once they are due.
     pub fn flush(&mut self, last: bool) -> Result<(), String> {
         if last && self.open.is_empty() && !self.unrouted.is_empty() {
             self.device_for(DeviceId::Cpu)?;
         }
+        self.close_due(last)?;
         for dump in self.open.values_mut() {
             flush_dump(dump)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the Parquet segments that are due (every open one when `all`): their rows are
+    /// readable from now on. The writer calls it at every turn, with rows or without.
+    pub fn close_due(&mut self, all: bool) -> Result<(), String> {
+        if self.format != DataFormat::Parquet {
+            return Ok(());
+        }
+        let now = Instant::now();
+        for dump in self.open.values_mut() {
+            if dump.head.as_ref().is_some_and(|h| all || h.due(now)) {
+                if let Some(head) = dump.head.take() {
+                    dump.head_pending = true;
+                    dump.aged += 1;
+                    head.close()?;
+                }
+            }
+            if dump
+                .part
+                .as_ref()
+                .is_some_and(|(_, _, p)| all || p.due(now))
+            {
+                if let Some((_, _, part)) = dump.part.take() {
+                    dump.aged += 1;
+                    part.close()?;
+                }
+            }
         }
         Ok(())
     }
@@ -562,39 +726,6 @@ fn create_unique(
         }
     }
     Err(last_error)
-}
-
-/// Turns each `--format parquet` journal into `memscope_dump_{ts}.parquet` beside it and
-/// removes the journal; a journal that cannot be converted stays, and the log says why (it is
-/// a complete CSV dump, and `msmemscope export --format parquet` converts it later).
-pub fn convert_journals(run_dir: &RunDir, journals: &[PathBuf]) {
-    use msmemscope_core::events::parquet::export::{export, Source};
-    for journal in journals {
-        let (Some(parent), Some(name)) = (journal.parent(), journal.file_name()) else {
-            continue;
-        };
-        let name = name.to_string_lossy();
-        let converted = run_dir
-            .open_dir(parent)
-            .map_err(|e| format!("cannot open {}: {e}", run_dir.path().join(parent).display()))
-            .and_then(|dir| export(&dir, &name, Source::Journal, false).map_err(|e| e.to_string()));
-        match converted {
-            Ok(done) => crate::log::info(&format!(
-                "event dump: {} ({} rows{})",
-                done.path.display(),
-                done.rows,
-                if done.cut_row_left_out {
-                    "; the journal's last row was cut off and is left out"
-                } else {
-                    ""
-                }
-            )),
-            Err(e) => crate::log::error(&format!(
-                "event dump: not converted to Parquet: {e}; the rows stay in {}",
-                run_dir.path().join(journal).display()
-            )),
-        }
-    }
 }
 
 #[cfg(test)]

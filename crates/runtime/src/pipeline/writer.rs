@@ -11,7 +11,7 @@ use std::time::Duration;
 use msmemscope_core::analysis::Analysis;
 use msmemscope_core::events::{Event, EventType};
 use msmemscope_core::symbolize::Symbolizer;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use msmemscope_core::run_dir::RunDir;
 
@@ -52,11 +52,7 @@ pub type Suspect = (msmemscope_core::events::DeviceId, u64, u64, String);
 
 pub struct Writer {
     control: Arc<(Mutex<Control>, Condvar)>,
-    /// `--format parquet`: the journals, handed over when the writer stops.
-    journals: Journals,
 }
-
-type Journals = Arc<Mutex<Vec<PathBuf>>>;
 
 struct State {
     sinks: Sinks,
@@ -75,7 +71,6 @@ struct State {
     written: u64,
     /// A write of the dump failed (said once in the log, which the launcher reads).
     dump_incomplete: bool,
-    journals: Journals,
 }
 
 impl Writer {
@@ -88,7 +83,6 @@ impl Writer {
     ) -> Option<Writer> {
         let control: Arc<(Mutex<Control>, Condvar)> = Arc::default();
         let theirs = control.clone();
-        let journals = Journals::default();
         let mut state = State {
             sinks,
             analyses,
@@ -101,7 +95,6 @@ impl Writer {
             symbols: HashMap::new(),
             written: 0,
             dump_incomplete: false,
-            journals: journals.clone(),
         };
         let spawned = crate::raw_thread::spawn(
             "msmemscope-wr",
@@ -112,7 +105,7 @@ impl Writer {
                 run(&theirs, &mut state)
             }),
         );
-        spawned.ok().map(|_| Writer { control, journals })
+        spawned.ok().map(|_| Writer { control })
     }
 
     /// Writes everything queued so far and waits (at most `timeout`) until it is on disk. False
@@ -173,21 +166,12 @@ impl Writer {
         self.control.0.lock().ok()?.findings.take()
     }
 
-    /// Flushes and ends the thread (waits at most `timeout`). The `--format parquet` journals,
-    /// complete, once it has ended; `None` while it still writes.
-    pub fn stop(&self, timeout: Duration) -> Option<Vec<PathBuf>> {
+    /// Flushes and ends the thread (waits at most `timeout`); false when it still writes.
+    pub fn stop(&self, timeout: Duration) -> bool {
         if let Ok(mut c) = self.control.0.lock() {
             c.stop = true;
         }
-        if !self.flush(timeout) {
-            return None;
-        }
-        Some(
-            self.journals
-                .lock()
-                .map(|j| j.clone())
-                .unwrap_or_else(|e| e.into_inner().clone()),
-        )
+        self.flush(timeout)
     }
 }
 
@@ -238,13 +222,12 @@ fn run(control: &(Mutex<Control>, Condvar), state: &mut State) {
         });
         let findings = (everything && findings_wanted).then(|| findings_json(state));
         if stop {
-            if let Err(e) = state.sinks.finish() {
+            // After a failed write the cause is logged already; this one would follow from it.
+            let finished = state.sinks.finish();
+            if let (Err(e), false) = (finished, state.dump_incomplete) {
                 crate::log::error(&format!("event dump: the last step's summary: {e}"));
             }
             finish_analyses(state);
-            if let Ok(mut journals) = state.journals.lock() {
-                *journals = state.sinks.journals();
-            }
             // What the writer cost, for the benchmark and for users sizing a long run. Logged
             // before the acknowledgement: the process exits right after it.
             let cpu = thread_cpu_seconds();
@@ -325,6 +308,10 @@ fn write_batch(state: &mut State, all: bool) -> usize {
     } else {
         precise_realtime_ns().saturating_sub(WATERMARK_NS)
     };
+    // After a failed write the dump stops for good: a disk with room again later, or a
+    // SQLite file committing row by row past its failed transaction, would leave a gap or
+    // hold up the program's exit, and the dump would no longer end where the log says.
+    let stopped = state.dump_incomplete;
     let State {
         backlog,
         sinks,
@@ -356,14 +343,14 @@ fn write_batch(state: &mut State, all: bool) -> usize {
                 .unwrap_or_default();
             *steps += 1;
             *growth = (notes.sites_grown, notes.bytes_grown);
-            if result.is_ok() {
+            if result.is_ok() && !stopped {
                 let next = q.row.name.trim().parse().ok();
                 result = sinks.step(&q.row, next, &notes);
                 written += 1;
             }
             return;
         }
-        if result.is_ok() {
+        if result.is_ok() && !stopped {
             result = sinks.write(&q.row);
             written += 1;
         }
@@ -371,19 +358,25 @@ fn write_batch(state: &mut State, all: bool) -> usize {
             analysis.feed(&q.row);
         }
     });
-    if handed == 0 && !all {
-        return 0;
+    if stopped {
+        return handed;
     }
     // Rows handed to the file; a failed write or flush below loses some of them, said once.
     state.written += written;
-    if let Err(e) = result.and_then(|()| state.sinks.flush(all)) {
-        if !state.dump_incomplete {
-            state.dump_incomplete = true;
-            crate::log::error(&format!(
-                "event dump incomplete: {e}; the rows from ID {} on are not all in the file",
-                state.next_id.saturating_sub(written)
-            ));
-        }
+    // A turn without rows only closes the Parquet segments whose time is up.
+    let idle = handed == 0 && !all;
+    let done = result.and_then(|()| match idle {
+        true => state.sinks.close_due(false),
+        false => state.sinks.flush(all),
+    });
+    if let Err(e) = done {
+        state.dump_incomplete = true;
+        crate::log::error(&format!(
+            "event dump incomplete: {}; the dump stops there: the rows from ID {} on are not \
+             all in the file, and no row after them is written",
+            super::write_failure::cause(&e, &state.run_dir),
+            state.next_id.saturating_sub(written)
+        ));
     }
     handed
 }

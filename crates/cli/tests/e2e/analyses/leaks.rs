@@ -251,7 +251,10 @@ fn torch_python() -> Option<PathBuf> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("skipped: {} cannot import torch", python.display());
+        eprintln!(
+            "skipped: {} cannot import torch (scripts/setup.sh installs it)",
+            python.display()
+        );
     }
     ok.then_some(python)
 }

@@ -103,6 +103,11 @@ fn bad_values_are_one_line_and_launch_nothing() {
         ),
         (&["--sample-rate=0"], "invalid --sample-rate \"0\""),
         (&["--sample-rate=abc"], "invalid --sample-rate \"abc\""),
+        (&["--sample-bytes=512k"], "invalid --sample-bytes \"512k\""),
+        (
+            &["--sample-bytes=4096", "--sample-rate=8"],
+            "--sample-bytes=4096 samples by bytes and cannot be combined with --sample-rate=8",
+        ),
         (&["--load-api-env=gpu"], "invalid --load-api-env \"gpu\""),
         (&["--pid=-1"], "invalid --pid \"-1\""),
         (
@@ -219,6 +224,7 @@ fn help_and_version_go_to_stdout() {
         "--analysis",
         "--host-leak-mode",
         "--sample-rate",
+        "--sample-bytes",
         "--load-api-env",
         "op, kernel",
         "watched blocks before and after every op",

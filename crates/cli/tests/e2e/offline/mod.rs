@@ -2,6 +2,7 @@
 //! launch a run first to have one.
 
 mod compare;
+mod hostile_run_files;
 mod original_dumps;
 mod parquet;
 mod report;

@@ -1,6 +1,6 @@
-//! The Parquet dump end to end: `--format parquet` launches of the C producers (the journal
-//! turned into `memscope_dump_{ts}.parquet` by the launcher, also after a SIGKILL of the
-//! target), `msmemscope export --format parquet DIR` on CSV runs, and the offline analyses
+//! The Parquet dump end to end: `--format parquet` launches of the C producers (the writer's
+//! segments, complete Parquet files, read as one dump, also after a SIGKILL of the target),
+//! `msmemscope export --format parquet DIR` on CSV runs, and the offline analyses
 //! (`check_leaks`, `check_inefficient`, `report`) on Parquet dumps, each compared with the same
 //! run's CSV. Reading the files with pyarrow and DuckDB is tests/python/test_parquet.py's.
 
@@ -80,10 +80,22 @@ fn a_parquet_launch_holds_the_rows_of_a_csv_launch() {
         "emit_events",
         "steps",
     );
-    // The journals are gone; only the Parquet files remain, and the launcher names them.
-    let files = dump_dir_files(&run);
+    // A Parquet head per device (its later segments beside the parts, in `.steps/`), none
+    // left open, and the launcher names the heads.
+    let (files, later): (Vec<String>, Vec<String>) = dump_dir_files(&run)
+        .into_iter()
+        .partition(|f| !f.ends_with(".steps"));
     assert_eq!(files.len(), 2, "{files:?}");
     assert!(files.iter().all(|f| f.ends_with(".parquet")), "{files:?}");
+    for dir in later {
+        for segment in std::fs::read_dir(run.join(dir)).unwrap().flatten() {
+            let name = segment.file_name().to_string_lossy().into_owned();
+            assert!(
+                name.starts_with("head_") && name.ends_with(".parquet"),
+                "{name}"
+            );
+        }
+    }
     for f in &files {
         let line = format!("msmemscope: event dump: {}\n", run.join(f).display());
         assert!(stderr(&out).contains(&line), "{}", stderr(&out));
@@ -103,7 +115,7 @@ fn a_parquet_launch_holds_the_rows_of_a_csv_launch() {
 }
 
 #[test]
-fn a_sigkilled_target_leaves_its_flushed_rows_in_parquet() {
+fn a_sigkilled_target_leaves_its_closed_segments_in_parquet() {
     let scratch = Scratch::new("pq-sigkill");
     let out_dir = scratch.path().join("out");
     let (child, target) = launch_sleeping_producer(
@@ -111,19 +123,26 @@ fn a_sigkilled_target_leaves_its_flushed_rows_in_parquet() {
         &out_dir,
         Stdio::piped(),
     );
-    // Both rows are more than a second old when the target dies without a word.
-    std::thread::sleep(Duration::from_millis(1200));
-    let journal = dump_dir_files(&only_run_dir(&out_dir));
-    assert!(journal[0].ends_with(".csv"), "{journal:?}");
+    // The first row's segment closed at the writer's first drain, the second row's (written
+    // 1.5 s later) a second after it: both complete when the target dies without a word.
+    std::thread::sleep(Duration::from_millis(2500));
     // SAFETY: sending SIGKILL to our own grandchild.
     unsafe { libc::kill(target, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{}", stderr(&out));
     let run = only_run_dir(&out_dir);
-    assert_eq!(
-        dump_dir_files(&run),
-        [journal[0].replace(".csv", ".parquet")]
-    );
+    let files = dump_dir_files(&run);
+    assert_eq!(files.len(), 2, "{files:?}");
+    let head = files[0].clone();
+    assert!(head.ends_with(".parquet"), "{files:?}");
+    assert_eq!(files[1], head.replace(".parquet", ".steps"));
+    let later: Vec<String> = std::fs::read_dir(run.join(&files[1]))
+        .unwrap()
+        .flatten()
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(later, ["head_000001.parquet"]);
+    assert!(!stderr(&out).contains("the run ended while this segment"));
     let sizes: Vec<Option<u64>> = rows(&dump(&run, "device_cpu", "parquet"))
         .iter()
         .filter(|r| r.event == msmemscope_core::events::Event::Malloc)

@@ -22,7 +22,7 @@ const LIMIT_BYTES: u64 = 4 << 30;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs the CLI with `args` under the memory limit; killed at the deadline.
-fn cli(args: &[&std::ffi::OsStr]) -> Output {
+pub(super) fn cli(args: &[&std::ffi::OsStr]) -> Output {
     let mut command = Command::new(BIN);
     command
         .args(args)
@@ -60,7 +60,7 @@ fn cli(args: &[&std::ffi::OsStr]) -> Output {
 }
 
 /// Asserts that the command failed with exactly `line` on stderr, exit status 2.
-fn refused(out: &Output, line: &str) {
+pub(super) fn refused(out: &Output, line: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr, format!("msmemscope: {line}\n"));
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -136,6 +136,9 @@ pub struct Site {
     pub factors: BTreeMap<String, String>,
     pub resident: bool,
     pub frames: Vec<String>,
+    /// Sampling by bytes: the samples the site's estimate rests on, and whether the overview
+    /// marks it uncertain (`None` in an exact window).
+    pub samples: Option<(u64, bool)>,
 }
 
 impl Site {
@@ -280,7 +283,18 @@ impl Overview {
                         line[line.find('[').unwrap() + 1..line.find(']').unwrap()].to_string();
                     let rest = &line[line.find("] ").unwrap() + 2..];
                     let parts: Vec<&str> = rest.split("; ").collect();
-                    assert_eq!(parts.len(), 3, "bad site line {line:?}");
+                    // `; estimated from N samples[ (uncertain)]` ends a sampled window's line.
+                    let samples = parts.get(3).map(|p| {
+                        let n = p
+                            .strip_prefix("estimated from ")
+                            .and_then(|p| p.split(' ').next())
+                            .unwrap_or_else(|| panic!("bad samples in {line:?}"));
+                        (num(n), p.ends_with(" (uncertain)"))
+                    });
+                    assert!(
+                        parts.len() == 3 || (parts.len() == 4 && samples.is_some()),
+                        "bad site line {line:?}"
+                    );
                     let unfreed = slash_pair(parts[0].strip_prefix("unfreed ").expect("unfreed"));
                     let allocated =
                         slash_pair(parts[1].strip_prefix("allocated ").expect("allocated"));
@@ -295,6 +309,7 @@ impl Overview {
                         factors: BTreeMap::new(),
                         resident: section.starts_with("--- Resident"),
                         frames: Vec::new(),
+                        samples,
                     });
                 }
             }
@@ -419,9 +434,15 @@ impl Overview {
             .pre_window_dist
             .iter()
             .fold((0, 0), |a, r| (a.0 + r.1, a.1 + r.2));
+        let pre_window = self.h("Pre-window frees");
+        // Sampling by bytes does not tell pre-window frees apart, and counts none.
+        let pre_window = if pre_window.starts_with("not told apart") {
+            (0, 0)
+        } else {
+            count_bytes(pre_window)
+        };
         assert_eq!(
-            pre_sum,
-            count_bytes(self.h("Pre-window frees")),
+            pre_sum, pre_window,
             "pre-window distribution vs Pre-window frees in:\n{}",
             self.text
         );

@@ -37,6 +37,9 @@ pub enum OptionName {
     HostLeakMode,
     BlockSizeThreshold,
     SampleRate,
+    /// `--sample-bytes N`: host-leak sampling by bytes, one sample per N bytes allocated on
+    /// average (0: exact).
+    SampleBytes,
     /// `--input-path a,b` of `--compare`; not part of a [`RunConfig`](crate::config::RunConfig).
     InputPath,
     /// `--pid PID` of the attach client; not part of a [`RunConfig`](crate::config::RunConfig).
@@ -52,7 +55,7 @@ pub enum OptionName {
 
 impl OptionName {
     /// Every option that sets a field of [`RunConfig`](crate::config::RunConfig).
-    pub const CONFIG: [OptionName; 17] = [
+    pub const CONFIG: [OptionName; 18] = [
         OptionName::LogLevel,
         OptionName::Events,
         OptionName::Level,
@@ -68,6 +71,7 @@ impl OptionName {
         OptionName::HostLeakMode,
         OptionName::BlockSizeThreshold,
         OptionName::SampleRate,
+        OptionName::SampleBytes,
         OptionName::PythonObjects,
         OptionName::DumpBudget,
     ];
@@ -90,6 +94,7 @@ impl OptionName {
             OptionName::HostLeakMode => "--host-leak-mode",
             OptionName::BlockSizeThreshold => "--block-size-threshold",
             OptionName::SampleRate => "--sample-rate",
+            OptionName::SampleBytes => "--sample-bytes",
             OptionName::InputPath => "--input-path",
             OptionName::Pid => "--pid",
             OptionName::Follow => "--follow",
@@ -116,6 +121,7 @@ impl OptionName {
             OptionName::HostLeakMode => "host_leak_mode",
             OptionName::BlockSizeThreshold => "block_size_threshold",
             OptionName::SampleRate => "sample_rate",
+            OptionName::SampleBytes => "sample_bytes",
             OptionName::InputPath => "input_path",
             OptionName::Pid => "pid",
             OptionName::Follow => "follow",
@@ -157,6 +163,7 @@ impl OptionName {
             OptionName::HostLeakMode => "summary, event",
             OptionName::BlockSizeThreshold => "a byte count from 0 to 18446744073709551615",
             OptionName::SampleRate => "a positive integer, rounded up to a power of two and clipped to 1073741824 (2^30)",
+            OptionName::SampleBytes => "a byte count from 0 (exact, every block) to 1099511627776 (2^40): the mean number of bytes allocated between two samples, e.g. 524288",
             OptionName::InputPath => "exactly two paths separated by a comma, e.g. base.csv,compare.csv",
             OptionName::Pid => "a positive process id",
             OptionName::Follow => "exec (every process the program starts with exec is traced too), none (only the program)",

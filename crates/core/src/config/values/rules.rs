@@ -12,8 +12,20 @@ use crate::config::types::{Analysis, EventKind, RunConfig};
 /// - `host-leaks` stands alone: no other analysis and no `--watch` (host-heap accounting and
 ///   the device-side event pipeline are separate instruments in the original msMemScope);
 /// - `leaks`, `decompose` and `inefficient` are computed from MALLOC/FREE rows, so they need
-///   both `alloc` and `free` events (`oom` is exempt: it turns them on itself).
+///   both `alloc` and `free` events (`oom` is exempt: it turns them on itself);
+/// - host-leak sampling is by count (`--sample-rate`) or by bytes (`--sample-bytes`), not
+///   both: their estimates would not combine.
 pub fn validate(config: &RunConfig, given: &GivenOptions) -> Result<(), ConfigError> {
+    if config.sample_bytes > 0 && config.sample_rate_requested > 1 {
+        return Err(ConfigError::Conflict {
+            first: Setting::new(OptionName::SampleBytes, config.sample_bytes.to_string()),
+            reason: "samples by bytes and cannot be combined with",
+            second: Setting::new(
+                OptionName::SampleRate,
+                config.sample_rate_requested.to_string(),
+            ),
+        });
+    }
     let steps_given = !config.steps.is_empty();
     if steps_given && given.contains(OptionName::Analysis) && !config.analysis.is_empty() {
         return Err(ConfigError::Conflict {

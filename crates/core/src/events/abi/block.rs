@@ -8,8 +8,7 @@ use super::StrRef;
 use crate::events::attrs::{first_special, numeric_attr_index_of, string_attr_index_of, Plain};
 use crate::events::row::{AttrNumbers, EventRow};
 
-/// [`BlockRecord::flags`] bits besides [`super::WANT_C_STACK`]: which members the Attr object
-/// has.
+/// Bits of `BlockRecord::flags` besides `WANT_C_STACK`: which members the Attr object has.
 pub const BLOCK_USED: u32 = 4;
 pub const BLOCK_TOTAL: u32 = 8;
 /// The `owner` member (`PTA[@category][@labels]`) and the allocation site's members.
@@ -19,9 +18,9 @@ pub const BLOCK_OWNER: u32 = 16;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockRecord {
-    /// [`crate::events::Event`] as u32: MALLOC or FREE.
+    /// The Event column's code: MALLOC or FREE.
     pub event: u32,
-    /// [`crate::events::EventType`] as u32.
+    /// The Event Type column's code.
     pub event_type: u32,
     /// One of `DEVICE_*`, and the CUDA index for `DEVICE_CUDA`.
     pub device_kind: u32,
@@ -29,12 +28,12 @@ pub struct BlockRecord {
     pub ptr: u64,
     pub allocation_id: u64,
     pub size: u64,
-    /// [`super::WANT_C_STACK`] and the `BLOCK_*` bits.
+    /// `WANT_C_STACK` and the `BLOCK_*` bits.
     pub flags: u32,
     pub reserved: u32,
-    /// Bytes in use on the device after this row (with [`BLOCK_USED`]).
+    /// Bytes in use on the device after this row (with `BLOCK_USED`).
     pub used: u64,
-    /// The allocator's own count of bytes allocated (with [`BLOCK_TOTAL`]).
+    /// The allocator's own count of bytes allocated (with `BLOCK_TOTAL`).
     pub total: u64,
     /// Texts interned by the producer: they stay valid, unchanged, until the process exits,
     /// and are written as they are (JSON-escaped already). Empty: the member is left out.
@@ -46,7 +45,7 @@ pub struct BlockRecord {
     pub op: StrRef,
     /// The module whose forward was running (`model.layers.3.attn`).
     pub module: StrRef,
-    /// Python frames for this call only (copied), as in [`super::EventRecord::python_stack`].
+    /// Python frames for this call only (copied), as in `EventRecord::python_stack`.
     pub python_stack: StrRef,
 }
 
@@ -247,7 +246,7 @@ mod tests {
             "\u{e9}t\u{e9}".as_bytes(),
         ];
         let at = |i: usize| StrRef {
-            ptr: texts[i % texts.len()].as_ptr(),
+            ptr: texts[i % texts.len()].as_ptr().cast(),
             len: texts[i % texts.len()].len(),
         };
         for flags in [
@@ -317,7 +316,7 @@ mod tests {
         );
         let bad = [b'a', 0xff];
         r.frame = StrRef {
-            ptr: bad.as_ptr(),
+            ptr: bad.as_ptr().cast(),
             len: 2,
         };
         assert!(rendered(BlockAttrs::of(&r)).contains("\"frame\":\"a\u{fffd}\""));

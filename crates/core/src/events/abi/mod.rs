@@ -1,6 +1,8 @@
 //! The C ABI between the Python extension (or any other producer) and the runtime library that
 //! owns the event pipeline. Defined once here so both sides compile against the same layout;
-//! `ABI_VERSION` changes whenever it does.
+//! `ABI_VERSION` changes whenever it does. C and C++ producers include
+//! `crates/runtime/include/msmemscope/runtime.h`, which cbindgen generates from these
+//! definitions (crates/runtime/tests/c_abi.rs fails when the committed header differs).
 //!
 //! A producer fills an [`EventRecord`] and calls the runtime's `msmemscope_emit`. Strings are
 //! UTF-8 pointer/length pairs valid for the duration of the call; the runtime copies what it
@@ -22,7 +24,7 @@ pub const DEVICE_NONE: u32 = 0;
 pub const DEVICE_CPU: u32 = 1;
 pub const DEVICE_CUDA: u32 = 2;
 
-/// [`EventRecord::want_c_stack`] bits.
+/// Bits of `EventRecord::want_c_stack` (and of `BlockRecord::flags`).
 pub const WANT_C_STACK: u32 = 1;
 pub const ATTRS_CHECKED: u32 = 2;
 
@@ -30,7 +32,8 @@ pub const ATTRS_CHECKED: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct StrRef {
-    pub ptr: *const u8,
+    /// `const char *` to C: producers hand over their strings as they are.
+    pub ptr: *const std::ffi::c_char,
     pub len: usize,
 }
 
@@ -42,7 +45,7 @@ impl StrRef {
 
     pub fn new(s: &str) -> StrRef {
         StrRef {
-            ptr: s.as_ptr(),
+            ptr: s.as_ptr().cast(),
             len: s.len(),
         }
     }
@@ -56,7 +59,7 @@ impl StrRef {
             return &[];
         }
         // SAFETY: the caller guarantees the bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
     }
 
     /// # Safety
@@ -66,7 +69,7 @@ impl StrRef {
             return "";
         }
         // SAFETY: the caller guarantees the bytes; invalid UTF-8 is replaced, never trusted.
-        let bytes = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) };
         std::str::from_utf8(bytes).unwrap_or("<invalid utf-8>")
     }
 }
@@ -75,9 +78,9 @@ impl StrRef {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EventRecord {
-    /// [`crate::events::Event`] as u32.
+    /// The Event column's code (`events::Event` as u32; `enum msmemscope_event` in C).
     pub event: u32,
-    /// [`crate::events::EventType`] as u32.
+    /// The Event Type column's code (`events::EventType` as u32; `enum msmemscope_event_type`).
     pub event_type: u32,
     pub name: StrRef,
     /// One of `DEVICE_*`, and the CUDA index for `DEVICE_CUDA`.
@@ -89,8 +92,8 @@ pub struct EventRecord {
     pub attrs_json: StrRef,
     /// Python frames, innermost first, one per line (`file(line): func`).
     pub python_stack: StrRef,
-    /// Bit 0 ([`WANT_C_STACK`]): the runtime captures the C stack here (when `--call-stack c`
-    /// is on). Bit 1 ([`ATTRS_CHECKED`]): the producer vouches that `attrs_json` is one JSON
+    /// Bit 0 (`WANT_C_STACK`): the runtime captures the C stack here (when `--call-stack c`
+    /// is on). Bit 1 (`ATTRS_CHECKED`): the producer vouches that `attrs_json` is one JSON
     /// object whose counted keys are 64-bit integers, so the runtime skips its own check (a
     /// producer that sets no bit gets the check, as before the bit existed).
     pub want_c_stack: u32,

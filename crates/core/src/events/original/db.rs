@@ -11,7 +11,7 @@ use super::{
     dialect_of, not_a_dump, private_dir, Columns, Dialect, Normalized, Skipped, COLUMNS,
     SNIFFED_ROWS,
 };
-use crate::events::source::{open_regular, ReadError, MAX_ROW_BYTES};
+use crate::events::source::{one_line, open_regular, ReadError, MAX_ROW_BYTES};
 
 /// A dump's table.
 struct Table {
@@ -72,7 +72,7 @@ fn find_table(path: &Path) -> Option<Table> {
 fn sqlite_error(path: &Path, e: rusqlite::Error) -> ReadError {
     ReadError::Io {
         path: path.to_path_buf(),
-        message: format!("SQLite: {e}"),
+        message: format!("SQLite: {}", one_line(&e.to_string())),
     }
 }
 

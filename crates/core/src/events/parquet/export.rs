@@ -34,7 +34,8 @@ pub struct Exported {
     /// Its path (the directory's path joined with its name).
     pub path: PathBuf,
     pub rows: u64,
-    /// A journal's last row, cut off by a kill, was left out.
+    /// The last row, cut off where the writing stopped (a journal's by a kill, a kept dump's
+    /// by a kill or a failed write), was left out.
     pub cut_row_left_out: bool,
 }
 
@@ -112,6 +113,9 @@ pub fn export(
             message: e.to_string(),
         })?;
     }
+    if source == Source::Dump {
+        crate::events::run_end::say_once(&shown);
+    }
     // Read through the held descriptor (whatever was renamed since), named by the dump's path.
     let resolved = dir.resolved().join(name);
     // The original tool's dump is exported as the dump of ours it reads as (a journal is ours).
@@ -147,6 +151,12 @@ pub fn export(
                 Ok(None) => break,
                 Err(e) if source == Source::Journal && at_last_line(dir, name, &e) => {
                     // A row with a line end inside it, cut after one: the rest is gone.
+                    cut = true;
+                    break;
+                }
+                Err(e) if source == Source::Dump && csv && cut_last_row(&resolved, &e) => {
+                    // A kept dump whose writing stopped inside its last row (a kill, a full
+                    // disk), read as the readers read it; the file itself is left as it is.
                     cut = true;
                     break;
                 }
@@ -314,6 +324,26 @@ fn cut_torn_line(dir: &RunDir, name: &str) -> std::io::Result<bool> {
     file.set_len(keep)?;
     file.flush()?;
     Ok(true)
+}
+
+/// Whether a kept CSV dump's read error is about its last row, cut off where the writing
+/// stopped: the file does not end with a line end, and the bad row starts on its last line.
+fn cut_last_row(path: &Path, e: &ReadError) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let ReadError::BadRow { line, .. } = e else {
+        return false;
+    };
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut last = [0u8; 1];
+    if file.seek(SeekFrom::End(-1)).is_err() || file.read_exact(&mut last).is_err() {
+        return false;
+    }
+    if last[0] == b'\n' || file.seek(SeekFrom::Start(0)).is_err() {
+        return false;
+    }
+    count_line_ends(file).is_ok_and(|lines| *line == lines + 1)
 }
 
 /// Whether a journal's read error is about its last line: the last record, cut off inside a

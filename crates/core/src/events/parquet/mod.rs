@@ -75,9 +75,19 @@ impl ParquetRows {
             path: path.to_path_buf(),
             reason,
         };
+        if let Some(claimed) = oversized_footer(&file) {
+            return Err(not_a_dump(format!(
+                "its footer claims {claimed} bytes of metadata (a dump's has a few KiB a row \
+                 group; at most {MAX_METADATA} are read)"
+            )));
+        }
+        let file_len = file.metadata().map_or(0, |m| m.len());
         let reader = guarded(|| SerializedFileReader::new(file))
             .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(|e| not_a_dump(format!("not a Parquet file ({})", one_line(&e))))?;
+        if let Some(reason) = misplaced_chunk(reader.metadata(), file_len) {
+            return Err(not_a_dump(reason));
+        }
         let schema = reader.metadata().file_metadata().schema_descr_ptr();
         let width = schema.num_columns();
         if width != DUMP_COLUMNS && width != COLUMNS.len() {
@@ -408,20 +418,79 @@ fn check_typed(
     Ok(())
 }
 
+/// The most metadata a footer may claim: the Parquet crate allocates what it claims before
+/// reading it, and a damaged length in a large file would be gigabytes.
+const MAX_METADATA: u64 = 64 << 20;
+
+/// The metadata length `file`'s footer claims, where it is over [`MAX_METADATA`].
+fn oversized_footer(file: &std::fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata().ok()?.len();
+    let mut footer = [0u8; 8];
+    file.read_exact_at(&mut footer, len.checked_sub(8)?).ok()?;
+    let claimed = u32::from_le_bytes([footer[0], footer[1], footer[2], footer[3]]) as u64;
+    (&footer[4..] == b"PAR1" && claimed > MAX_METADATA).then_some(claimed)
+}
+
+/// The first column chunk the metadata places outside the file (a negative offset or size, or
+/// past its end): the Parquet crate asserts on the first and would read what is not there.
+fn misplaced_chunk(meta: &parquet::file::metadata::ParquetMetaData, len: u64) -> Option<String> {
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        for (c, chunk) in group.columns().iter().enumerate() {
+            let start = chunk
+                .dictionary_page_offset()
+                .unwrap_or(chunk.data_page_offset());
+            let size = chunk.compressed_size();
+            let end = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(size).ok())
+                .and_then(|(start, size)| start.checked_add(size));
+            if end.is_none_or(|end| end > len) {
+                return Some(format!(
+                    "damaged Parquet metadata: row group {g}, column {c}: a chunk of {size} \
+                     bytes at byte {start}, outside the file's {len}"
+                ));
+            }
+        }
+    }
+    None
+}
+
 /// The Parquet crate's message on one line, as every reader error is.
 fn one_line(message: &str) -> String {
     message.replace(['\n', '\r'], " ")
 }
 
+thread_local! {
+    /// This thread is inside [`guarded`]: a panic there becomes the reader's one-line error, and
+    /// the panic hook's own lines would be a second, unasked-for message.
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Runs a call into the Parquet crate, turning a panic on damaged input into an error (the
-/// crate checks what it reads, but a reader must never take the process down).
+/// crate checks most of what it reads, but some damaged pages still reach a slice index in it,
+/// and a reader must never take the process down nor print more than its one line).
 fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
-        panic
+    static QUIET_HOOK: std::sync::Once = std::sync::Once::new();
+    QUIET_HOOK.call_once(|| {
+        // Every other panic is reported by whatever hook the process had.
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !GUARDED.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let outer = GUARDED.with(|g| g.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(outer));
+    result.map_err(|panic| {
+        let message = panic
             .downcast_ref::<String>()
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the Parquet reader failed".into())
+            .unwrap_or_else(|| "the Parquet reader failed".into());
+        one_line(&message)
     })
 }
 

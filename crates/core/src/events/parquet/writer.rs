@@ -79,6 +79,10 @@ struct Typed<'a> {
 /// reader checks a file's typed columns with this same function.
 pub(super) fn typed_values(row: &EventRow) -> ([Option<u64>; 4], Option<String>) {
     if row.attrs.is_empty() {
+        if row.attrs_known() {
+            // Found when the Attr was rendered (the runtime's block rows): no parse per row.
+            return (TYPED_INTS.map(|(_, key)| row.attr_u64(key)), owner_of(row));
+        }
         if let Some(raw) = &row.attrs_json {
             // What the readers let through parses so; anything else (an owner that is not a
             // string, a number the readers do not count) takes the slow way below.
@@ -186,8 +190,9 @@ fn properties() -> Result<WriterProperties, parquet::errors::ParquetError> {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(ZSTD_LEVEL)?))
         .set_created_by(format!("msmemscope {}", env!("CARGO_PKG_VERSION")));
-    // Min/max of stacks and Attr help no query; the columns that are filtered on keep theirs.
-    for name in ["Attr", "Call Stack(Python)", "Call Stack(C)"] {
+    // Min/max of stacks and Attr help no query, nor of Ptr (hex text spread over every row
+    // group, at the cost of a comparison per row); the columns that are filtered on keep theirs.
+    for name in ["Ptr", "Attr", "Call Stack(Python)", "Call Stack(C)"] {
         props =
             props.set_column_statistics_enabled(ColumnPath::from(name), EnabledStatistics::None);
     }
@@ -214,8 +219,8 @@ impl<W: Write + Send> ParquetWriter<W> {
     }
 
     /// Adds one row; a row group is written when the open one is full. A refused row adds
-    /// nothing.
-    pub fn push(&mut self, row: &EventRow) -> Result<(), WriteError> {
+    /// nothing. Returns the row's bytes of text before compression (about its CSV line's).
+    pub fn push(&mut self, row: &EventRow) -> Result<u64, WriteError> {
         let signed = |what: &str, value: u64| {
             i64::try_from(value).map_err(|_| WriteError::TooLarge {
                 id: row.id,
@@ -276,17 +281,18 @@ impl<W: Write + Send> ParquetWriter<W> {
             g.owner.values.push(owner.as_bytes());
         }
         // The variable-length texts; the short fixed ones are about 40 bytes more.
-        g.text_bytes += row.name.len()
+        let text = row.name.len()
             + attr_text.len()
             + row.python_stack.len()
             + row.c_stack.len()
             + owner.map_or(0, |o| o.len())
             + 40;
+        g.text_bytes += text;
         self.rows += 1;
         if g.rows() >= ROW_GROUP_ROWS || g.text_bytes >= ROW_GROUP_BYTES {
             self.write_group()?;
         }
-        Ok(())
+        Ok(text as u64)
     }
 
     /// Writes the open row group, if it has rows.

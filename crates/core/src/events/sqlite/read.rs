@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::events::fields::parse_fields;
 use crate::events::row::EventRow;
 use crate::events::row::HEADER;
-use crate::events::source::{open_regular, IdOrder, ReadError, MAX_ROW_BYTES};
+use crate::events::source::{one_line, open_regular, IdOrder, ReadError, MAX_ROW_BYTES};
 
 /// Streams rows from a SQLite dump, in ID order.
 pub struct DbRows {
@@ -190,7 +190,12 @@ fn read_values(row: &rusqlite::Row) -> Result<(Vec<String>, usize), Fetched> {
         let value = match row.get_ref(i) {
             Ok(v) => v,
             Err(e) if is_too_big(&e) => return Err(Fetched::TooLong),
-            Err(e) => return Err(Fetched::Bad(None, format!("{column}: {e}"))),
+            Err(e) => {
+                return Err(Fetched::Bad(
+                    None,
+                    format!("{column}: {}", one_line(&e.to_string())),
+                ))
+            }
         };
         let text = match value {
             ValueRef::Null => String::new(),
@@ -247,11 +252,11 @@ fn sqlite_error(path: &Path, e: rusqlite::Error) -> ReadError {
         },
         Some(rusqlite::ErrorCode::DatabaseCorrupt) => ReadError::NotADump {
             path: path.to_path_buf(),
-            reason: format!("a damaged SQLite database ({e})"),
+            reason: format!("a damaged SQLite database ({})", one_line(&e.to_string())),
         },
         _ => ReadError::Io {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: one_line(&e.to_string()),
         },
     }
 }

@@ -385,8 +385,15 @@ fn malformed_frames_get_errors_and_the_target_runs_on() {
 
 #[test]
 fn another_user_is_refused() {
-    if euid() != 0 || Command::new("setpriv").arg("--version").output().is_err() {
-        eprintln!("skipped: needs root and setpriv");
+    if euid() != 0 {
+        eprintln!(
+            "skipped: needs root (to run the client as another user); uid {}",
+            euid()
+        );
+        return;
+    }
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: needs setpriv (util-linux) to run the client as another user");
         return;
     }
     let t = launched();

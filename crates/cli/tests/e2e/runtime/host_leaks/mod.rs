@@ -3,5 +3,6 @@
 
 mod known_leaks;
 mod many_windows;
+mod sampling;
 mod session;
 mod tricky_programs;
