@@ -10,14 +10,14 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Output;
 
+use crate::util::built_once;
 use crate::util::host_leak::*;
-use crate::util::{built_once, parse_csv};
 
 // ------------------------------------------------------------------------------------------
 // Fixture builds
 
 /// tests/fixtures/host_leaks.c, built once per test process.
-fn prog() -> PathBuf {
+pub(super) fn prog() -> PathBuf {
     built_once(
         "host-leaks",
         "host_leaks.c",
@@ -39,13 +39,13 @@ fn dl_lib() -> PathBuf {
 }
 
 /// The fixture program on its own, without the tool.
-fn run_plain(args: &[&str]) -> Output {
+pub(super) fn run_plain(args: &[&str]) -> Output {
     run_plain_cmd(&prog(), args)
 }
 
 /// Runs the fixture with `tool_args` before it and `env` set (the MSMEMSCOPE_HOST_* knobs
 /// are cleared first, then MSMEMSCOPE_HOST_TOP_N=1024 unless `env` sets it).
-fn run_tool(tool_args: &[&str], env: &[(&str, &str)], target: &[&str]) -> Run {
+pub(super) fn run_tool(tool_args: &[&str], env: &[(&str, &str)], target: &[&str]) -> Run {
     run_tool_cmd(tool_args, env, prog().to_str().unwrap(), target)
 }
 
@@ -494,143 +494,6 @@ fn sample_rate_is_rounded_and_reported() {
 }
 
 // ------------------------------------------------------------------------------------------
-// 4. Event mode
-
-const CSV_HEADER: [&str; 6] = [
-    "addr",
-    "size",
-    "alloc_ts",
-    "Call Stack(C)",
-    "Call Stack(Python)",
-    "Domain",
-];
-
-/// Checks the block detail against the overview; returns the data rows.
-fn check_block_detail(run: &Run, ov: &Overview) -> Vec<Vec<String>> {
-    assert_eq!(
-        run.host_leak_files(),
-        [
-            "block_detail_1.csv",
-            "leak_overview_1.txt",
-            "leak_sites_1.json"
-        ]
-    );
-    let text = std::fs::read_to_string(run.run_dir().join("host_leak/block_detail_1.csv")).unwrap();
-    let first_line = text.lines().next().unwrap_or("");
-    assert_eq!(
-        first_line,
-        "addr,size,alloc_ts,Call Stack(C),Call Stack(Python),Domain"
-    );
-    let records = parse_csv(&text);
-    assert_eq!(records[0], CSV_HEADER);
-    let rows = records[1..].to_vec();
-    assert_eq!(
-        rows.len() as u64,
-        ov.total_unfreed.0,
-        "one row per unfreed block"
-    );
-    let mut addrs = std::collections::HashSet::new();
-    let mut total = 0;
-    let mut prev = u64::MAX;
-    for r in &rows {
-        assert_eq!(r.len(), 6, "row {r:?}");
-        let addr =
-            u64::from_str_radix(r[0].strip_prefix("0x").expect("hex addr"), 16).expect("addr");
-        assert!(addrs.insert(addr), "duplicate address {}", r[0]);
-        let size = num(&r[1]);
-        assert!(
-            size <= prev,
-            "rows must be sorted by size descending: {size} after {prev}"
-        );
-        prev = size;
-        total += size;
-        let ts = num(&r[2]);
-        assert!(ts > 0);
-        assert!(!r[3].is_empty(), "C stack of {r:?}");
-        assert_eq!(r[4], "", "no Python stack for a C program");
-        assert_eq!(r[5], "malloc", "a C program's blocks are all malloc's");
-    }
-    assert_eq!(
-        total, ov.total_unfreed.1,
-        "bytes of all rows vs Total Unfreed"
-    );
-    rows
-}
-
-#[test]
-fn event_mode_writes_block_detail_csv() {
-    let run = run_tool(&["--host-leak-mode=event"], &[], &["event"]);
-    assert_exited(&run.out, 0, "tool run");
-    let ov = run.overview();
-    assert!(
-        ov.h("Report mode").starts_with("event"),
-        "{:?}",
-        ov.h("Report mode")
-    );
-    assert_eq!(ov.total_unfreed, (12, 78000));
-    assert_eq!(ov.expect_function("event_site_a").0, (6, 57000));
-    assert_eq!(ov.expect_function("event_site_b").0, (6, 21000));
-    let rows = check_block_detail(&run, &ov);
-    let sizes: Vec<u64> = rows.iter().map(|r| num(&r[1])).collect();
-    assert_eq!(
-        sizes,
-        (1..=12).rev().map(|k| k * 1000).collect::<Vec<u64>>()
-    );
-    for r in &rows {
-        let size = num(&r[1]);
-        let frames: Vec<&str> = r[3].lines().collect();
-        let want = if size >= 7000 {
-            "event_site_a "
-        } else {
-            "event_site_b "
-        };
-        assert!(frames[0].starts_with(want), "size {size}: stack {:?}", r[3]);
-        assert!(frames[0].contains("host_leaks.c:"), "{:?}", frames[0]);
-        assert!(frames.iter().any(|f| f.starts_with("main ")), "{:?}", r[3]);
-    }
-    // alloc_ts follows the fixture's allocation order.
-    let order = [
-        6000, 12000, 1000, 9000, 4000, 11000, 2000, 8000, 3000, 10000, 5000, 7000,
-    ];
-    let ts_of = |size: u64| num(&rows.iter().find(|r| num(&r[1]) == size).unwrap()[2]);
-    for w in order.windows(2) {
-        assert!(
-            ts_of(w[0]) <= ts_of(w[1]),
-            "alloc_ts of {} after {}",
-            w[0],
-            w[1]
-        );
-    }
-}
-
-#[test]
-fn event_mode_block_detail_matches_overview_with_threads() {
-    let run = run_tool(&["--host-leak-mode=event"], &[], &["sites"]);
-    assert_exited(&run.out, 0, "tool run");
-    let ov = run.overview();
-    assert_eq!(ov.truncation_bits(), 0);
-    let rows = check_block_detail(&run, &ov);
-    // Per first-frame function, the rows agree with the sites.
-    for function in [
-        "leak_steady_growth",
-        "thread_leaker_3",
-        "ring_push",
-        "leak_pvalloc",
-    ] {
-        let mine: Vec<&Vec<String>> = rows
-            .iter()
-            .filter(|r| r[3].split(' ').next() == Some(function))
-            .collect();
-        let bytes: u64 = mine.iter().map(|r| num(&r[1])).sum();
-        assert_eq!(
-            (mine.len() as u64, bytes),
-            ov.expect_function(function).0,
-            "{function}"
-        );
-    }
-}
-
-// ------------------------------------------------------------------------------------------
 // 5. Stress, fork + exec, fork without exec
 
 #[test]
@@ -772,169 +635,6 @@ fn dlopened_library_leak_is_named() {
         site.frames
     );
     ov.check_sites_sum_to_total();
-}
-
-// ------------------------------------------------------------------------------------------
-// 8. Leak Suspicion Index
-
-#[test]
-fn lsi_separates_leaks_from_caches_and_rings() {
-    let plain = run_plain(&["lsi"]);
-    assert_exited(&plain, 0, "plain run");
-    assert_eq!(
-        String::from_utf8_lossy(&plain.stdout),
-        "lsi done, threads=1\n"
-    );
-    // 100 ms beats: the ~4 s run gives about 40 beats, taken on the program's own threads:
-    // its thread count is unchanged.
-    let run = run_tool(
-        &[],
-        &[
-            ("MSMEMSCOPE_HOST_BEAT_MS", "100"),
-            ("MSMEMSCOPE_NO_CONTROL", "1"),
-        ],
-        &["lsi"],
-    );
-    assert_exited(&run.out, 0, "tool run");
-    assert_eq!(run.out.stdout, plain.stdout);
-    // With the control channel ready for an attach: still no thread of ours (its listener
-    // starts only when someone attaches).
-    let attachable = run_tool(&[], &[("MSMEMSCOPE_HOST_BEAT_MS", "100")], &["lsi"]);
-    assert_eq!(
-        String::from_utf8_lossy(&attachable.out.stdout),
-        "lsi done, threads=1\n"
-    );
-    let ov = run.overview();
-    ov.check_sites_sum_to_total();
-    let series = ov
-        .text
-        .lines()
-        .find(|l| l.starts_with("Series: "))
-        .expect("series line");
-    assert!(
-        series.starts_with("Series: top-k=256, max-stacks=1024, beats="),
-        "{series}"
-    );
-    assert!(series.contains("(100 ms each)"), "{series}");
-
-    let top: Vec<&Site> = ov.sites.iter().filter(|s| !s.resident).collect();
-    let first = top.first().expect("a TOP row");
-    assert_eq!(first.first_function(), "lsi_steady_leak", "{}", ov.text);
-    assert_eq!(first.class, "suspected_leak", "{}", ov.text);
-    assert!(first.lsi >= 60.0, "{}", ov.text);
-    assert_eq!(first.unfreed, (400, 400_000));
-    assert_eq!(first.factors["Release"], "1.00");
-    assert_eq!(first.factors["Scale"], "1.00");
-    assert_eq!(first.factors["Lifetime"], "0.50"); // no frees
-    let growth: f64 = first.factors["Growth"].parse().expect("Growth printed");
-    assert!(growth > 0.8, "{}", ov.text);
-    assert!(
-        first.factors["Pattern"].parse::<f64>().is_ok(),
-        "{}",
-        ov.text
-    );
-    assert!(!first.factors.contains_key("degraded"), "{}", ov.text);
-
-    let slow = top
-        .iter()
-        .find(|s| s.first_function() == "lsi_slow_leak")
-        .expect("slow leak row");
-    assert_eq!(slow.unfreed, (16, 1024));
-    assert!(
-        slow.class == "suspected_leak" || slow.class == "growth_watch",
-        "{}",
-        ov.text
-    );
-
-    let table = ov.expect_site("lsi_table_at_start");
-    assert!(table.resident, "{}", ov.text);
-    assert_eq!(table.class, "resident/early");
-    assert_eq!(table.factors["Growth"], "0.00");
-
-    let ring = ov.expect_site("lsi_ring_entry");
-    assert_eq!(ring.unfreed, (32, 4096));
-    assert_eq!(ring.allocated, (2000, 256_000));
-    assert!(
-        ring.resident,
-        "the ring must not be in the TOP N:\n{}",
-        ov.text
-    );
-    assert_eq!(ring.class, "resident/turnover");
-    assert_eq!(ov.by_function("lsi_temporary"), None);
-}
-
-#[test]
-fn a_three_second_window_classifies_with_the_adaptive_beat() {
-    // No MSMEMSCOPE_HOST_BEAT_MS: the beat starts at 62.5 ms and stays there, 3 s being less
-    // than the 8 s that 128 points of 62.5 ms cover.
-    let run = run_tool(&[], &[], &["lsi-short"]);
-    assert_exited(&run.out, 0, "tool run");
-    assert_eq!(run.stdout(), "lsi-short done\n");
-    let ov = run.overview();
-    ov.check_sites_sum_to_total();
-    let series = ov
-        .text
-        .lines()
-        .find(|l| l.starts_with("Series: "))
-        .expect("series line");
-    let rest = series
-        .strip_prefix("Series: top-k=256, max-stacks=1024, beats=")
-        .unwrap_or_else(|| panic!("{series}"));
-    let (beats, rest) = rest.split_once(' ').unwrap();
-    // 48 beats in 3 s and the closing sample; a beat is taken by the first allocation after
-    // it falls due, so a sleep that wakes late on a loaded machine may skip one.
-    assert!((40..=50).contains(&num(beats)), "{series}");
-    let rest = rest
-        .strip_prefix("(start 62.5 ms, now 62.5 ms each), window=")
-        .unwrap_or_else(|| panic!("{series}"));
-    let (window, rest) = rest.split_once(' ').unwrap();
-    let window: f64 = window.parse().unwrap();
-    assert!((2.9..4.0).contains(&window), "{series}");
-    assert!(rest.starts_with("beats of 1000 ms, series="), "{series}");
-
-    let leak = ov.expect_site("short_steady_leak");
-    assert_eq!(leak.class, "suspected_leak", "{}", ov.text);
-    assert!(!leak.factors.contains_key("degraded"), "{}", ov.text);
-    assert_eq!(leak.unfreed, (300, 300_000));
-    assert_eq!(leak.factors["Release"], "1.00");
-    assert_eq!(leak.factors["Scale"], "1.00");
-    assert_eq!(leak.factors["Lifetime"], "0.50"); // no frees
-    let growth: f64 = leak.factors["Growth"].parse().expect("Growth printed");
-    assert!(growth > 0.9, "{}", ov.text);
-    let pattern: f64 = leak.factors["Pattern"].parse().expect("Pattern printed");
-    assert!(pattern > 0.9, "{}", ov.text);
-    // The points after the 0.75 s warm-up: 37 when no beat was skipped.
-    let fitted = num(&leak.factors["beats"]);
-    assert!((30..=37).contains(&fitted), "{}", ov.text);
-
-    let table = ov.expect_site("short_table_at_start");
-    assert!(table.resident, "{}", ov.text);
-    assert_eq!(table.class, "resident/early", "{}", ov.text);
-    assert!(!table.factors.contains_key("degraded"), "{}", ov.text);
-    assert_eq!(table.unfreed, (1, 65_536));
-    assert_eq!(table.factors["Growth"], "0.00");
-}
-
-#[test]
-fn short_program_rows_are_insufficient_series() {
-    let run = run_tool(&[], &[], &["plain"]);
-    assert_exited(&run.out, 0, "tool run");
-    let ov = run.overview();
-    assert!(!ov.sites.is_empty());
-    for site in &ov.sites {
-        assert_eq!(
-            site.factors.get("degraded").map(String::as_str),
-            Some("insufficient_series"),
-            "{site:?}"
-        );
-        assert_eq!(site.factors["Growth"], "-");
-        assert_eq!(site.factors["Pattern"], "-");
-        assert_eq!(site.factors["slope"], "-");
-        assert!(
-            !site.resident,
-            "a short window must not be classified resident: {site:?}"
-        );
-    }
 }
 
 // ------------------------------------------------------------------------------------------
