@@ -191,3 +191,24 @@ impl IdOrder {
         }
     }
 }
+
+/// Whether `e` is about a CSV dump's last row, cut off where the writing stopped (a full disk,
+/// the process killed): the file does not end with a line end, and the bad row starts on its
+/// last line. Looked at only when a row is refused.
+pub fn is_cut_last_row(path: &Path, e: &ReadError) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let ReadError::BadRow { line, .. } = e else {
+        return false;
+    };
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut last = [0u8; 1];
+    if file.seek(SeekFrom::End(-1)).is_err() || file.read_exact(&mut last).is_err() {
+        return false;
+    }
+    if last[0] == b'\n' || file.seek(SeekFrom::Start(0)).is_err() {
+        return false;
+    }
+    count_line_ends(file).is_ok_and(|lines| *line == lines + 1)
+}

@@ -13,7 +13,7 @@ use super::writer::{ParquetWriter, WriteError};
 use crate::events::csv::read::CsvRows;
 use crate::events::csv::scan::FastCsv;
 use crate::events::original;
-use crate::events::source::{count_line_ends, ReadError, RowSource};
+use crate::events::source::{count_line_ends, is_cut_last_row, ReadError, RowSource};
 use crate::events::sqlite::read::DbRows;
 use crate::run_dir::RunDir;
 
@@ -154,7 +154,7 @@ pub fn export(
                     cut = true;
                     break;
                 }
-                Err(e) if source == Source::Dump && csv && cut_last_row(&resolved, &e) => {
+                Err(e) if source == Source::Dump && csv && is_cut_last_row(&resolved, &e) => {
                     // A kept dump whose writing stopped inside its last row (a kill, a full
                     // disk), read as the readers read it; the file itself is left as it is.
                     cut = true;
@@ -324,26 +324,6 @@ fn cut_torn_line(dir: &RunDir, name: &str) -> std::io::Result<bool> {
     file.set_len(keep)?;
     file.flush()?;
     Ok(true)
-}
-
-/// Whether a kept CSV dump's read error is about its last row, cut off where the writing
-/// stopped: the file does not end with a line end, and the bad row starts on its last line.
-fn cut_last_row(path: &Path, e: &ReadError) -> bool {
-    use std::io::{Read, Seek, SeekFrom};
-    let ReadError::BadRow { line, .. } = e else {
-        return false;
-    };
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return false;
-    };
-    let mut last = [0u8; 1];
-    if file.seek(SeekFrom::End(-1)).is_err() || file.read_exact(&mut last).is_err() {
-        return false;
-    }
-    if last[0] == b'\n' || file.seek(SeekFrom::Start(0)).is_err() {
-        return false;
-    }
-    count_line_ends(file).is_ok_and(|lines| *line == lines + 1)
 }
 
 /// Whether a journal's read error is about its last line: the last record, cut off inside a
