@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every reader under libFuzzer for a while: each target of fuzz/ (one per reader: csv,
 # original_csv, sqlite, parquet, step_summary, step_part, control_frame) runs for SECONDS,
-# from the seeds the stable test makes (real dumps and the project's writers' files) and the
+# from the starting inputs the stable test makes (real dumps and the project's writers' files) and the
 # regression corpus (crates/core/tests/fuzz_corpus/<target>/). Prints the executions and the
 # crashes of each target; exits 1 when one crashed (its input is in fuzz/artifacts/<target>/:
 # add it to the regression corpus once the reader is fixed).

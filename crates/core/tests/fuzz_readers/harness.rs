@@ -32,7 +32,7 @@ pub fn check(target: &str, bytes: &[u8], dir: &Path) -> Option<(Outcome, Outcome
     reset(dir);
     Some(match target {
         // The original tool's CSV is our CSV reader's input too: the dialect is told from the
-        // header, so the two differ only in the seeds they start from.
+        // header, so the two differ only in the inputs they start from.
         "csv" | "original_csv" => dump(bytes, &dir.join("memscope_dump_1.csv")),
         "sqlite" => dump(bytes, &dir.join("memscope_dump_1.db")),
         "parquet" => dump(bytes, &dir.join("memscope_dump_1.parquet")),

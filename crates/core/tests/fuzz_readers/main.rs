@@ -325,7 +325,7 @@ fn corpus_replays() {
 /// The mutations start from valid files: each seed reads to its end without an error, both
 /// ways, a bounded run's rows being its head's and its part's.
 #[test]
-fn the_seeds_read_cleanly() {
+fn every_starting_input_reads_cleanly() {
     let _lock = lock();
     for target in TARGETS.iter().filter(|t| **t != "control_frame") {
         let dir = scratch(&format!("clean-{target}"));

@@ -37,7 +37,7 @@ fn rows_of(relative: &str) -> Vec<EventRow> {
         .collect()
 }
 
-/// The seeds of `target` (see `harness::TARGETS`).
+/// The starting inputs of `target` (see `harness::TARGETS`).
 pub fn of(target: &str) -> Vec<Vec<u8>> {
     match target {
         "csv" => OUR_DUMPS.iter().map(|p| file(p)).collect(),
