@@ -282,15 +282,31 @@ pub const ENV_SIGNAL_DEADLINE: &str = "MSMEMSCOPE_SIGNAL_DEADLINE_S";
 /// async-signal-safe `timer_settime`) that sends the signal again after the deadline: our
 /// handler, seeing the signal pending already, takes its default action at once, on whichever
 /// thread it lands. Nothing on the way allocates or waits for the service thread, which a hung
-/// program may keep from running.
-/// The kernel's timer ids (0 is a valid one); `NO_TIMER` where none was made.
-static DEADLINE_TIMERS: [AtomicUsize; 3] = [const { AtomicUsize::new(NO_TIMER) }; 3];
-const NO_TIMER: usize = usize::MAX;
+/// program may keep from running. In the order of `HANDLED`.
+static DEADLINE_TIMERS: [SignalTimer; 3] = [const { SignalTimer::new() }; 3];
 static DEADLINE_S: AtomicI64 = AtomicI64::new(60);
 
 fn make_deadline_timers() {
     DEADLINE_S.store(deadline_seconds(), Ordering::Relaxed);
-    for (slot, &sig) in DEADLINE_TIMERS.iter().zip(HANDLED.iter()) {
+    for (timer, &sig) in DEADLINE_TIMERS.iter().zip(HANDLED.iter()) {
+        timer.make(sig);
+    }
+}
+
+/// A one-shot kernel timer that sends a signal to the process (`SIGEV_SIGNAL`: no thread),
+/// armed from a signal handler as well.
+pub(super) struct SignalTimer(AtomicUsize);
+
+impl SignalTimer {
+    /// Timer ids may be 0: none made is `usize::MAX`.
+    const NONE: usize = usize::MAX;
+
+    pub(super) const fn new() -> Self {
+        SignalTimer(AtomicUsize::new(Self::NONE))
+    }
+
+    /// Makes the timer, sending `sig` (called once, in a clean context).
+    pub(super) fn make(&self, sig: c_int) {
         // SAFETY: sigevent is plain data; zero is a valid start, filled below.
         let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
         event.sigev_notify = libc::SIGEV_SIGNAL;
@@ -298,30 +314,34 @@ fn make_deadline_timers() {
         let mut timer: libc::timer_t = std::ptr::null_mut();
         // SAFETY: valid pointers to our sigevent and timer id.
         if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } == 0 {
-            slot.store(timer as usize, Ordering::Release);
+            self.0.store(timer as usize, Ordering::Release);
         }
+    }
+
+    /// Fires once after `seconds` and `nanos` (async-signal-safe); nothing if never made.
+    pub(super) fn arm(&self, seconds: libc::time_t, nanos: libc::c_long) {
+        let timer = self.0.load(Ordering::Acquire);
+        if timer == Self::NONE {
+            return;
+        }
+        let when = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: seconds,
+                tv_nsec: nanos,
+            },
+        };
+        // SAFETY: our timer, a valid itimerspec; timer_settime is async-signal-safe.
+        unsafe { libc::timer_settime(timer as libc::timer_t, 0, &when, std::ptr::null_mut()) };
     }
 }
 
 /// Arms the deadline of signal number `i` (async-signal-safe).
 fn arm_deadline(i: usize) {
-    let timer = DEADLINE_TIMERS[i].load(Ordering::Acquire);
-    if timer == NO_TIMER {
-        return;
-    }
-    let when = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-        it_value: libc::timespec {
-            tv_sec: DEADLINE_S.load(Ordering::Relaxed),
-            tv_nsec: 0,
-        },
-    };
-    // SAFETY: our timer (made in `prepare`), a valid itimerspec; timer_settime is
-    // async-signal-safe.
-    unsafe { libc::timer_settime(timer as libc::timer_t, 0, &when, std::ptr::null_mut()) };
+    DEADLINE_TIMERS[i].arm(DEADLINE_S.load(Ordering::Relaxed), 0);
 }
 
 /// The pending terminating signal's default action, now: for an exit handler that waited long

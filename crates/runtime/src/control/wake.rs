@@ -25,9 +25,8 @@ pub use msmemscope_core::control_socket::wake_signal;
 static ARMED: AtomicBool = AtomicBool::new(false);
 /// The process that armed (a forked child inherits the handler, not the channel).
 static OWNER: AtomicI32 = AtomicI32::new(0);
-/// The retry timer's id (`NO_TIMER`: none).
-static RETRY_TIMER: AtomicUsize = AtomicUsize::new(NO_TIMER);
-const NO_TIMER: usize = usize::MAX;
+/// Sends the wake signal again a few milliseconds after a deferred start.
+static RETRY_TIMER: super::signals::SignalTimer = super::signals::SignalTimer::new();
 /// How soon a deferred start is tried again.
 const RETRY_NS: libc::c_long = 5_000_000;
 
@@ -43,7 +42,7 @@ pub fn arm() {
     record_code_ranges();
     // SAFETY: getpid has no preconditions.
     OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-    make_retry_timer();
+    RETRY_TIMER.make(wake_signal());
     ARMED.store(true, Ordering::Release);
     let mut act = super::signals::action(
         on_wake as *const () as libc::sighandler_t,
@@ -268,38 +267,10 @@ fn record_code_ranges() {
     }
 }
 
-/// A one-shot kernel timer that sends [`wake_signal`] to the process (no thread: `SIGEV_SIGNAL`).
-fn make_retry_timer() {
-    // SAFETY: sigevent is plain data; zero is a valid start, filled below.
-    let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
-    event.sigev_notify = libc::SIGEV_SIGNAL;
-    event.sigev_signo = wake_signal();
-    let mut timer: libc::timer_t = std::ptr::null_mut();
-    // SAFETY: valid pointers to our sigevent and timer id.
-    if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer) } == 0 {
-        RETRY_TIMER.store(timer as usize, Ordering::Release);
-    }
-}
-
 /// Sends the wake signal again shortly (async-signal-safe): the handler then looks again at
 /// whatever it interrupts.
 fn arm_retry() {
-    let timer = RETRY_TIMER.load(Ordering::Acquire);
-    if timer == NO_TIMER {
-        return;
-    }
-    let when = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-        it_value: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: RETRY_NS,
-        },
-    };
-    // SAFETY: our timer, a valid itimerspec; timer_settime is async-signal-safe.
-    unsafe { libc::timer_settime(timer as libc::timer_t, 0, &when, std::ptr::null_mut()) };
+    RETRY_TIMER.arm(0, RETRY_NS);
 }
 
 #[cfg(test)]
