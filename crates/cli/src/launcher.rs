@@ -308,9 +308,19 @@ fn report_event_dump(
             ),
             None => eprintln!("msmemscope: event dump: {}", dump.display()),
         }
-        if let Some(kept) = msmemscope_core::events::parts::coverage(
-            &dir.join(dump.strip_prefix(shown).unwrap_or(&dump)),
-        ) {
+        let real = dir.join(dump.strip_prefix(shown).unwrap_or(&dump));
+        let kept = msmemscope_core::events::parts::coverage(&real);
+        let files = msmemscope_core::events::parts::dump_files(&real).len();
+        if kept.is_none() && files > 1 {
+            // A user opening the one file named above would see only its first segment.
+            eprintln!(
+                "msmemscope:   written as {files} complete Parquet segments: this file, then \
+                 head_*.parquet in {}/ (the offline commands read them all from the path \
+                 above; other tools must read every segment)",
+                msmemscope_core::events::parts::parts_dir(&dump).display()
+            );
+        }
+        if let Some(kept) = kept {
             let parts = msmemscope_core::events::parts::parts_dir(&dump);
             eprintln!(
                 "msmemscope:   longer than its dump budget (--dump-budget): the rows of steps {} \
