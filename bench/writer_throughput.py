@@ -14,12 +14,18 @@ the complete Parquet files. A build from before that (a `--baseline`) wrote a CS
 the launcher converted once the program had ended; its log says how long that took
 (`converted ... rows in S s`), printed as the conversion's rows/s, and its wall time includes it.
 
+With `--workload torch` the rows are a real training run's instead: the 12-layer transformer LM
+of `long_run.py` trains `--steps` steps under the CLI with its default options (the analyses on,
+the dump budget), and the writer's CPU per row is read from the same log line. Those rows carry
+the block attributes, op names and steps a user's dump holds, which the burst's do not.
+
 With `--baseline DIR` (a directory holding another build's `msmemscope-cli` and
 `libmsmemscope_runtime.so`, e.g. an older commit's `target/release`) every round also runs that
 build, right after this one, and the medians of both and their ratio are printed: only figures
 measured side by side compare on a shared machine.
 
     python3 bench/writer_throughput.py [--rows 1000000] [--rounds 5] [--format csv|parquet]
+                                       [--workload burst|torch] [--steps 100]
                                        [--baseline DIR]
 """
 
@@ -110,11 +116,75 @@ def one_round(cli, prog, rows, out, fmt):
     return written / cpu, emitted / rows * 1e9, wall, convert
 
 
+def torch_round(release, worker, steps, out, fmt):
+    """A real training run under one build: the writer's rows/s of its CPU and the wall time."""
+    # A baseline build outside the source tree finds the Python package by this variable.
+    env = dict(
+        os.environ,
+        MSMEMSCOPE_RUNTIME_LIB=os.path.join(release, "libmsmemscope_runtime.so"),
+        MSMEMSCOPE_PYTHON_DIR=os.path.join(ROOT, "python"),
+    )
+    cli = os.path.join(release, "msmemscope-cli")
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    start = time.perf_counter()
+    cmd = [cli, f"--format={fmt}", "-o", out, python, worker, str(steps), str(steps)]
+    subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    wall = time.perf_counter() - start
+    # Every process of the run that wrote rows (a child interpreter may write none).
+    found = re.findall(
+        r"writer: (\d+) rows written in ([0-9.]+) s of writer CPU", logs(out, "runtime_*.log")
+    )
+    written = sum(int(n) for n, _ in found)
+    cpu = sum(float(s) for _, s in found)
+    if not written or not cpu:
+        sys.exit(f"{cli}: no rows written (logs in {out}): {found}")
+    return written / cpu, written, wall
+
+
+def torch_main(args, builds):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from long_run import WORKER
+
+    results = {name: [] for name, _ in builds}
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = os.path.join(tmp, "worker.py")
+        with open(worker, "w") as f:
+            f.write(WORKER)
+        for r in range(args.rounds):
+            for name, release in builds:
+                out = os.path.join(tmp, f"out{r}_{name[0]}")
+                rate, written, wall = torch_round(release, worker, args.steps, out, args.format)
+                results[name].append((rate, written, wall))
+                print(
+                    f"round {r + 1}, {name}: writer {1e9 / rate:.0f} ns/row of its CPU over "
+                    f"{written:,} rows; launch to exit {wall:.1f} s",
+                    flush=True,
+                )
+    print(
+        f"machine: nproc={os.cpu_count()}; workload: long_run.py's 12-layer LM, "
+        f"{args.steps} steps, default options, --format={args.format}"
+    )
+    for name, release in builds:
+        rows = results[name]
+        rate = statistics.median(x[0] for x in rows)
+        print(
+            f"{name} ({release}): median writer {1e9 / rate:.0f} ns/row of one core, "
+            f"median launch to exit {statistics.median(x[2] for x in rows):.1f} s"
+        )
+    if args.baseline:
+        this = statistics.median(x[0] for x in results["this build"])
+        base = statistics.median(x[0] for x in results["baseline"])
+        print(f"writer CPU per row, this build / baseline: {base / this:.2f}x")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    ap.add_argument("--workload", choices=("burst", "torch"), default="burst")
+    ap.add_argument("--steps", type=int, default=100, help="training steps (--workload torch)")
     ap.add_argument(
         "--baseline",
         metavar="DIR",
@@ -130,6 +200,8 @@ def main():
                 ap.error(f"--baseline {base}: no {part} there")
         builds.append(("baseline", base))
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    if args.workload == "torch":
+        return torch_main(args, builds)
     results = {name: [] for name, _ in builds}
     with tempfile.TemporaryDirectory() as tmp:
         progs = {

@@ -50,12 +50,13 @@ struct CsvSink {
     /// Held by identity: a descriptor the program closed and reused is never written.
     file: std::io::BufWriter<HeldFile>,
     scratch: String,
+    rows: csv::RowWriter,
 }
 
 impl Sink for CsvSink {
     fn write(&mut self, row: &EventRow) -> Result<u64, String> {
         self.scratch.clear();
-        csv::write_row(&mut self.scratch, row);
+        self.rows.write(&mut self.scratch, row);
         self.file
             .write_all(self.scratch.as_bytes())
             .map_err(|e| e.to_string())?;
@@ -148,8 +149,8 @@ struct DeviceDump {
     head_segments: Vec<PathBuf>,
     /// Segments closed at a flush point so far (they stay open longer as there are more).
     aged: u32,
-    /// The part being written: its path relative to the run directory, the bytes written.
-    part: Option<(PathBuf, u64, Box<dyn Sink>)>,
+    /// The part being written.
+    part: Option<OpenPart>,
     /// The next part's number within the current step.
     next_part: u32,
     /// `steps.csv`, once the head has closed (or the lines waiting are many).
@@ -165,6 +166,31 @@ impl DeviceDump {
     /// `memscope_dump_{ts}.steps/`, relative to the run directory.
     fn parts_dir(&self) -> PathBuf {
         parts::parts_dir(&self.head_path)
+    }
+
+    /// Takes the part being written, its last bytes told to `policy` first.
+    fn take_part(&mut self, policy: &mut KeepPolicy<PathBuf>) -> Option<OpenPart> {
+        let mut part = self.part.take()?;
+        part.report(policy);
+        Some(part)
+    }
+}
+
+/// A part file being written.
+struct OpenPart {
+    /// Relative to the run directory.
+    path: PathBuf,
+    written: u64,
+    /// The bytes the keep policy knows of: it is told at its decisions, not at each row (a
+    /// part is found by its path there, which costs more than writing the row).
+    reported: u64,
+    sink: Box<dyn Sink>,
+}
+
+impl OpenPart {
+    fn report(&mut self, policy: &mut KeepPolicy<PathBuf>) {
+        policy.part_wrote(&self.path, self.written - self.reported);
+        self.reported = self.written;
     }
 }
 
@@ -185,6 +211,8 @@ pub struct Sinks {
     held_paths: Vec<PathBuf>,
     /// The device whose dump opened first: the one device-less rows are read back from.
     first_device: Option<DeviceId>,
+    /// The keys of `open`, in its order: a device-less row goes to each.
+    devices: Vec<DeviceId>,
     /// Steps the program asked to keep in full (`msmemscope.keep_steps`), the newest
     /// [`KEPT_BY_REQUEST`].
     requested: std::collections::BTreeSet<u64>,
@@ -205,6 +233,7 @@ impl Sinks {
             paths: Vec::new(),
             held_paths: Vec::new(),
             first_device: None,
+            devices: Vec::new(),
             requested: std::collections::BTreeSet::new(),
         }
     }
@@ -241,6 +270,7 @@ impl Sinks {
                 Ok(Box::new(CsvSink {
                     file: std::io::BufWriter::with_capacity(1 << 20, file),
                     scratch: String::new(),
+                    rows: csv::RowWriter::default(),
                 }))
             }
             DataFormat::Db => {
@@ -305,6 +335,8 @@ impl Sinks {
             self.held_paths
                 .push(self.run_dir.resolved().join(&relative));
             self.first_device.get_or_insert(device);
+            self.devices.push(device);
+            self.devices.sort_unstable();
             let mut stats = StepStats::new();
             stats.starts_in(self.policy.head_open());
             self.open.insert(
@@ -432,9 +464,9 @@ impl Sinks {
                 }
                 self.device_for(DeviceId::Cpu)?;
             }
-            let devices: Vec<DeviceId> = self.open.keys().copied().collect();
-            for device in devices {
-                self.write_to(device, row)?;
+            // By index: `write_to` may open files, never a device.
+            for i in 0..self.devices.len() {
+                self.write_to(self.devices[i], row)?;
             }
             Ok(())
         } else {
@@ -449,7 +481,36 @@ impl Sinks {
             return Ok(());
         };
         dump.stats.feed(row);
-        if self.policy.head_open() && dump.head_pending {
+        // The common cases first, with the one lookup above: the head or a part with room.
+        if self.policy.head_open() {
+            if !dump.head_pending {
+                if let Some(head) = dump.head.as_mut() {
+                    let bytes = head.write(row)?;
+                    self.policy.head_wrote(bytes);
+                    if !self.policy.head_open() {
+                        self.close_heads()?;
+                    }
+                    return Ok(());
+                }
+            }
+        } else if let Some(part) = dump
+            .part
+            .as_mut()
+            .filter(|p| p.written < self.policy.chunk())
+        {
+            part.written += part.sink.write(row)?;
+            dump.stats.left_head();
+            return Ok(());
+        }
+        self.write_opening(device, row)
+    }
+
+    /// [`Sinks::write_to`] when a file must be made first: the head's next segment, or the
+    /// next part.
+    #[cold]
+    fn write_opening(&mut self, device: DeviceId, row: &EventRow) -> Result<(), String> {
+        let pending = self.open.get(&device).is_some_and(|d| d.head_pending);
+        if self.policy.head_open() && pending {
             self.open_head_segment(device)?;
         }
         let Some(dump) = self.open.get_mut(&device) else {
@@ -468,7 +529,7 @@ impl Sinks {
         let full = dump
             .part
             .as_ref()
-            .is_none_or(|(_, bytes, _)| *bytes >= self.policy.chunk());
+            .is_none_or(|p| p.written >= self.policy.chunk());
         if full {
             self.open_part(device)?;
         }
@@ -476,12 +537,10 @@ impl Sinks {
             return Ok(());
         };
         dump.stats.left_head();
-        let Some((path, written, sink)) = dump.part.as_mut() else {
+        let Some(part) = dump.part.as_mut() else {
             return Ok(());
         };
-        let bytes = sink.write(row)?;
-        *written += bytes;
-        self.policy.part_wrote(path, bytes);
+        part.written += part.sink.write(row)?;
         Ok(())
     }
 
@@ -504,8 +563,8 @@ impl Sinks {
             let Some(dump) = self.open.get_mut(&device) else {
                 return Ok(());
             };
-            if let Some((_, _, sink)) = dump.part.take() {
-                sink.close()?;
+            if let Some(part) = dump.take_part(&mut self.policy) {
+                part.sink.close()?;
             }
             let number = dump.next_part;
             dump.next_part += 1;
@@ -521,7 +580,12 @@ impl Sinks {
         let step = self.open.get(&device).map_or(0, |d| d.stats.step());
         self.policy.part_opened(relative.clone(), step);
         if let Some(dump) = self.open.get_mut(&device) {
-            dump.part = Some((relative, 0, sink));
+            dump.part = Some(OpenPart {
+                path: relative,
+                written: 0,
+                reported: 0,
+                sink,
+            });
         }
         self.remove_over_budget();
         Ok(())
@@ -529,10 +593,13 @@ impl Sinks {
 
     /// Removes the part files past the budget (never one being written).
     fn remove_over_budget(&mut self) {
+        for part in self.open.values_mut().filter_map(|d| d.part.as_mut()) {
+            part.report(&mut self.policy);
+        }
         let writing: Vec<PathBuf> = self
             .open
             .values()
-            .filter_map(|d| d.part.as_ref().map(|(path, _, _)| path.clone()))
+            .filter_map(|d| d.part.as_ref().map(|p| p.path.clone()))
             .collect();
         for part in self.policy.over_budget(&writing) {
             let (Some(dir), Some(name)) = (part.key.parent(), part.key.file_name()) else {
@@ -578,8 +645,8 @@ impl Sinks {
         }
         let head_open = self.policy.head_open();
         for dump in self.open.values_mut() {
-            if let Some((_, _, sink)) = dump.part.take() {
-                sink.close()?;
+            if let Some(part) = dump.take_part(&mut self.policy) {
+                part.sink.close()?;
             }
             dump.next_part = 0;
             dump.stats.starts_in(head_open);
@@ -665,14 +732,10 @@ impl Sinks {
                     head.close()?;
                 }
             }
-            if dump
-                .part
-                .as_ref()
-                .is_some_and(|(_, _, p)| all || p.due(now))
-            {
-                if let Some((_, _, part)) = dump.part.take() {
+            if dump.part.as_ref().is_some_and(|p| all || p.sink.due(now)) {
+                if let Some(part) = dump.take_part(&mut self.policy) {
                     dump.aged += 1;
-                    part.close()?;
+                    part.sink.close()?;
                 }
             }
         }
@@ -685,8 +748,8 @@ fn flush_dump(dump: &mut DeviceDump) -> Result<(), String> {
     if let Some(head) = dump.head.as_mut() {
         head.flush()?;
     }
-    if let Some((_, _, part)) = dump.part.as_mut() {
-        part.flush()?;
+    if let Some(part) = dump.part.as_mut() {
+        part.sink.flush()?;
     }
     if let Some(summary) = dump.summary.as_mut() {
         summary.flush().map_err(|e| e.to_string())?;

@@ -5,4 +5,4 @@ pub mod read;
 pub mod scan;
 pub mod write;
 
-pub use write::{push_field, write_row, HEADER};
+pub use write::{push_field, write_row, RowWriter, HEADER};
