@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 # The same provenance helpers as the C benchmark's (this script's directory is on sys.path).
-from host_leaks import git_info, sha256
+from host_leaks_measure import git_info, sha256
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

@@ -10,9 +10,8 @@ use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
 /// The keys `msmemscope.config` accepts, comma separated, for error messages.
 pub fn accepted_keys() -> String {
-    OptionName::CONFIG
-        .iter()
-        .map(|o| o.python_key())
+    OptionName::python_config()
+        .map(OptionName::python_key)
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -48,34 +47,8 @@ fn value_text(option: OptionName, key: &str, value: &Bound<'_, PyAny>) -> PyResu
     Err(PyTypeError::new_err(format!(
         "{key} must be {expected}, got {} (config values are strings, e.g. {key}=\"{}\")",
         type_name(value),
-        example(option)
+        option.example()
     )))
-}
-
-/// A valid example value, for the type error's hint.
-fn example(option: OptionName) -> &'static str {
-    match option {
-        OptionName::LogLevel => "info",
-        OptionName::Events => "alloc,free",
-        OptionName::Level => "op",
-        OptionName::Steps => "1,3",
-        OptionName::CallStack => "python:20",
-        OptionName::CollectMode => "immediate",
-        OptionName::Device => "cpu",
-        OptionName::Analysis => "leaks",
-        OptionName::Watch => "aten::add,aten::mul",
-        OptionName::OutputPath => "./out",
-        OptionName::Format | OptionName::DataFormat => "csv",
-        OptionName::HostLeakMode => "summary",
-        OptionName::BlockSizeThreshold => "1024",
-        OptionName::SampleRate => "1",
-        OptionName::SampleBytes => "524288",
-        OptionName::InputPath => "a.csv,b.csv",
-        OptionName::Pid => "1234",
-        OptionName::Follow => "exec",
-        OptionName::PythonObjects => "off",
-        OptionName::DumpBudget => "1GiB",
-    }
 }
 
 fn type_name(value: &Bound<'_, PyAny>) -> String {

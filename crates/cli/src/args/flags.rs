@@ -1,5 +1,7 @@
-//! The option table: every option's names, arity and help line, and the `--help` and
-//! `--version` texts made from it.
+//! The command line's option table: which options `--help` lists and in what order, their
+//! short letters and arity, and the `--help` and `--version` texts made from it. The names,
+//! help lines and accepted values of the options a run shares with `msmemscope.config` are
+//! core's (`msmemscope_core::config::OPTIONS`).
 
 use super::*;
 
@@ -32,17 +34,22 @@ impl Kind {
     }
 }
 
-/// One row of the option table: the long name (without `--`), the short letter, the kind, the
-/// value placeholder and the help text (empty help: described by `OptionName::accepted`).
+/// One row of the command line's option table: the long name (without `--`), the short letter,
+/// the kind, the value placeholder and the help line. Rows of the options the run configuration
+/// and the Python API share take all their strings from core's table (`shared`); the rest, the
+/// command line's own (`-h`, `--report`, …), are written here.
 pub(super) struct OptSpec {
     pub(super) long: Option<&'static str>,
     pub(super) short: Option<char>,
     pub(super) kind: Kind,
     pub(super) placeholder: &'static str,
     pub(super) help: &'static str,
+    /// The core option whose accepted values follow the help line and name a missing value.
+    pub(super) shared: Option<OptionName>,
 }
 
-pub(super) const fn opt(
+/// A row of the command line's own.
+const fn own(
     long: Option<&'static str>,
     short: Option<char>,
     kind: Kind,
@@ -55,203 +62,97 @@ pub(super) const fn opt(
         kind,
         placeholder,
         help,
+        shared: None,
     }
+}
+
+/// A row whose names and help are core's entry of `option`.
+const fn shared(option: OptionName, kind: Kind) -> OptSpec {
+    let spec = option.spec();
+    OptSpec {
+        long: Some(option.long()),
+        short: None,
+        kind,
+        placeholder: spec.placeholder,
+        help: spec.help,
+        shared: Some(option),
+    }
+}
+
+/// A row that sets a [`RunConfig`] field.
+const fn config(option: OptionName) -> OptSpec {
+    shared(option, Kind::Config(option))
 }
 
 /// Every option, in the order `--help` lists them.
 pub(super) const OPTIONS: &[OptSpec] = &[
-    opt(
+    own(
         Some("help"),
         Some('h'),
         Kind::Help,
         "",
         "print this help and exit",
     ),
-    opt(
+    own(
         Some("version"),
         Some('V'),
         Kind::Version,
         "",
         "print the version and exit",
     ),
-    opt(
-        Some("log-level"),
-        None,
-        Kind::Config(OptionName::LogLevel),
-        "LEVEL",
-        "log verbosity (default info): ",
-    ),
-    opt(
+    config(OptionName::LogLevel),
+    own(
         None,
         Some('v'),
         Kind::Verbose,
         "",
         "same as --log-level=debug",
     ),
-    opt(
+    own(
         None,
         Some('q'),
         Kind::Quiet,
         "",
         "same as --log-level=error",
     ),
-    opt(
-        Some("analysis"),
-        None,
-        Kind::Config(OptionName::Analysis),
-        "LIST",
-        "analyses to run (default leaks): ",
-    ),
-    opt(
-        Some("output-path"),
-        Some('o'),
-        Kind::Config(OptionName::OutputPath),
-        "PATH",
-        "directory of the results (default ./memscopeDumpResults): ",
-    ),
-    opt(
-        Some("host-leak-mode"),
-        None,
-        Kind::Config(OptionName::HostLeakMode),
-        "MODE",
-        "host-leaks report (default summary; event adds block_detail_N.csv): ",
-    ),
-    opt(
-        Some("block-size-threshold"),
-        None,
-        Kind::Config(OptionName::BlockSizeThreshold),
-        "N",
-        "host-leaks tracks only allocations of at least N bytes (default 0, all): ",
-    ),
-    opt(
-        Some("sample-rate"),
-        None,
-        Kind::Config(OptionName::SampleRate),
-        "N",
-        "host-leaks tracks about 1 in N allocations (default 1, all): ",
-    ),
-    opt(
-        Some("sample-bytes"),
-        None,
-        Kind::Config(OptionName::SampleBytes),
-        "N",
-        "host-leaks samples about one block per N bytes allocated, reporting estimates (default 0, exact; 524288 for services and long jobs): ",
-    ),
-    opt(
-        Some("dump-budget"),
-        None,
-        Kind::Config(OptionName::DumpBudget),
-        "SIZE",
-        "most bytes a process's event dump keeps (default 256MiB; past it the first, the newest, the peak's, the leaks' and OOM steps stay, every step summarized): ",
-    ),
-    opt(
-        Some("events"),
-        None,
-        Kind::Config(OptionName::Events),
-        "LIST",
-        "events to record (default alloc,free,launch): ",
-    ),
-    opt(
-        Some("level"),
-        None,
-        Kind::Config(OptionName::Level),
-        "LEVEL",
-        "record ATen ops (op, the default) or kernel launches (kernel): ",
-    ),
-    opt(
-        Some("steps"),
-        None,
-        Kind::Config(OptionName::Steps),
-        "LIST",
-        "record only these steps; switches the analyses off: ",
-    ),
-    opt(
-        Some("call-stack"),
-        None,
-        Kind::Config(OptionName::CallStack),
-        "LIST",
-        "record C and/or Python call stacks (default off): ",
-    ),
-    opt(
-        Some("collect-mode"),
-        None,
-        Kind::Config(OptionName::CollectMode),
-        "MODE",
-        "when recording starts (default immediate): ",
-    ),
-    opt(
-        Some("device"),
-        None,
-        Kind::Config(OptionName::Device),
-        "LIST",
-        "devices to record (default cpu,cuda): ",
-    ),
-    opt(
-        Some("watch"),
-        None,
-        Kind::Config(OptionName::Watch),
-        "SPEC",
-        "checksum (full-content: dump) watched blocks around ops from start to end: ",
-    ),
-    opt(
-        Some("format"),
-        None,
-        Kind::Config(OptionName::Format),
-        "FORMAT",
-        "dump file format (default csv; parquet is written as CSV while the program runs and \
-         converted when it ends): ",
-    ),
-    opt(
-        Some("data-format"),
-        None,
-        Kind::Config(OptionName::DataFormat),
-        "FORMAT",
-        "alias of --format",
-    ),
-    opt(
-        Some("follow"),
-        None,
-        Kind::Config(OptionName::Follow),
-        "WHICH",
-        "trace the processes the program starts too, each in its own run directory \
-         (default exec): ",
-    ),
-    opt(
-        Some("python-objects"),
-        None,
-        Kind::Config(OptionName::PythonObjects),
-        "ON|OFF",
-        "host leaks: account Python objects too, CPython's own allocators (default on): ",
-    ),
-    opt(
+    config(OptionName::Analysis),
+    OptSpec {
+        short: Some('o'),
+        ..config(OptionName::OutputPath)
+    },
+    config(OptionName::HostLeakMode),
+    config(OptionName::BlockSizeThreshold),
+    config(OptionName::SampleRate),
+    config(OptionName::SampleBytes),
+    config(OptionName::DumpBudget),
+    config(OptionName::Events),
+    config(OptionName::Level),
+    config(OptionName::Steps),
+    config(OptionName::CallStack),
+    config(OptionName::CollectMode),
+    config(OptionName::Device),
+    config(OptionName::Watch),
+    config(OptionName::Format),
+    config(OptionName::DataFormat),
+    config(OptionName::Follow),
+    config(OptionName::PythonObjects),
+    own(
         Some("report"),
         None,
         Kind::Report,
         "",
         "after the run, write msmemscope_report.html into the run directory (as msmemscope report DIR)",
     ),
-    opt(
+    own(
         Some("compare"),
         None,
         Kind::Compare,
         "",
         "diff the op or kernel memory of two dumps given by --input-path (with --level)",
     ),
-    opt(
-        Some("input-path"),
-        None,
-        Kind::InputPath,
-        "BASE,COMPARE",
-        "the two dumps of --compare: ",
-    ),
-    opt(
-        Some("pid"),
-        None,
-        Kind::Pid,
-        "PID",
-        "attach to a running process that has the runtime library loaded: ",
-    ),
-    opt(
+    shared(OptionName::InputPath, Kind::InputPath),
+    shared(OptionName::Pid, Kind::Pid),
+    own(
         Some("command"),
         None,
         Kind::CommandWord,
@@ -261,7 +162,7 @@ pub(super) const OPTIONS: &[OptSpec] = &[
             "display memory summary, display host_leak summary, help)"
         ),
     ),
-    opt(
+    own(
         Some("load-api-env"),
         None,
         Kind::LoadApiEnv,
@@ -271,7 +172,7 @@ pub(super) const OPTIONS: &[OptSpec] = &[
             "host arms the host heap hooks, npu or cuda (the default) the device hooks, all both"
         ),
     ),
-    opt(
+    own(
         Some("unload-api-env"),
         None,
         Kind::UnloadApiEnv,
@@ -322,16 +223,12 @@ pub fn help_text() -> String {
             line.push(' ');
             line.push_str(spec.placeholder);
         }
-        let accepted = match spec.kind {
-            Kind::Config(option) => option.accepted(),
-            Kind::InputPath => OptionName::InputPath.accepted(),
-            Kind::Pid => OptionName::Pid.accepted(),
-            _ => "",
-        };
-        let help = if spec.help.ends_with(": ") {
-            format!("{}{accepted}", spec.help)
-        } else {
-            spec.help.to_owned()
+        // An alias's help points at its option, which lists the values.
+        let help = match spec.shared {
+            Some(option) if option.canonical() == option => {
+                format!("{}: {}", spec.help, option.accepted())
+            }
+            _ => spec.help.to_owned(),
         };
         text.push_str(&format!("{line}\n      {help}\n"));
     }
@@ -352,4 +249,47 @@ pub(super) fn find_long(name: &str) -> Option<&'static OptSpec> {
 
 pub(super) fn find_short(letter: char) -> Option<&'static OptSpec> {
     OPTIONS.iter().find(|spec| spec.short == Some(letter))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use msmemscope_core::config::{Reach, OPTIONS as SHARED};
+
+    #[test]
+    fn every_shared_option_has_one_row_of_its_kind() {
+        for entry in SHARED {
+            let option = entry.name;
+            let rows: Vec<&OptSpec> = OPTIONS
+                .iter()
+                .filter(|spec| spec.shared == Some(option))
+                .collect();
+            assert_eq!(rows.len(), 1, "{} needs exactly one row", entry.cli);
+            let kind = match option {
+                OptionName::InputPath => Kind::InputPath,
+                OptionName::Pid => Kind::Pid,
+                _ => Kind::Config(option),
+            };
+            assert_eq!(rows[0].kind, kind, "{}", entry.cli);
+            assert_eq!(entry.reach == Reach::Mode, !matches!(kind, Kind::Config(_)));
+            assert_eq!(
+                find_long(option.long()).map(|s| s.shared),
+                Some(Some(option))
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_unique() {
+        for (i, a) in OPTIONS.iter().enumerate() {
+            for b in &OPTIONS[i + 1..] {
+                assert!(a.long.is_none() || a.long != b.long, "{:?} twice", a.long);
+                assert!(
+                    a.short.is_none() || a.short != b.short,
+                    "{:?} twice",
+                    a.short
+                );
+            }
+        }
+    }
 }

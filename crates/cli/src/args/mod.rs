@@ -29,7 +29,7 @@ mod subcommand;
 pub use crate::failure::UsageError;
 use build::{build, refuse_unavailable, AVAILABILITY};
 pub use flags::version_text;
-use flags::{find_long, find_short, help_text, unknown, Kind};
+use flags::{find_long, find_short, help_text, unknown, Kind, OptSpec};
 use scan::{cut, scan, utf8, Scan, Scanned};
 pub use subcommand::{parse_subcommand, Subcommand};
 

@@ -80,7 +80,7 @@ pub(super) fn scan(args: Vec<OsString>) -> Result<Scan, UsageError> {
         let value = if spec.kind.takes_value() {
             match inline.or_else(|| args.next()) {
                 Some(value) => Some(value),
-                None => return Err(missing_value(spec.kind, &spelled)),
+                None => return Err(missing_value(spec, &spelled)),
             }
         } else {
             inline
@@ -103,12 +103,11 @@ pub(super) fn cut(value: &str) -> String {
     }
 }
 
-pub(super) fn missing_value(kind: Kind, spelled: &str) -> UsageError {
-    let accepted = match kind {
-        Kind::Config(option) => option.accepted(),
-        Kind::InputPath => OptionName::InputPath.accepted(),
-        Kind::Pid => OptionName::Pid.accepted(),
-        _ => "a control word such as start, stop, step or \"display host_leak summary\"",
+pub(super) fn missing_value(spec: &OptSpec, spelled: &str) -> UsageError {
+    let accepted = match spec.shared {
+        Some(option) => option.accepted(),
+        // `--command`, the one value-taking option of the command line's own.
+        None => "a control word such as start, stop, step or \"display host_leak summary\"",
     };
     UsageError(format!(
         "{spelled} needs a value: accepted values are {accepted}"

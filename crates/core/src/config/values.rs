@@ -17,9 +17,10 @@
 mod error;
 mod rules;
 
-pub use error::{ConfigError, GivenOptions, NameStyle, OptionName, Setting};
+pub use error::{ConfigError, GivenOptions, Setting};
 pub use rules::{resolve, validate};
 
+use super::options::OptionName;
 use super::types::*;
 use std::fmt;
 use std::path::PathBuf;

@@ -1,177 +1,14 @@
-//! The names of the options and the one error type of their values.
+//! The one error type of option values.
 //!
-//! The same value check serves the command line (`--level op`) and, later, Python's
+//! The same value check serves the command line (`--level op`) and Python's
 //! `msmemscope.config(level="op")`. An error therefore carries *which* option was wrong as an
 //! [`OptionName`], and the caller picks the spelling the user typed with [`NameStyle`]:
 //! `invalid --level "foo": …` on the command line, `invalid level "foo": …` in a Python exception.
+//! Names and accepted values come from the option table (`config/options.rs`).
 
+use crate::config::options::{NameStyle, OptionName};
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-
-/// How an error message spells option names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NameStyle {
-    /// `--level`, `--analysis=leaks`: what a command-line user typed.
-    Cli,
-    /// `level`, `analysis="leaks"`: what a `msmemscope.config(**kw)` caller typed.
-    Python,
-}
-
-/// Every option whose value is checked here, independent of how it is spelled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum OptionName {
-    LogLevel,
-    Events,
-    Level,
-    Steps,
-    CallStack,
-    CollectMode,
-    Device,
-    Analysis,
-    Watch,
-    OutputPath,
-    Format,
-    /// The original msMemScope's alias of [`OptionName::Format`]; kept apart so errors repeat the
-    /// user's spelling.
-    DataFormat,
-    HostLeakMode,
-    BlockSizeThreshold,
-    SampleRate,
-    /// `--sample-bytes N`: host-leak sampling by bytes, one sample per N bytes allocated on
-    /// average (0: exact).
-    SampleBytes,
-    /// `--input-path a,b` of `--compare`; not part of a [`RunConfig`](crate::config::RunConfig).
-    InputPath,
-    /// `--pid PID` of the attach client; not part of a [`RunConfig`](crate::config::RunConfig).
-    Pid,
-    /// `--follow exec|none`: which processes of the job the launcher's run traces. Launcher
-    /// only (not a `msmemscope.config` key: a program's own API run traces itself).
-    Follow,
-    /// `--python-objects on|off`: whether a host-leak window accounts CPython's own allocators.
-    PythonObjects,
-    /// `--dump-budget SIZE|unlimited`: the most bytes a process's event dump keeps on disk.
-    DumpBudget,
-}
-
-impl OptionName {
-    /// Every option that sets a field of [`RunConfig`](crate::config::RunConfig).
-    pub const CONFIG: [OptionName; 18] = [
-        OptionName::LogLevel,
-        OptionName::Events,
-        OptionName::Level,
-        OptionName::Steps,
-        OptionName::CallStack,
-        OptionName::CollectMode,
-        OptionName::Device,
-        OptionName::Analysis,
-        OptionName::Watch,
-        OptionName::OutputPath,
-        OptionName::Format,
-        OptionName::DataFormat,
-        OptionName::HostLeakMode,
-        OptionName::BlockSizeThreshold,
-        OptionName::SampleRate,
-        OptionName::SampleBytes,
-        OptionName::PythonObjects,
-        OptionName::DumpBudget,
-    ];
-
-    /// The long command-line spelling, with its leading `--`.
-    pub const fn cli(self) -> &'static str {
-        match self {
-            OptionName::LogLevel => "--log-level",
-            OptionName::Events => "--events",
-            OptionName::Level => "--level",
-            OptionName::Steps => "--steps",
-            OptionName::CallStack => "--call-stack",
-            OptionName::CollectMode => "--collect-mode",
-            OptionName::Device => "--device",
-            OptionName::Analysis => "--analysis",
-            OptionName::Watch => "--watch",
-            OptionName::OutputPath => "--output-path",
-            OptionName::Format => "--format",
-            OptionName::DataFormat => "--data-format",
-            OptionName::HostLeakMode => "--host-leak-mode",
-            OptionName::BlockSizeThreshold => "--block-size-threshold",
-            OptionName::SampleRate => "--sample-rate",
-            OptionName::SampleBytes => "--sample-bytes",
-            OptionName::InputPath => "--input-path",
-            OptionName::Pid => "--pid",
-            OptionName::Follow => "--follow",
-            OptionName::PythonObjects => "--python-objects",
-            OptionName::DumpBudget => "--dump-budget",
-        }
-    }
-
-    /// The `msmemscope.config(**kw)` key: the long option without `--`, `-` replaced by `_`.
-    pub const fn python_key(self) -> &'static str {
-        match self {
-            OptionName::LogLevel => "log_level",
-            OptionName::Events => "events",
-            OptionName::Level => "level",
-            OptionName::Steps => "steps",
-            OptionName::CallStack => "call_stack",
-            OptionName::CollectMode => "collect_mode",
-            OptionName::Device => "device",
-            OptionName::Analysis => "analysis",
-            OptionName::Watch => "watch",
-            OptionName::OutputPath => "output_path",
-            OptionName::Format => "format",
-            OptionName::DataFormat => "data_format",
-            OptionName::HostLeakMode => "host_leak_mode",
-            OptionName::BlockSizeThreshold => "block_size_threshold",
-            OptionName::SampleRate => "sample_rate",
-            OptionName::SampleBytes => "sample_bytes",
-            OptionName::InputPath => "input_path",
-            OptionName::Pid => "pid",
-            OptionName::Follow => "follow",
-            OptionName::PythonObjects => "python_objects",
-            OptionName::DumpBudget => "dump_budget",
-        }
-    }
-
-    /// The name in the given style.
-    pub const fn name(self, style: NameStyle) -> &'static str {
-        match style {
-            NameStyle::Cli => self.cli(),
-            NameStyle::Python => self.python_key(),
-        }
-    }
-
-    /// The option a `msmemscope.config(**kw)` key sets; `None` for keys that configure no run
-    /// (`pid`, `input_path`) and for unknown keys, so the Python side can reject them by name.
-    pub fn from_python_key(key: &str) -> Option<OptionName> {
-        OptionName::CONFIG
-            .into_iter()
-            .find(|o| o.python_key() == key)
-    }
-
-    /// What the option accepts, in words; shared by error messages and `--help`.
-    pub const fn accepted(self) -> &'static str {
-        match self {
-            OptionName::LogLevel => "debug, info, warning, error",
-            OptionName::Events => "a list of alloc, free, launch, access (access implies alloc and free), or none alone",
-            OptionName::Level => "op, kernel",
-            OptionName::Steps => "1 to 5 positive step numbers separated by commas, e.g. 1,3",
-            OptionName::CallStack => "c[:N], python[:N] separated by commas, depth N from 0 to 1000 (N left out: 50); host-leak stacks keep at most 20 C and 32 Python frames (Python frames on by default there, 20)",
-            OptionName::CollectMode => "immediate, deferred",
-            OptionName::Device => "a list of cpu, cuda, cuda:N (npu and npu:N are aliases of cuda and cuda:N)",
-            OptionName::Analysis => "a list of leaks, decompose, inefficient, oom[:K] (K from 1 to 1000, default 10); or host-leaks alone; or none alone",
-            OptionName::Watch => "start[:outid],end[,full-content] where start and end are op names and outid an output index",
-            OptionName::OutputPath => "a non-empty directory path",
-            OptionName::Format | OptionName::DataFormat => "csv, db, parquet",
-            OptionName::HostLeakMode => "summary, event",
-            OptionName::BlockSizeThreshold => "a byte count from 0 to 18446744073709551615",
-            OptionName::SampleRate => "a positive integer, rounded up to a power of two and clipped to 1073741824 (2^30)",
-            OptionName::SampleBytes => "a byte count from 0 (exact, every block) to 1099511627776 (2^40): the mean number of bytes allocated between two samples, e.g. 524288",
-            OptionName::InputPath => "exactly two paths separated by a comma, e.g. base.csv,compare.csv",
-            OptionName::Pid => "a positive process id",
-            OptionName::Follow => "exec (every process the program starts with exec is traced too), none (only the program)",
-            OptionName::PythonObjects => "on (host leaks include Python objects, CPython's own allocators), off (only the C heap)",
-            OptionName::DumpBudget => "a size of at least 1MiB (bytes, or with K, M, G, KiB, MiB, GiB: 256MiB, 2G), or unlimited (keep every row)",
-        }
-    }
-}
 
 /// One option with (optionally) its value, as named inside an error message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -359,22 +196,14 @@ impl GivenOptions {
         GivenOptions::default()
     }
 
-    /// Records `option` as given; the `--data-format` alias counts as `--format`.
+    /// Records `option` as given; an alias (`--data-format`) counts as its option (`--format`).
     pub fn insert(&mut self, option: OptionName) {
-        let option = match option {
-            OptionName::DataFormat => OptionName::Format,
-            other => other,
-        };
-        self.0.insert(option);
+        self.0.insert(option.canonical());
     }
 
-    /// Whether `option` was given (asking for either format spelling answers for both).
+    /// Whether `option` was given (asking for either spelling of an option answers for both).
     pub fn contains(&self, option: OptionName) -> bool {
-        let option = match option {
-            OptionName::DataFormat => OptionName::Format,
-            other => other,
-        };
-        self.0.contains(&option)
+        self.0.contains(&option.canonical())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = OptionName> + '_ {

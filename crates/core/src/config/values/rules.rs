@@ -2,8 +2,9 @@
 //! single value has been checked by its own parse function already; these look at a whole
 //! [`RunConfig`].
 
-use super::error::{ConfigError, GivenOptions, OptionName, Setting};
+use super::error::{ConfigError, GivenOptions, Setting};
 use super::{event_index, format_list};
+use crate::config::options::OptionName;
 use crate::config::types::{Analysis, EventKind, RunConfig};
 
 /// Checks the rules between options without changing anything:

@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::NameStyle;
 
 fn err(result: Result<impl fmt::Debug, ConfigError>) -> String {
     result.expect_err("the value must be rejected").to_string()
