@@ -32,11 +32,25 @@ use crate::guard::Entered;
 
 /// Set once the checker runs.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Set in a forked child.
-static FORGOTTEN: AtomicBool = AtomicBool::new(false);
-static STATE: Mutex<Option<State>> = Mutex::new(None);
-/// Where well-formed marks are also sent (the Python side's bridge to PyTorch's CUDA sanitizer).
-static FORWARD: Mutex<Option<Forward>> = Mutex::new(None);
+
+/// The checker's run: everything but [`ACTIVE`], the hot path's one load, which stays a static
+/// of its own. A static because its callers (the CUDA hooks, the marks, the C ABI, the exit
+/// handler) reach it from any thread without a session; its two locks are never held together
+/// and never across a call out (the forward callback runs after its lock is released).
+struct Sanitizer {
+    /// Set in a forked child.
+    forgotten: AtomicBool,
+    state: Mutex<Option<State>>,
+    /// Where well-formed marks are also sent (the Python side's bridge to PyTorch's CUDA
+    /// sanitizer).
+    forward: Mutex<Option<Forward>>,
+}
+
+static SANITIZER: Sanitizer = Sanitizer {
+    forgotten: AtomicBool::new(false),
+    state: Mutex::new(None),
+    forward: Mutex::new(None),
+};
 
 /// Malformed marks warned about one by one; the rest are only counted.
 pub const MAX_WARNINGS: u64 = 20;
@@ -81,13 +95,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    f(lock(&STATE).get_or_insert_with(State::default))
+    f(lock(&SANITIZER.state).get_or_insert_with(State::default))
 }
 
 /// A stream/event synchronization call the hooks saw. Callable from inside a hook, with or
 /// without the hook's reentrancy guard held: cheap while the sanitizer is off, never panics.
 pub fn on_sync(op: SyncOp) {
-    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
+    if !ACTIVE.load(Ordering::Relaxed) || SANITIZER.forgotten.load(Ordering::Relaxed) {
         return;
     }
     // Held by the hook already, or taken here: either way nothing below is recorded.
@@ -99,7 +113,7 @@ pub fn on_sync(op: SyncOp) {
 /// what is allocated there next starts without access history, so reuse that the allocator
 /// orders by polling its events is not taken for a race. Same calling rules as [`on_sync`].
 pub fn on_free(addr: u64, size: u64) {
-    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
+    if !ACTIVE.load(Ordering::Relaxed) || SANITIZER.forgotten.load(Ordering::Relaxed) {
         return;
     }
     let _entered = Entered::try_enter();
@@ -119,7 +133,7 @@ pub fn on_free_row(row: &msmemscope_core::events::EventRow) {
 /// A mark whose message starts with `sanitizer-op:`. Called by the marks module with the
 /// reentrancy guard held; `stream` is the mark's stream (None: the default stream, 0).
 pub fn on_mark(text: &str, stream: Option<u64>) {
-    if FORGOTTEN.load(Ordering::Relaxed) {
+    if SANITIZER.forgotten.load(Ordering::Relaxed) {
         return;
     }
     match message::parse(text) {
@@ -145,7 +159,7 @@ pub fn is_active() -> bool {
 
 /// In a forked child: check and report nothing (the report is the parent's).
 pub fn forget_after_fork() {
-    FORGOTTEN.store(true, Ordering::Relaxed);
+    SANITIZER.forgotten.store(true, Ordering::Relaxed);
 }
 
 fn check(op: &OpMark, stream: u64) {
@@ -168,7 +182,7 @@ fn check(op: &OpMark, stream: u64) {
 }
 
 fn forward(text: &str, stream: u64) {
-    let Some(f) = *lock(&FORWARD) else {
+    let Some(f) = *lock(&SANITIZER.forward) else {
         return;
     };
     if let Ok(c) = CString::new(text) {
@@ -207,7 +221,7 @@ fn write_stderr(text: &str) {
 /// well-formed mark. Returns 0.
 pub fn enable(forward: Option<Forward>) {
     let _entered = Entered::try_enter();
-    *lock(&FORWARD) = forward;
+    *lock(&SANITIZER.forward) = forward;
     activate();
 }
 
@@ -227,11 +241,11 @@ pub fn write_report_at_exit(
     run_dir: fn() -> Result<Arc<RunDir>, String>,
     console_file: Option<Arc<RunDir>>,
 ) {
-    if !ACTIVE.load(Ordering::Relaxed) || FORGOTTEN.load(Ordering::Relaxed) {
+    if !ACTIVE.load(Ordering::Relaxed) || SANITIZER.forgotten.load(Ordering::Relaxed) {
         return;
     }
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        let Some(state) = lock(&STATE).take() else {
+        let Some(state) = lock(&SANITIZER.state).take() else {
             return;
         };
         let text = render_with_stacks(&state);

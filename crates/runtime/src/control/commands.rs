@@ -1,11 +1,10 @@
 //! The words a client may send (`help` lists them) and the replies they get: each runs to its
-//! end on the service thread, one at a time, under [`super::BUSY`].
+//! end on the service thread, one at a time, under the channel's `busy` lock.
 
 use std::panic::catch_unwind;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::{frame, BUSY, CLOSING};
+use super::{frame, Channel};
 use crate::host_leak::window;
 use crate::pipeline;
 use crate::session::{self, StartError, Started, Stopped};
@@ -21,12 +20,12 @@ help                       this list
 exit                       end the session";
 
 /// The reply frames to one request, and whether the connection ends after them (`exit`).
-pub(super) fn answer_request(seq: u16, payload: &[u8]) -> (Vec<Vec<u8>>, bool) {
+pub(super) fn answer_request(channel: &Channel, seq: u16, payload: &[u8]) -> (Vec<Vec<u8>>, bool) {
     match frame::parse_request(payload) {
         Err(reason) => (vec![frame::error_frame(seq, &reason)], false),
         Ok(command) => {
             let done = command == "exit";
-            let frames = match catch_unwind(|| run_command(&command)) {
+            let frames = match catch_unwind(|| run_command(channel, &command)) {
                 Ok(Ok((status, output))) => frame::response_frames(seq, status, &output),
                 Ok(Err(reason)) => vec![frame::error_frame(seq, &reason)],
                 Err(_) => vec![frame::error_frame(
@@ -40,12 +39,12 @@ pub(super) fn answer_request(seq: u16, payload: &[u8]) -> (Vec<Vec<u8>>, bool) {
 }
 
 /// Runs one command word: `Ok((status, output))`, or `Err` for a word that does not exist.
-fn run_command(command: &str) -> Result<(i32, String), String> {
-    if CLOSING.load(Ordering::Acquire) {
+fn run_command(channel: &Channel, command: &str) -> Result<(i32, String), String> {
+    if channel.closing() {
         return Err("the process is exiting".to_string());
     }
-    let _busy = BUSY.lock().unwrap_or_else(|e| e.into_inner());
-    if CLOSING.load(Ordering::Acquire) {
+    let _busy = channel.busy.lock().unwrap_or_else(|e| e.into_inner());
+    if channel.closing() {
         return Err("the process is exiting".to_string());
     }
     Ok(match command {
@@ -162,7 +161,7 @@ mod tests {
 
     #[test]
     fn help_is_answered_with_the_words_and_status_zero() {
-        let (frames, done) = answer_request(7, br#"{"command":"help"}"#);
+        let (frames, done) = answer_request(&Channel::new(), 7, br#"{"command":"help"}"#);
         assert!(!done);
         let replies = decode(&frames);
         assert_eq!(replies.len(), 1);
@@ -174,7 +173,7 @@ mod tests {
 
     #[test]
     fn exit_ends_the_connection_after_its_reply() {
-        let (frames, done) = answer_request(2, br#"{"command":"exit"}"#);
+        let (frames, done) = answer_request(&Channel::new(), 2, br#"{"command":"exit"}"#);
         assert!(done);
         let replies = decode(&frames);
         assert_eq!(replies[0].1["output"], "bye");
@@ -182,7 +181,7 @@ mod tests {
 
     #[test]
     fn unknown_words_and_bad_payloads_get_error_frames() {
-        let (frames, done) = answer_request(3, br#"{"command":"launch rockets"}"#);
+        let (frames, done) = answer_request(&Channel::new(), 3, br#"{"command":"launch rockets"}"#);
         assert!(!done);
         let replies = decode(&frames);
         assert_eq!(replies[0].0.kind, frame::TYPE_ERROR);
@@ -191,7 +190,7 @@ mod tests {
             replies[0].1["error"],
             "unknown command \"launch rockets\"; `help` lists the words"
         );
-        let (frames, _) = answer_request(4, b"not json");
+        let (frames, _) = answer_request(&Channel::new(), 4, b"not json");
         let replies = decode(&frames);
         assert_eq!(replies[0].0.kind, frame::TYPE_ERROR);
         assert_eq!(replies[0].0.seq, 4);
@@ -200,11 +199,26 @@ mod tests {
     #[test]
     fn nothing_to_stop_says_so() {
         assert_eq!(
-            run_command("stop").unwrap(),
+            run_command(&Channel::new(), "stop").unwrap(),
             (
                 1,
                 "nothing to stop: no active window and no event trace".to_string()
             )
         );
+    }
+
+    /// Once the exit handler has begun closing the channel, a command that arrives is refused
+    /// instead of running under the exiting process.
+    #[test]
+    fn a_closing_channel_runs_no_command() {
+        let channel = Channel::new();
+        channel
+            .closing
+            .store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(
+            run_command(&channel, "help"),
+            Err("the process is exiting".to_string())
+        );
+        assert_eq!(run_command(&Channel::new(), "help").map(|r| r.0), Ok(0));
     }
 }

@@ -11,6 +11,7 @@ use msmemscope_core::held_fd::{self, Identity};
 
 use super::commands::answer_request;
 use super::frame::{self, HeaderCheck, HEADER_LEN};
+use super::Channel;
 use crate::log;
 
 /// How long a client has for one whole request (header and payload), counted from its
@@ -71,6 +72,8 @@ enum Payload {
 
 /// One accepted client: the frame it is sending, or the reply it is being sent.
 pub(super) struct Conn {
+    /// The channel whose commands the requests run.
+    channel: &'static Channel,
     pub(super) stream: std::mem::ManuallyDrop<UnixStream>,
     /// The connection's identity: the program may close the number and reuse it.
     pub(super) id: Identity,
@@ -99,11 +102,12 @@ impl Drop for Conn {
 
 impl Conn {
     /// Checks the peer; `None` when the connection is done with already (refused).
-    pub(super) fn accepted(stream: UnixStream) -> Option<Conn> {
+    pub(super) fn accepted(channel: &'static Channel, stream: UnixStream) -> Option<Conn> {
         stream.set_nonblocking(true).ok()?;
         let (stream, id) = held_fd::hold(stream.into())?;
         let stream = UnixStream::from(stream);
         let mut conn = Conn {
+            channel,
             stream: std::mem::ManuallyDrop::new(stream),
             id,
             deadline: Instant::now() + REQUEST_DEADLINE,
@@ -263,7 +267,7 @@ impl Conn {
                 self.reply(vec![frame::error_frame(seq, &reason)], false)
             }
             Payload::Keep { buf, .. } => {
-                let (frames, done) = answer_request(seq, &buf);
+                let (frames, done) = answer_request(self.channel, seq, &buf);
                 self.reply(frames, done);
             }
         }
@@ -286,7 +290,7 @@ mod tests {
     #[test]
     fn frames_are_read_answered_and_checked() {
         let (server, mut client) = UnixStream::pair().unwrap();
-        let mut conn = Conn::accepted(server).expect("accepted");
+        let mut conn = Conn::accepted(&super::super::CHANNEL, server).expect("accepted");
         std::io::Write::write_all(
             &mut client,
             &frame::encode(frame::TYPE_REQUEST, 0, 9, br#"{"command":"help"}"#),

@@ -54,15 +54,23 @@ pub const THREAD_NAME: &str = "msmemscope_ctrl";
 /// How long the exit handler waits for a command in progress (a report being written).
 const EXIT_WAIT: Duration = Duration::from_secs(30);
 
-static STARTED: AtomicBool = AtomicBool::new(false);
-static SERVICE_RUNNING: AtomicBool = AtomicBool::new(false);
-static CLOSING: AtomicBool = AtomicBool::new(false);
-/// The bound socket's path, removed at exit.
-static SOCKET_PATH: Mutex<Option<PathBuf>> = Mutex::new(None);
-/// The listener bound at start, until the service thread takes it.
-static LISTENER: Mutex<Option<Held<UnixListener>>> = Mutex::new(None);
-/// Held while a command runs, so the exit handler never closes the window under a command.
-static BUSY: Mutex<()> = Mutex::new(());
+/// This process's control channel: bound once, served by one thread, closed at exit. One
+/// static holds it because its entry points are the C ABI, the constructor, a signal handler
+/// (`wake`) and the exit handler, none of which is handed a session; the service thread and
+/// the commands it runs are handed it.
+struct Channel {
+    started: AtomicBool,
+    service_running: AtomicBool,
+    closing: AtomicBool,
+    /// The bound socket's path, removed at exit.
+    socket_path: Mutex<Option<PathBuf>>,
+    /// The listener bound at start, until the service thread takes it.
+    listener: Mutex<Option<Held<UnixListener>>>,
+    /// Held while a command runs, so the exit handler never closes the window under a command.
+    busy: Mutex<()>,
+}
+
+static CHANNEL: Channel = Channel::new();
 
 /// Set to `1` to run without the control channel: no socket, no attaching, and terminating
 /// signals keep their plain default.
@@ -72,94 +80,163 @@ pub use msmemscope_core::control_socket::ENV_NO_CONTROL;
 /// has registered the exit handler (`lifecycle::ensure_exit_handler`), which calls
 /// [`shutdown`]. Failures are logged; the program runs on without the channel.
 pub fn start() {
-    // Unit tests exercise the C ABI in the test harness: no channel there.
-    if cfg!(test) || crate::process::is_forked_child() || STARTED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let Some(listener) = bind_listener() else {
-        return;
-    };
-    wake::arm();
-    // A client that connects wakes the thread too (the kernel sends the wake signal), so a raw
-    // client needs no signal of its own.
-    wake::signal_on_connect(&*listener.socket, true);
-    if let Ok(mut slot) = LISTENER.lock() {
-        *slot = Some(listener);
-    }
-    if let Some(path) = SOCKET_PATH.lock().ok().and_then(|p| p.clone()) {
-        log::info(&format!(
-            "control channel bound at {}; its thread starts when `msmemscope --pid` asks",
-            path.display()
-        ));
-    }
+    CHANNEL.start();
 }
 
 /// Whether the service thread runs.
 pub fn service_running() -> bool {
-    SERVICE_RUNNING.load(Ordering::Acquire)
+    CHANNEL.service_running.load(Ordering::Acquire)
+}
+
+/// At exit (lifecycle's one exit handler, which every caller of [`start`] has registered):
+/// wait for a command in progress, stop serving, remove the socket. Never in a forked child:
+/// the socket is the parent's.
+pub fn shutdown() {
+    CHANNEL.shutdown();
 }
 
 /// Starts the service thread, once: from [`wake`], at a point where making a thread is safe.
 /// False when it could not start now (the listener's lock taken: tried again later).
 fn start_service() -> bool {
-    if crate::process::is_forked_child() {
-        return true;
-    }
-    if SERVICE_RUNNING.load(Ordering::Acquire) {
-        return true;
-    }
-    // `try_lock`: this may run in a signal handler whose thread holds the lock.
-    let listener = match LISTENER.try_lock() {
-        Ok(mut slot) => slot.take(),
-        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().take(),
-        Err(std::sync::TryLockError::WouldBlock) => return false,
-    };
-    if SERVICE_RUNNING.swap(true, Ordering::AcqRel) {
-        return true;
-    }
-    // The new thread inherits a fully blocked mask: no signal of the program goes to it.
-    match crate::raw_thread::spawn(THREAD_NAME, Box::new(move || service::serve(listener))) {
-        Ok(()) => {
-            log::info("control channel: service thread started");
-            true
-        }
-        Err(e) => {
-            log::error(&format!("control channel not started: no thread: {e}"));
-            warn_not_attachable(&format!("no thread: {e}"));
-            remove_socket();
-            true
-        }
-    }
+    CHANNEL.start_service()
 }
 
-/// Binds this process's socket, or says why not (logged) and returns `None`.
-fn bind_listener() -> Option<Held<UnixListener>> {
-    if std::env::var_os(ENV_NO_CONTROL).is_some_and(|v| v == "1") {
-        log::info("control channel off (MSMEMSCOPE_NO_CONTROL=1)");
-        return None;
-    }
-    // SAFETY: getpid/geteuid have no preconditions.
-    let (pid, uid) = unsafe { (libc::getpid() as u32, libc::geteuid()) };
-    let dir = socket::socket_dir(uid, std::env::var_os("XDG_RUNTIME_DIR"));
-    let bound = socket::ensure_private_dir(&dir, uid).and_then(|()| {
-        socket::remove_stale(&dir, uid);
-        let path = dir.join(socket::socket_name(pid));
-        socket::bind_private(&path, uid).map(|l| (l, path))
-    });
-    match bound {
-        Ok((listener, path)) => {
-            if let Ok(mut slot) = SOCKET_PATH.lock() {
-                *slot = Some(path);
-            }
-            // Held (high number, identity) here, before the program's code runs: the service
-            // thread may start after the program has closed and reused the number.
-            let _ = listener.set_nonblocking(true);
-            Held::new(listener)
+impl Channel {
+    const fn new() -> Channel {
+        Channel {
+            started: AtomicBool::new(false),
+            service_running: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            socket_path: Mutex::new(None),
+            listener: Mutex::new(None),
+            busy: Mutex::new(()),
         }
-        Err(e) => {
-            log::error(&format!("control channel not started: {e}"));
-            warn_not_attachable(&e);
-            None
+    }
+
+    fn start(&'static self) {
+        // Unit tests exercise the C ABI in the test harness: no channel there.
+        if cfg!(test)
+            || crate::process::is_forked_child()
+            || self.started.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let Some(listener) = self.bind_listener() else {
+            return;
+        };
+        wake::arm();
+        // A client that connects wakes the thread too (the kernel sends the wake signal), so a
+        // raw client needs no signal of its own.
+        wake::signal_on_connect(&*listener.socket, true);
+        if let Ok(mut slot) = self.listener.lock() {
+            *slot = Some(listener);
+        }
+        if let Some(path) = self.socket_path() {
+            log::info(&format!(
+                "control channel bound at {}; its thread starts when `msmemscope --pid` asks",
+                path.display()
+            ));
+        }
+    }
+
+    fn start_service(&'static self) -> bool {
+        if crate::process::is_forked_child() {
+            return true;
+        }
+        if self.service_running.load(Ordering::Acquire) {
+            return true;
+        }
+        // `try_lock`: this may run in a signal handler whose thread holds the lock.
+        let listener = match self.listener.try_lock() {
+            Ok(mut slot) => slot.take(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        if self.service_running.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        // The new thread inherits a fully blocked mask: no signal of the program goes to it.
+        let serve = Box::new(move || service::serve(self, listener));
+        match crate::raw_thread::spawn(THREAD_NAME, serve) {
+            Ok(()) => {
+                log::info("control channel: service thread started");
+                true
+            }
+            Err(e) => {
+                log::error(&format!("control channel not started: no thread: {e}"));
+                warn_not_attachable(&format!("no thread: {e}"));
+                self.remove_socket();
+                true
+            }
+        }
+    }
+
+    /// Binds this process's socket, or says why not (logged) and returns `None`.
+    fn bind_listener(&self) -> Option<Held<UnixListener>> {
+        if std::env::var_os(ENV_NO_CONTROL).is_some_and(|v| v == "1") {
+            log::info("control channel off (MSMEMSCOPE_NO_CONTROL=1)");
+            return None;
+        }
+        // SAFETY: getpid/geteuid have no preconditions.
+        let (pid, uid) = unsafe { (libc::getpid() as u32, libc::geteuid()) };
+        let dir = socket::socket_dir(uid, std::env::var_os("XDG_RUNTIME_DIR"));
+        let bound = socket::ensure_private_dir(&dir, uid).and_then(|()| {
+            socket::remove_stale(&dir, uid);
+            let path = dir.join(socket::socket_name(pid));
+            socket::bind_private(&path, uid).map(|l| (l, path))
+        });
+        match bound {
+            Ok((listener, path)) => {
+                if let Ok(mut slot) = self.socket_path.lock() {
+                    *slot = Some(path);
+                }
+                // Held (high number, identity) here, before the program's code runs: the
+                // service thread may start after the program has closed and reused the number.
+                let _ = listener.set_nonblocking(true);
+                Held::new(listener)
+            }
+            Err(e) => {
+                log::error(&format!("control channel not started: {e}"));
+                warn_not_attachable(&e);
+                None
+            }
+        }
+    }
+
+    /// The bound socket's path (`None` before binding or once removed).
+    fn socket_path(&self) -> Option<PathBuf> {
+        self.socket_path.lock().ok().and_then(|p| p.clone())
+    }
+
+    /// Whether the process is exiting: no command runs any more.
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    fn shutdown(&self) {
+        if crate::process::is_forked_child() || !self.started.load(Ordering::Acquire) {
+            return;
+        }
+        self.closing.store(true, Ordering::Release);
+        wake::disarm();
+        let deadline = Instant::now() + EXIT_WAIT;
+        let _busy = loop {
+            match self.busy.try_lock() {
+                Ok(guard) => break Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break None,
+            }
+        };
+        self.remove_socket();
+    }
+
+    fn remove_socket(&self) {
+        let path = self.socket_path.lock().ok().and_then(|mut p| p.take());
+        if let Some(path) = path {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -174,34 +251,4 @@ fn warn_not_attachable(reason: &str) {
     );
     // SAFETY: writes from a valid buffer of `line.len()` bytes to fd 2 (an error is ignored).
     let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
-}
-
-/// At exit (lifecycle's one exit handler, which every caller of [`start`] has registered):
-/// wait for a command in progress, stop serving, remove the socket. Never in a forked child:
-/// the socket is the parent's.
-pub fn shutdown() {
-    if crate::process::is_forked_child() || !STARTED.load(Ordering::Acquire) {
-        return;
-    }
-    CLOSING.store(true, Ordering::Release);
-    wake::disarm();
-    let deadline = Instant::now() + EXIT_WAIT;
-    let _busy = loop {
-        match BUSY.try_lock() {
-            Ok(guard) => break Some(guard),
-            Err(std::sync::TryLockError::Poisoned(e)) => break Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            Err(std::sync::TryLockError::WouldBlock) => break None,
-        }
-    };
-    remove_socket();
-}
-
-fn remove_socket() {
-    let path = SOCKET_PATH.lock().ok().and_then(|mut p| p.take());
-    if let Some(path) = path {
-        let _ = std::fs::remove_file(path);
-    }
 }

@@ -3,12 +3,11 @@
 
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixListener;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::conn::{send_some, Conn};
 use super::held::Held;
-use super::{frame, signals, socket, CLOSING, SOCKET_PATH};
+use super::{frame, signals, socket, Channel};
 use crate::{clock, log};
 
 /// Clients connected at once; one more is answered "busy" and closed.
@@ -17,8 +16,9 @@ const MAX_CONNECTIONS: usize = 8;
 /// Waits for clients, their bytes and the signal pipe in one `poll`, and serves whatever is
 /// ready. Connections are non-blocking and multiplexed here, each with a whole-request
 /// deadline, so a slow client holds one of [`MAX_CONNECTIONS`] slots and nothing else; a
-/// command itself runs to its end on this thread (under [`super::BUSY`]) before the next is read.
-pub(super) fn serve(listener: Option<Held<UnixListener>>) {
+/// command itself runs to its end on this thread (under the channel's `busy` lock) before the
+/// next is read.
+pub(super) fn serve(channel: &'static Channel, listener: Option<Held<UnixListener>>) {
     let Some(mut listener) = listener else {
         return serve_signals_only();
     };
@@ -42,7 +42,7 @@ pub(super) fn serve(listener: Option<Held<UnixListener>>) {
         // signal pipe made again.
         conns.retain(|c| c.id.holds(c.stream.as_raw_fd()));
         if !listener.is_ours() {
-            match rebind(listener) {
+            match rebind(channel, listener) {
                 Some(again) => listener = again,
                 None => return serve_signals_only(),
             }
@@ -114,11 +114,11 @@ pub(super) fn serve(listener: Option<Held<UnixListener>>) {
         if fds[0].revents == 0 {
             continue;
         }
-        if CLOSING.load(Ordering::Acquire) && signal_fd < 0 {
+        if channel.closing() && signal_fd < 0 {
             // Exiting: the socket is gone; only a signal could still have needed this thread.
             return;
         }
-        accept_ready(&listener.socket, &mut conns);
+        accept_ready(channel, &listener.socket, &mut conns);
     }
 }
 
@@ -185,9 +185,9 @@ fn keep_clock(quiet: bool) {
 /// The listening socket made again at its path, after the program closed ours (the old
 /// number is the program's now). `None` when it cannot be: then the control channel is gone
 /// (said in the log) and only the signal pipe is served.
-fn rebind(lost: Held<UnixListener>) -> Option<Held<UnixListener>> {
+fn rebind(channel: &Channel, lost: Held<UnixListener>) -> Option<Held<UnixListener>> {
     drop(lost);
-    let path = SOCKET_PATH.lock().ok()?.clone()?;
+    let path = channel.socket_path()?;
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     match socket::bind_private(&path, uid) {
@@ -232,11 +232,11 @@ fn serve_signals_only() {
 
 /// Accepts the connections waiting (a bounded burst): each gets a slot, or "busy" when all
 /// [`MAX_CONNECTIONS`] are taken; while exiting, each is closed at once.
-fn accept_ready(listener: &UnixListener, conns: &mut Vec<Conn>) {
+fn accept_ready(channel: &'static Channel, listener: &UnixListener, conns: &mut Vec<Conn>) {
     for _ in 0..=MAX_CONNECTIONS {
         match listener.accept() {
             Ok((stream, _)) => {
-                if CLOSING.load(Ordering::Acquire) {
+                if channel.closing() {
                     continue;
                 }
                 if conns.len() >= MAX_CONNECTIONS {
@@ -246,7 +246,7 @@ fn accept_ready(listener: &UnixListener, conns: &mut Vec<Conn>) {
                     let _ = send_some(&stream, &frame::error_frame(0, &reason));
                     continue;
                 }
-                if let Some(conn) = Conn::accepted(stream) {
+                if let Some(conn) = Conn::accepted(channel, stream) {
                     conns.push(conn);
                 }
             }

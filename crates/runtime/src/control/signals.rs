@@ -31,26 +31,52 @@ use libc::{c_int, sighandler_t};
 /// The signals handled here (their default action terminates the process).
 const HANDLED: [c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 
-/// Per handled signal: whether the kernel holds our handler in place of the default.
-static OURS: [AtomicBool; 3] = [const { AtomicBool::new(false) }; 3];
-/// The pipe the handler writes into: read end, write end (-1 until installed).
-static PIPE_READ: AtomicI32 = AtomicI32::new(-1);
-static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
-/// The write end between `prepare` and `install`.
-static PIPE_WRITE_PENDING: AtomicI32 = AtomicI32::new(-1);
-/// The pipe's identity (both ends share one inode).
-static PIPE_DEV: AtomicU64 = AtomicU64::new(u64::MAX);
-static PIPE_INO: AtomicU64 = AtomicU64::new(u64::MAX);
-/// The signal the handler took, until the service thread takes it (0: none).
-static PENDING: AtomicI32 = AtomicI32::new(0);
-/// Set once a signal is being taken through the end of the run: exit handlers that run
-/// meanwhile wait for the signal instead of ending the process with another status.
-static TERMINATING: AtomicBool = AtomicBool::new(false);
+/// What this process's handling of the [`HANDLED`] signals stands at. Atomics only: the
+/// handler and the interposed `sigaction` (which a vfork child may call) read it.
+struct Takeover {
+    /// Per handled signal: whether the kernel holds our handler in place of the default.
+    ours: [AtomicBool; 3],
+    /// The signal the handler took, until the service thread takes it (0: none).
+    pending: AtomicI32,
+    /// Set once a signal is being taken through the end of the run: exit handlers that run
+    /// meanwhile wait for the signal instead of ending the process with another status.
+    terminating: AtomicBool,
+    /// The process whose dispositions are recorded here and whose service thread reads the
+    /// pipe. A forked child keeps our handlers (dispositions are inherited) but has no such
+    /// thread, and its pipe end is the parent's: there the default runs at once.
+    owner_pid: AtomicI32,
+}
+
+static TAKEOVER: Takeover = Takeover {
+    ours: [const { AtomicBool::new(false) }; 3],
+    pending: AtomicI32::new(0),
+    terminating: AtomicBool::new(false),
+    owner_pid: AtomicI32::new(0),
+};
+
+/// The pipe the handler writes into and the service thread reads. Atomics only: the handler
+/// reads it, so no lock may guard it.
+struct SelfPipe {
+    /// Read end, write end (-1 until installed).
+    read: AtomicI32,
+    write: AtomicI32,
+    /// The write end between `prepare` and `install`.
+    write_pending: AtomicI32,
+    /// The pipe's identity (both ends share one inode).
+    dev: AtomicU64,
+    ino: AtomicU64,
+}
+
+static PIPE: SelfPipe = SelfPipe {
+    read: AtomicI32::new(-1),
+    write: AtomicI32::new(-1),
+    write_pending: AtomicI32::new(-1),
+    dev: AtomicU64::new(u64::MAX),
+    ino: AtomicU64::new(u64::MAX),
+};
+
+/// libc's `sigaction`, found once (ours is interposed over it).
 static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
-/// The process whose dispositions are recorded here and whose service thread reads the pipe.
-/// A forked child keeps our handlers (dispositions are inherited) but has no such thread, and
-/// its pipe end is the parent's: there the default runs at once.
-static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 
 pub(super) type SigactionFn =
     unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
@@ -85,72 +111,80 @@ pub(super) fn action(handler: sighandler_t, flags: c_int) -> libc::sigaction {
 /// `control` starts. Called once, from the constructor of a launched run, before `install`.
 pub fn prepare() {
     make_deadline_timers();
-    if let Some((read, write)) = make_pipe() {
-        PIPE_READ.store(read, Ordering::Release);
-        PIPE_WRITE_PENDING.store(write, Ordering::Release);
+    if let Some((read, write)) = PIPE.make() {
+        PIPE.read.store(read, Ordering::Release);
+        PIPE.write_pending.store(write, Ordering::Release);
     }
 }
 
-/// A new non-blocking pipe at high numbers, its identity recorded: (read end, write end).
-fn make_pipe() -> Option<(i32, i32)> {
-    let mut fds = [-1; 2];
-    // SAFETY: a valid out-array of two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return None;
+impl SelfPipe {
+    /// A new non-blocking pipe at high numbers, its identity recorded: (read end, write end).
+    fn make(&self) -> Option<(i32, i32)> {
+        let mut fds = [-1; 2];
+        // SAFETY: a valid out-array of two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return None;
+        }
+        // SAFETY: both ends were just made and are owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let ((read, id), (write, _)) = (hold(read)?, hold(write)?);
+        let (dev, ino) = id.parts();
+        self.dev.store(dev, Ordering::Release);
+        self.ino.store(ino, Ordering::Release);
+        Some((read.into_raw_fd(), write.into_raw_fd()))
     }
-    // SAFETY: both ends were just made and are owned by nobody else.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let ((read, id), (write, _)) = (hold(read)?, hold(write)?);
-    let (dev, ino) = id.parts();
-    PIPE_DEV.store(dev, Ordering::Release);
-    PIPE_INO.store(ino, Ordering::Release);
-    Some((read.into_raw_fd(), write.into_raw_fd()))
+
+    /// Whether `fd` is our pipe (async-signal-safe).
+    fn holds(&self, fd: i32) -> bool {
+        let id = Identity::from_parts(
+            self.dev.load(Ordering::Acquire),
+            self.ino.load(Ordering::Acquire),
+        );
+        fd >= 0 && id.holds(fd)
+    }
+
+    /// The read end, for the service thread's poll (-1: none). When the program has closed
+    /// either end (and perhaps reused the number), a new pipe takes its place; the old numbers
+    /// are the program's and are left alone.
+    fn service_fd(&self) -> i32 {
+        let read = self.read.load(Ordering::Acquire);
+        if read < 0 {
+            return -1;
+        }
+        let write = self.write.load(Ordering::Acquire);
+        if self.holds(read) && (write < 0 || self.holds(write)) {
+            return read;
+        }
+        // An end the program left open stays open (a descriptor leaked; never one of the
+        // program's closed).
+        let Some((read, write)) = self.make() else {
+            self.read.store(-1, Ordering::Release);
+            return -1;
+        };
+        self.read.store(read, Ordering::Release);
+        if self.write.load(Ordering::Acquire) >= 0 {
+            self.write.store(write, Ordering::Release);
+        } else {
+            self.write_pending.store(write, Ordering::Release);
+        }
+        crate::log::info(
+            "the program closed the signal pipe's descriptors; a new pipe took their place",
+        );
+        read
+    }
 }
 
-/// Whether `fd` is our pipe (async-signal-safe).
-fn is_our_pipe(fd: i32) -> bool {
-    let id = Identity::from_parts(
-        PIPE_DEV.load(Ordering::Acquire),
-        PIPE_INO.load(Ordering::Acquire),
-    );
-    fd >= 0 && id.holds(fd)
-}
-
-/// The pipe's read end, for the service thread's poll (-1: none). When the program has closed
-/// either end (and perhaps reused the number), a new pipe takes its place; the old numbers are
-/// the program's and are left alone.
+/// The pipe's read end, for the service thread's poll (-1: none); made again when the program
+/// closed it.
 pub fn service_fd() -> i32 {
-    let read = PIPE_READ.load(Ordering::Acquire);
-    if read < 0 {
-        return -1;
-    }
-    let write = PIPE_WRITE.load(Ordering::Acquire);
-    if is_our_pipe(read) && (write < 0 || is_our_pipe(write)) {
-        return read;
-    }
-    // An end the program left open stays open (a descriptor leaked; never one of the
-    // program's closed).
-    let Some((read, write)) = make_pipe() else {
-        PIPE_READ.store(-1, Ordering::Release);
-        return -1;
-    };
-    PIPE_READ.store(read, Ordering::Release);
-    if PIPE_WRITE.load(Ordering::Acquire) >= 0 {
-        PIPE_WRITE.store(write, Ordering::Release);
-    } else {
-        PIPE_WRITE_PENDING.store(write, Ordering::Release);
-    }
-    crate::log::info(
-        "the program closed the signal pipe's descriptors; a new pipe took their place",
-    );
-    read
+    PIPE.service_fd()
 }
 
 /// Puts our handler in place of each handled signal's default, once the service thread can
 /// be started to read the pipe (else the signals keep their default: nobody would end the run
 /// for them).
 pub fn install() {
-    let write_end = PIPE_WRITE_PENDING.load(Ordering::Acquire);
+    let write_end = PIPE.write_pending.load(Ordering::Acquire);
     let Some(real) = real_sigaction().filter(|_| write_end >= 0) else {
         return;
     };
@@ -158,8 +192,9 @@ pub fn install() {
         return;
     }
     // SAFETY: getpid has no preconditions.
-    OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-    PIPE_WRITE.store(write_end, Ordering::Release);
+    let pid = unsafe { libc::getpid() };
+    TAKEOVER.owner_pid.store(pid, Ordering::Relaxed);
+    PIPE.write.store(write_end, Ordering::Release);
     for (i, &sig) in HANDLED.iter().enumerate() {
         // SAFETY: sigaction is plain data; filled by the query below.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -179,26 +214,27 @@ fn take_over(real: SigactionFn, i: usize, sig: c_int) -> bool {
     );
     // SAFETY: installing a handler that only does async-signal-safe work.
     let ok = unsafe { real(sig, &ours, std::ptr::null_mut()) } == 0;
-    OURS[i].store(ok, Ordering::Release);
+    TAKEOVER.ours[i].store(ok, Ordering::Release);
     ok
 }
 
 extern "C" fn on_signal(sig: c_int, _info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // Only async-signal-safe calls here.
-    let fd = PIPE_WRITE.load(Ordering::Acquire);
+    let fd = PIPE.write.load(Ordering::Acquire);
     // SAFETY: getpid is async-signal-safe and has no preconditions.
-    if fd < 0 || unsafe { libc::getpid() } != OWNER_PID.load(Ordering::Relaxed) {
+    if fd < 0 || unsafe { libc::getpid() } != TAKEOVER.owner_pid.load(Ordering::Relaxed) {
         default_now(sig);
         return;
     }
-    if PENDING.load(Ordering::Acquire) != 0 {
+    if TAKEOVER.pending.load(Ordering::Acquire) != 0 {
         // A second terminating signal while the first is taken through the end of the run
         // (which may be stuck behind a lock of a hung program): its default, now.
         default_now(sig);
         return;
     }
-    TERMINATING.store(true, Ordering::Release);
-    if PENDING
+    TAKEOVER.terminating.store(true, Ordering::Release);
+    if TAKEOVER
+        .pending
         .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {
@@ -208,11 +244,11 @@ extern "C" fn on_signal(sig: c_int, _info: *mut libc::siginfo_t, context: *mut l
     }
     let byte = sig as u8;
     // SAFETY: fstat, then one byte from a valid buffer into our pipe (a number the program
-    // took over gets nothing: the service thread sees PENDING within half a second); errno is
-    // saved and restored, since the interrupted code may be reading it.
+    // took over gets nothing: the service thread sees the pending signal within half a
+    // second); errno is saved and restored, since the interrupted code may be reading it.
     unsafe {
         let errno = *libc::__errno_location();
-        if is_our_pipe(fd) {
+        if PIPE.holds(fd) {
             libc::write(fd, (&byte as *const u8).cast(), 1);
         }
         // The thread that reads the pipe, started now if this point allows it.
@@ -224,7 +260,7 @@ extern "C" fn on_signal(sig: c_int, _info: *mut libc::siginfo_t, context: *mut l
 /// The default action of `sig`, now (async-signal-safe).
 fn default_now(sig: c_int) {
     if let Some(i) = index_of(sig) {
-        OURS[i].store(false, Ordering::Release);
+        TAKEOVER.ours[i].store(false, Ordering::Release);
     }
     let dfl = action(libc::SIG_DFL, 0);
     if let Some(real) = real_sigaction() {
@@ -243,17 +279,17 @@ fn default_now(sig: c_int) {
 /// Called by the service thread after each wait (`readable`: the pipe woke it): when the
 /// handler took a signal, ends the run, then lets the signal take its default course.
 pub fn on_service_ready(readable: bool) {
-    let fd = PIPE_READ.load(Ordering::Acquire);
-    if readable && is_our_pipe(fd) {
+    let fd = PIPE.read.load(Ordering::Acquire);
+    if readable && PIPE.holds(fd) {
         let mut bytes = [0u8; 16];
         // SAFETY: reads into a valid buffer from our own (checked) non-blocking pipe.
         unsafe { libc::read(fd, bytes.as_mut_ptr().cast(), bytes.len()) };
     }
-    let sig = PENDING.load(Ordering::Acquire);
+    let sig = TAKEOVER.pending.load(Ordering::Acquire);
     if sig == 0 || index_of(sig).is_none() {
         return;
     }
-    TERMINATING.store(true, Ordering::Release);
+    TAKEOVER.terminating.store(true, Ordering::Release);
     // Ending the run holds this thread, the keeper of the hooks' clock, for a while.
     crate::clock::pause_ticks();
     let _ = std::panic::catch_unwind(crate::lifecycle::finish_run);
@@ -283,12 +319,22 @@ pub const ENV_SIGNAL_DEADLINE: &str = "MSMEMSCOPE_SIGNAL_DEADLINE_S";
 /// handler, seeing the signal pending already, takes its default action at once, on whichever
 /// thread it lands. Nothing on the way allocates or waits for the service thread, which a hung
 /// program may keep from running. In the order of `HANDLED`.
-static DEADLINE_TIMERS: [SignalTimer; 3] = [const { SignalTimer::new() }; 3];
-static DEADLINE_S: AtomicI64 = AtomicI64::new(60);
+static DEADLINES: Deadlines = Deadlines {
+    timers: [const { SignalTimer::new() }; 3],
+    seconds: AtomicI64::new(60),
+};
+
+struct Deadlines {
+    timers: [SignalTimer; 3],
+    /// [`deadline_seconds`], read once in `prepare`: the handler cannot read the environment.
+    seconds: AtomicI64,
+}
 
 fn make_deadline_timers() {
-    DEADLINE_S.store(deadline_seconds(), Ordering::Relaxed);
-    for (timer, &sig) in DEADLINE_TIMERS.iter().zip(HANDLED.iter()) {
+    DEADLINES
+        .seconds
+        .store(deadline_seconds(), Ordering::Relaxed);
+    for (timer, &sig) in DEADLINES.timers.iter().zip(HANDLED.iter()) {
         timer.make(sig);
     }
 }
@@ -341,13 +387,13 @@ impl SignalTimer {
 
 /// Arms the deadline of signal number `i` (async-signal-safe).
 fn arm_deadline(i: usize) {
-    DEADLINE_TIMERS[i].arm(DEADLINE_S.load(Ordering::Relaxed), 0);
+    DEADLINES.timers[i].arm(DEADLINES.seconds.load(Ordering::Relaxed), 0);
 }
 
 /// The pending terminating signal's default action, now: for an exit handler that waited long
 /// enough for the service thread to take it.
 pub fn default_of_pending() {
-    let sig = PENDING.load(Ordering::Acquire);
+    let sig = TAKEOVER.pending.load(Ordering::Acquire);
     if sig != 0 {
         default_now(sig);
     }
@@ -355,7 +401,7 @@ pub fn default_of_pending() {
 
 /// Whether a terminating signal is being taken through the end of the run.
 pub fn is_terminating() -> bool {
-    TERMINATING.load(Ordering::Acquire)
+    TAKEOVER.terminating.load(Ordering::Acquire)
 }
 
 /// `sigaction` as the program sees it: our handler reads as the default it stands for.
@@ -373,12 +419,12 @@ pub unsafe extern "C" fn sigaction(
         unsafe { *libc::__errno_location() = libc::ENOSYS };
         return -1;
     };
-    let Some(i) = index_of(sig).filter(|_| PIPE_WRITE.load(Ordering::Acquire) >= 0) else {
+    let Some(i) = index_of(sig).filter(|_| PIPE.write.load(Ordering::Acquire) >= 0) else {
         // SAFETY: the caller's arguments, as it passed them.
         return unsafe { real(sig, act, oldact) };
     };
     // SAFETY: getpid has no preconditions (a system call: right in a vfork child too).
-    if unsafe { libc::getpid() } != OWNER_PID.load(Ordering::Relaxed) {
+    if unsafe { libc::getpid() } != TAKEOVER.owner_pid.load(Ordering::Relaxed) {
         // A vfork child (posix_spawn, Python's subprocess) runs in this memory until it execs:
         // its dispositions are its own, so it must not change what this process records.
         // SAFETY: the caller's arguments, as it passed them.
@@ -392,7 +438,7 @@ pub unsafe extern "C" fn sigaction(
         }
         return rc;
     }
-    let ours_now = OURS[i].load(Ordering::Acquire);
+    let ours_now = TAKEOVER.ours[i].load(Ordering::Acquire);
     let mut previous: libc::sigaction = action(libc::SIG_DFL, 0);
     if !ours_now {
         // SAFETY: a query into a valid out-struct.
@@ -415,7 +461,7 @@ pub unsafe extern "C" fn sigaction(
             if unsafe { real(sig, act, std::ptr::null_mut()) } != 0 {
                 return -1;
             }
-            OURS[i].store(false, Ordering::Release);
+            TAKEOVER.ours[i].store(false, Ordering::Release);
         }
     }
     if !oldact.is_null() {

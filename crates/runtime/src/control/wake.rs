@@ -21,29 +21,51 @@ use crate::guard::Entered;
 
 pub use msmemscope_core::control_socket::wake_signal;
 
-/// Whether a socket is bound and the thread may be started.
-static ARMED: AtomicBool = AtomicBool::new(false);
-/// The process that armed (a forked child inherits the handler, not the channel).
-static OWNER: AtomicI32 = AtomicI32::new(0);
-/// Sends the wake signal again a few milliseconds after a deferred start.
-static RETRY_TIMER: super::signals::SignalTimer = super::signals::SignalTimer::new();
+/// Whether the thread may be started, and by whom: read from the wake signal's handler, so
+/// atomics only.
+struct Arming {
+    /// Whether a socket is bound and the thread may be started.
+    armed: AtomicBool,
+    /// The process that armed (a forked child inherits the handler, not the channel).
+    owner: AtomicI32,
+    /// Sends the wake signal again a few milliseconds after a deferred start.
+    retry: super::signals::SignalTimer,
+}
+
+static ARMING: Arming = Arming {
+    armed: AtomicBool::new(false),
+    owner: AtomicI32::new(0),
+    retry: super::signals::SignalTimer::new(),
+};
+
 /// How soon a deferred start is tried again.
 const RETRY_NS: libc::c_long = 5_000_000;
 
-/// Code ranges (start, end) the handler judges the interrupted instruction by: the program's
-/// executable, and the C library with the loader.
+/// Code ranges (start, end) kept of each kind.
 const RANGES: usize = 8;
-static PROGRAM: [AtomicUsize; RANGES * 2] = [const { AtomicUsize::new(0) }; RANGES * 2];
-static LIBC: [AtomicUsize; RANGES * 2] = [const { AtomicUsize::new(0) }; RANGES * 2];
+
+/// The code ranges the handler judges the interrupted instruction by: the program's
+/// executable, and the C library with the loader. Atomics, since the handler reads them;
+/// written once, by `arm`.
+struct CodeRanges {
+    program: [AtomicUsize; RANGES * 2],
+    libc: [AtomicUsize; RANGES * 2],
+}
+
+static CODE: CodeRanges = CodeRanges {
+    program: [const { AtomicUsize::new(0) }; RANGES * 2],
+    libc: [const { AtomicUsize::new(0) }; RANGES * 2],
+};
 
 /// Records where the code is, installs the handler of [`wake_signal`] and makes the retry
 /// timer. Called once, by `control::start`, in a clean context.
 pub fn arm() {
     record_code_ranges();
     // SAFETY: getpid has no preconditions.
-    OWNER.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-    RETRY_TIMER.make(wake_signal());
-    ARMED.store(true, Ordering::Release);
+    let pid = unsafe { libc::getpid() };
+    ARMING.owner.store(pid, Ordering::Relaxed);
+    ARMING.retry.make(wake_signal());
+    ARMING.armed.store(true, Ordering::Release);
     let mut act = super::signals::action(
         on_wake as *const () as libc::sighandler_t,
         libc::SA_SIGINFO | libc::SA_RESTART,
@@ -84,13 +106,13 @@ pub fn signal_on_connect(listener: &impl std::os::fd::AsRawFd, on: bool) {
 
 /// At exit: no thread is started any more.
 pub fn disarm() {
-    ARMED.store(false, Ordering::Release);
+    ARMING.armed.store(false, Ordering::Release);
     crate::process::clear_safe_point_work();
 }
 
 /// Whether the service thread can be started (a socket is bound): the signal pipe will be read.
 pub fn armed() -> bool {
-    ARMED.load(Ordering::Acquire)
+    ARMING.armed.load(Ordering::Acquire)
 }
 
 /// A start the handler deferred, at the hooks' next safe point (`process::at_safe_point`).
@@ -102,7 +124,7 @@ fn start_deferred() {
     // SAFETY: __errno_location has no preconditions; the program's errno is kept.
     let errno = unsafe { *libc::__errno_location() };
     if !ours()
-        || !ARMED.load(Ordering::Acquire)
+        || !ARMING.armed.load(Ordering::Acquire)
         || std::panic::catch_unwind(super::start_service).unwrap_or(true)
     {
         crate::process::clear_safe_point_work();
@@ -114,13 +136,13 @@ fn start_deferred() {
 /// Whether this is the process that armed (not a forked child).
 fn ours() -> bool {
     // SAFETY: getpid is async-signal-safe and has no preconditions.
-    unsafe { libc::getpid() == OWNER.load(Ordering::Relaxed) }
+    unsafe { libc::getpid() == ARMING.owner.load(Ordering::Relaxed) }
 }
 
 /// From a signal handler: starts the service thread now when the interrupted code allows it,
 /// else at the next safe point. `context` is the handler's third argument.
 pub fn from_handler(context: *mut c_void) {
-    if !ARMED.load(Ordering::Acquire) || !ours() || super::service_running() {
+    if !ARMING.armed.load(Ordering::Acquire) || !ours() || super::service_running() {
         return;
     }
     if interrupted_is_clean(context) {
@@ -156,10 +178,10 @@ fn interrupted_is_clean(context: *mut c_void) -> bool {
         let regs = unsafe { &(*(context as *const libc::ucontext_t)).uc_mcontext.gregs };
         let pc = regs[libc::REG_RIP as usize] as usize;
         let rax = regs[libc::REG_RAX as usize];
-        if within(&PROGRAM, pc) {
+        if within(&CODE.program, pc) {
             return true;
         }
-        within(&LIBC, pc) && waiting_call(pc, rax)
+        within(&CODE.libc, pc) && waiting_call(pc, rax)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -205,7 +227,10 @@ fn waiting_call(pc: usize, rax: i64) -> bool {
     if at == SYSCALL && WAITS.contains(&rax) {
         return true;
     }
-    let starts_range = LIBC.chunks(2).any(|r| r[0].load(Ordering::Relaxed) == pc);
+    let starts_range = CODE
+        .libc
+        .chunks(2)
+        .any(|r| r[0].load(Ordering::Relaxed) == pc);
     if starts_range {
         return false;
     }
@@ -248,12 +273,12 @@ fn record_code_ranges() {
         };
         let name = path.rsplit('/').next().unwrap_or("");
         let slot = if exe.as_deref().is_some_and(|e| e.as_os_str() == path) {
-            Some((&PROGRAM, &mut program))
+            Some((&CODE.program, &mut program))
         } else if name.starts_with("libc.so")
             || name.starts_with("libc-")
             || name.starts_with("ld-")
         {
-            Some((&LIBC, &mut libc_n))
+            Some((&CODE.libc, &mut libc_n))
         } else {
             None
         };
@@ -270,7 +295,7 @@ fn record_code_ranges() {
 /// Sends the wake signal again shortly (async-signal-safe): the handler then looks again at
 /// whatever it interrupts.
 fn arm_retry() {
-    RETRY_TIMER.arm(0, RETRY_NS);
+    ARMING.retry.arm(0, RETRY_NS);
 }
 
 #[cfg(test)]
@@ -290,7 +315,7 @@ mod tests {
             .position(|w| w == [0x0f, 0x05])
             .expect("a syscall instruction in syscall()")
             + start;
-        assert!(within(&LIBC, at), "the C library's code was recorded");
+        assert!(within(&CODE.libc, at), "the C library's code was recorded");
         assert!(waiting_call(at, 232), "epoll_wait, to be restarted");
         assert!(waiting_call(at, 219), "restart_syscall");
         assert!(!waiting_call(at, 202), "futex: a lock's wait");
@@ -300,6 +325,6 @@ mod tests {
             "a wait cut by EINTR"
         );
         assert!(!waiting_call(at + 2, 0), "a call that returned");
-        assert!(!within(&PROGRAM, at));
+        assert!(!within(&CODE.program, at));
     }
 }

@@ -40,12 +40,21 @@ use msmemscope_core::events::{Event, EventRow, EventType};
 
 use crate::guard::Entered;
 
-/// The next range id; 0 is never handed out.
-static NEXT_RANGE_ID: AtomicU64 = AtomicU64::new(1);
+/// The process's ranges: the ids handed out and the start/end ranges not ended yet. Push/pop
+/// ranges draw their ids here but live in the per-thread stacks of `nvtx.rs`. One static,
+/// since its callers are the program's C calls (MSTX, NVTX) and Python's, from any thread.
+struct Ranges {
+    /// The next range id; 0 is never handed out. Outside the map's lock: a push/pop range
+    /// takes an id without it.
+    next_id: AtomicU64,
+    /// Start/end ranges not ended yet: id -> (message, domain).
+    open: Mutex<Option<HashMap<u64, OpenRange>>>,
+}
 
-/// Start/end ranges not ended yet: id -> (message, domain). Push/pop ranges live in the
-/// per-thread stacks of `nvtx.rs` instead.
-static OPEN_RANGES: Mutex<Option<HashMap<u64, OpenRange>>> = Mutex::new(None);
+static RANGES: Ranges = Ranges {
+    next_id: AtomicU64::new(1),
+    open: Mutex::new(None),
+};
 
 struct OpenRange {
     message: String,
@@ -73,7 +82,7 @@ pub(crate) fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
 }
 
 pub(crate) fn next_range_id() -> u64 {
-    NEXT_RANGE_ID.fetch_add(1, Ordering::Relaxed)
+    RANGES.next_id.fetch_add(1, Ordering::Relaxed)
 }
 
 fn row(
@@ -114,7 +123,7 @@ pub fn mark(message: &str, stream: Option<u64>, domain: Option<&str>) {
 /// Starts a range that [`range_end`] ends (from any thread); returns its id (never 0).
 pub fn range_start(message: &str, stream: Option<u64>, domain: Option<&'static str>) -> u64 {
     let id = next_range_id();
-    lock(&OPEN_RANGES).get_or_insert_with(HashMap::new).insert(
+    lock(&RANGES.open).get_or_insert_with(HashMap::new).insert(
         id,
         OpenRange {
             message: message.to_owned(),
@@ -127,7 +136,7 @@ pub fn range_start(message: &str, stream: Option<u64>, domain: Option<&'static s
 
 /// Ends a range started by [`range_start`]; `false` (and no row) when `id` is not open.
 pub fn range_end(id: u64) -> bool {
-    let open = lock(&OPEN_RANGES).as_mut().and_then(|m| m.remove(&id));
+    let open = lock(&RANGES.open).as_mut().and_then(|m| m.remove(&id));
     match open {
         Some(open) => {
             emit_range_end(id, &open.message, open.domain);
@@ -176,27 +185,34 @@ pub(crate) mod sink {
 
     use msmemscope_core::events::EventRow;
 
+    /// What this thread emitted since the last look: its rows, and the messages passed to
+    /// `on_range_start`.
+    #[derive(Default)]
+    struct Emitted {
+        rows: Vec<EventRow>,
+        range_starts: Vec<String>,
+    }
+
     thread_local! {
-        static ROWS: RefCell<Vec<EventRow>> = const { RefCell::new(Vec::new()) };
-        static RANGE_STARTS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+        static EMITTED: RefCell<Emitted> = RefCell::default();
     }
 
     pub fn emit(row: EventRow) {
-        ROWS.with(|r| r.borrow_mut().push(row));
+        EMITTED.with(|e| e.borrow_mut().rows.push(row));
     }
 
     pub fn on_range_start(message: &str) {
-        RANGE_STARTS.with(|r| r.borrow_mut().push(message.to_owned()));
+        EMITTED.with(|e| e.borrow_mut().range_starts.push(message.to_owned()));
     }
 
     /// The rows this thread emitted since the last call.
     pub fn take() -> Vec<EventRow> {
-        ROWS.with(|r| std::mem::take(&mut *r.borrow_mut()))
+        EMITTED.with(|e| std::mem::take(&mut e.borrow_mut().rows))
     }
 
     /// The messages passed to `on_range_start` on this thread since the last call.
     pub fn take_range_starts() -> Vec<String> {
-        RANGE_STARTS.with(|r| std::mem::take(&mut *r.borrow_mut()))
+        EMITTED.with(|e| std::mem::take(&mut e.borrow_mut().range_starts))
     }
 }
 

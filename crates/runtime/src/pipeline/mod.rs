@@ -179,7 +179,22 @@ struct Pipeline {
     step: AtomicU64,
     writer: Mutex<Option<Writer>>,
     writer_failed: AtomicBool,
+    /// The writer was started (it stays until exit): rows no longer take `writer`'s lock.
+    writer_started: AtomicBool,
+    /// Whether a row other than the run's own SYSTEM rows was ever queued. In a process the
+    /// job follows (its run directory is made on first need) nothing starts the writer until
+    /// then, so a process that records nothing (a shell, a compiler) leaves no directory.
+    recorded: AtomicBool,
+    /// This process's run is one the job follows (`config.job` is set).
+    followed: AtomicBool,
+    /// Whether running out of the runtime's own memory was said in the log (once).
+    said_out_of_memory: AtomicBool,
+    /// This process's id, read on the first row (a forked child records nothing, so it never
+    /// needs another); 0 until then.
+    pid: AtomicU32,
     oom: Mutex<Option<oom::OomWatch>>,
+    /// Failed small `malloc` calls of the program, counted from the hook (no allocation there).
+    small_malloc_failures: AtomicU64,
 }
 
 static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
@@ -199,7 +214,13 @@ fn pipeline() -> &'static Pipeline {
             step: AtomicU64::new(0),
             writer: Mutex::new(None),
             writer_failed: AtomicBool::new(false),
+            writer_started: AtomicBool::new(false),
+            recorded: AtomicBool::new(false),
+            followed: AtomicBool::new(false),
+            said_out_of_memory: AtomicBool::new(false),
+            pid: AtomicU32::new(0),
             oom: Mutex::new(None),
+            small_malloc_failures: AtomicU64::new(0),
         }
     })
 }
@@ -216,7 +237,7 @@ pub fn apply_config(config: &RunConfig, run_dir: RunDirSource) {
         *watch = k.map(oom::watch);
     }
     OOM_ACTIVE.store(k.is_some(), Ordering::Relaxed);
-    FOLLOWED.store(config.job.is_some(), Ordering::Relaxed);
+    p.followed.store(config.job.is_some(), Ordering::Relaxed);
     if let Ok(mut f) = p.filter.write() {
         *f = Filter::from_config(config);
         p.fast_filter.set(&f);
@@ -248,22 +269,23 @@ impl WriterPlan {
     }
 }
 
-fn writer_plan() -> WriterPlan {
-    let p = pipeline();
-    p.plan
-        .read()
-        .map(|plan| plan.clone())
-        .unwrap_or_else(|_| WriterPlan::of(&RunConfig::default()))
-}
+impl Pipeline {
+    fn writer_plan(&self) -> WriterPlan {
+        self.plan
+            .read()
+            .map(|plan| plan.clone())
+            .unwrap_or_else(|_| WriterPlan::of(&RunConfig::default()))
+    }
 
-fn run_dir() -> Result<Arc<RunDir>, String> {
-    let source = pipeline()
-        .run_dir
-        .read()
-        .ok()
-        .and_then(|s| *s)
-        .ok_or_else(|| "no run directory was configured".to_string())?;
-    source()
+    fn run_dir(&self) -> Result<Arc<RunDir>, String> {
+        let source = self
+            .run_dir
+            .read()
+            .ok()
+            .and_then(|s| *s)
+            .ok_or_else(|| "no run directory was configured".to_string())?;
+        source()
+    }
 }
 
 pub fn is_tracing() -> bool {
@@ -313,17 +335,27 @@ pub fn stop_tracing() {
     flush(Duration::from_secs(10));
 }
 
-/// Whether the program marked a step itself (`msmemscope.step()`, a `step start` range).
-static PROGRAM_MARKS_STEPS: AtomicBool = AtomicBool::new(false);
+/// Who marks the steps. Apart from [`Pipeline`]: an optimizer's step is offered through the C
+/// ABI whether or not a run has made the pipeline yet, and making it for an offer that writes
+/// nothing would leave a pipeline without a run directory, whose next flush gives up on the
+/// writer for good.
+struct StepMarks {
+    /// Whether the program marked a step itself (`msmemscope.step()`, a `step start` range).
+    by_program: AtomicBool,
+    /// Inferred step boundaries offered so far.
+    inferred_offers: AtomicU64,
+}
+
+static STEP_MARKS: StepMarks = StepMarks {
+    by_program: AtomicBool::new(false),
+    inferred_offers: AtomicU64::new(0),
+};
 
 /// Starts the next step and records its STEP row (Name = the step number).
 pub fn step() {
-    PROGRAM_MARKS_STEPS.store(true, Ordering::Release);
+    STEP_MARKS.by_program.store(true, Ordering::Release);
     write_step(None);
 }
-
-/// Inferred step boundaries offered so far.
-static INFERRED_OFFERS: AtomicU64 = AtomicU64::new(0);
 
 /// A step boundary the tracker inferred (an optimizer's `step()`): recorded only while the
 /// program has marked no step itself, with the Attr `{"source": source}`. The first offer is
@@ -331,8 +363,8 @@ static INFERRED_OFFERS: AtomicU64 = AtomicU64::new(0);
 /// after its first optimizer step, and a boundary written before it would count one step
 /// twice. True when written.
 pub fn inferred_step(source: &str) -> bool {
-    let offers = INFERRED_OFFERS.fetch_add(1, Ordering::AcqRel) + 1;
-    if offers < 2 || PROGRAM_MARKS_STEPS.load(Ordering::Acquire) {
+    let offers = STEP_MARKS.inferred_offers.fetch_add(1, Ordering::AcqRel) + 1;
+    if offers < 2 || STEP_MARKS.by_program.load(Ordering::Acquire) {
         return false;
     }
     write_step(Some(source));
@@ -356,15 +388,15 @@ pub fn on_range_start(message: &str) {
     }
 }
 
-/// Whether a row of `event` on `device` is recorded now: the C stack depth asked for, if so.
-fn admission(event: Event, device: DeviceId) -> Option<Option<u32>> {
-    if !is_tracing() {
-        return None;
-    }
+/// Whether a row of `event` on `device` is recorded now: the C stack depth asked for, and the
+/// pipeline that records it, if so.
+fn admission(event: Event, device: DeviceId) -> Option<(&'static Pipeline, Option<u32>)> {
+    let p = PIPELINE
+        .get()
+        .filter(|p| p.tracing.load(Ordering::Relaxed))?;
     if crate::private_alloc::out_of_memory_since().is_some() {
         // The runtime lives on its reserve: rows would use it up. Said once in the log.
-        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
+        if !p.said_out_of_memory.swap(true, Ordering::Relaxed) {
             crate::log::error(
                 "event dump incomplete: the runtime's own memory ran out (the program went on); \
                  later events are not recorded",
@@ -372,15 +404,14 @@ fn admission(event: Event, device: DeviceId) -> Option<Option<u32>> {
         }
         return None;
     }
-    let p = pipeline();
     match p.fast_filter.admits(event, device) {
-        Some(true) => return Some(p.fast_filter.c_stack_depth()),
+        Some(true) => return Some((p, p.fast_filter.c_stack_depth())),
         Some(false) => return None,
         None => {}
     }
     let step = p.step.load(Ordering::Acquire);
     match p.filter.read() {
-        Ok(f) if f.admits(event, device, step) => Some(f.c_stack_depth),
+        Ok(f) if f.admits(event, device, step) => Some((p, f.c_stack_depth)),
         _ => None,
     }
 }
@@ -406,13 +437,13 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         // Reused memory must not inherit the freed block's stream accesses.
         crate::sanitizer::on_free_row(&row);
     }
-    let Some(depth) = admission(row.event, row.device) else {
+    let Some((p, depth)) = admission(row.event, row.device) else {
         return;
     };
     if row.ts_ns == 0 {
         row.ts_ns = precise_realtime_ns();
     }
-    row.pid = process_id();
+    row.pid = p.process_id();
     row.tid = buffers::thread_id();
     let frames = with_c_frames(want_c_stack, depth, <[u64]>::to_vec);
     // The writer (and the dump file) start with the first real event: a process that only
@@ -420,7 +451,6 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
     // shim), leaves no file behind.
     let system = row.event == Event::System;
     let (pid, tid) = (row.pid, row.tid);
-    let p = pipeline();
     let follow_up = if OOM_ACTIVE.load(Ordering::Relaxed) {
         p.oom
             .lock()
@@ -435,7 +465,7 @@ pub fn emit(mut row: EventRow, want_c_stack: bool) {
         buffers::push(extra, extra_frames);
     }
     if !system {
-        note_recorded();
+        p.note_recorded();
     }
 }
 
@@ -454,14 +484,14 @@ pub fn emit_borrowed(
     {
         return emit(texts.row(event, event_type, device, ptr), want_c_stack);
     }
-    let Some(depth) = admission(event, device) else {
+    let Some((p, depth)) = admission(event, device) else {
         return;
     };
     let numbers = buffers::Numbers {
         event,
         event_type,
         ts_ns: precise_realtime_ns(),
-        pid: process_id(),
+        pid: p.process_id(),
         // Stamped by `push_packed`, from the thread's local it reads anyway.
         tid: 0,
         device,
@@ -471,7 +501,7 @@ pub fn emit_borrowed(
         buffers::push_packed(numbers, texts, frames)
     });
     if event != Event::System {
-        note_recorded();
+        p.note_recorded();
     }
 }
 
@@ -490,93 +520,85 @@ pub fn emit_op(event_type: EventType, name: &'static [u8]) {
         let n = op.numbers();
         return emit_borrowed(n.event, n.event_type, n.device, n.ptr, &op.texts(), false);
     }
-    if admission(Event::OpLaunch, DeviceId::None).is_none() {
+    let Some((p, _)) = admission(Event::OpLaunch, DeviceId::None) else {
         return;
-    }
+    };
     buffers::push_op(buffers::OpRow {
         ts_ns: precise_realtime_ns(),
-        pid: process_id(),
+        pid: p.process_id(),
         ..op
     });
-    note_recorded();
+    p.note_recorded();
 }
-
-fn note_recorded() {
-    if !RECORDED.load(Ordering::Relaxed) {
-        RECORDED.store(true, Ordering::Relaxed);
-    }
-    // Once started, the writer runs to the end: rows no longer take its lock.
-    if !WRITER_STARTED.load(Ordering::Acquire) {
-        ensure_writer();
-    }
-}
-
-/// The writer was started (it stays until exit).
-static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
-
-/// Whether a row other than the run's own SYSTEM rows was ever queued. In a process the job
-/// follows (its run directory is made on first need) nothing starts the writer until then,
-/// so a process that records nothing (a shell, a compiler) leaves no directory.
-static RECORDED: AtomicBool = AtomicBool::new(false);
-/// This process's run is one the job follows (`config.job` is set).
-static FOLLOWED: AtomicBool = AtomicBool::new(false);
 
 /// A `malloc`-family call of the program returned NULL for `size` bytes (called from the hooks,
 /// only while the OOM analysis watches).
 pub fn on_malloc_failure(function: &str, size: usize) {
     if size >= oom::REPORTED_MALLOC_FAILURE {
         emit(oom::malloc_failure_row(function, size), true);
-    } else {
-        oom::SMALL_MALLOC_FAILURES.fetch_add(1, Ordering::Relaxed);
+    } else if let Some(p) = PIPELINE.get() {
+        // Never `pipeline()` here, inside the allocator: the watch that calls this was turned on
+        // by a configuration the pipeline took, so it exists.
+        p.small_malloc_failures.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// This process's id, read once (a forked child records nothing, so it never needs another).
-fn process_id() -> u32 {
-    static PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    match PID.load(Ordering::Relaxed) {
-        0 => {
-            let pid = std::process::id();
-            PID.store(pid, Ordering::Relaxed);
-            pid
+impl Pipeline {
+    fn note_recorded(&self) {
+        if !self.recorded.load(Ordering::Relaxed) {
+            self.recorded.store(true, Ordering::Relaxed);
         }
-        pid => pid,
+        // Once started, the writer runs to the end: rows no longer take its lock.
+        if !self.writer_started.load(Ordering::Acquire) {
+            self.ensure_writer();
+        }
     }
-}
 
-/// Starts the writer on first use. False when it cannot run (then rows are dropped and the
-/// failure is logged once).
-fn ensure_writer() -> bool {
-    if FOLLOWED.load(Ordering::Relaxed) && !RECORDED.load(Ordering::Relaxed) {
-        return false;
-    }
-    let p = pipeline();
-    if p.writer_failed.load(Ordering::Relaxed) {
-        return false;
-    }
-    let Ok(mut writer) = p.writer.lock() else {
-        return false;
-    };
-    if writer.is_some() {
-        return true;
-    }
-    let started = run_dir().and_then(|dir| {
-        let plan = writer_plan();
-        let analyses = msmemscope_core::analysis::online_for(&plan.analyses);
-        let sinks = sinks::Sinks::new(&dir, plan.format, plan.dump_budget);
-        Writer::start(sinks, analyses, dir.clone())
-            .ok_or_else(|| "cannot start the writer thread".to_string())
-    });
-    match started {
-        Ok(w) => {
-            *writer = Some(w);
-            WRITER_STARTED.store(true, Ordering::Release);
-            true
+    /// This process's id, read once.
+    fn process_id(&self) -> u32 {
+        match self.pid.load(Ordering::Relaxed) {
+            0 => {
+                let pid = std::process::id();
+                self.pid.store(pid, Ordering::Relaxed);
+                pid
+            }
+            pid => pid,
         }
-        Err(e) => {
-            p.writer_failed.store(true, Ordering::Relaxed);
-            crate::log::error(&format!("event dump disabled: {e}"));
-            false
+    }
+
+    /// Starts the writer on first use. False when it cannot run (then rows are dropped and the
+    /// failure is logged once).
+    fn ensure_writer(&self) -> bool {
+        if self.followed.load(Ordering::Relaxed) && !self.recorded.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.writer_failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Ok(mut writer) = self.writer.lock() else {
+            return false;
+        };
+        if writer.is_some() {
+            return true;
+        }
+        let started = self.run_dir().and_then(|dir| {
+            let plan = self.writer_plan();
+            let analyses = msmemscope_core::analysis::online_for(&plan.analyses);
+            let sinks = sinks::Sinks::new(&dir, plan.format, plan.dump_budget);
+            Writer::start(sinks, analyses, dir.clone())
+                .ok_or_else(|| "cannot start the writer thread".to_string())
+        });
+        match started {
+            Ok(w) => {
+                *writer = Some(w);
+                self.writer_started.store(true, Ordering::Release);
+                true
+            }
+            Err(e) => {
+                self.writer_failed.store(true, Ordering::Relaxed);
+                crate::log::error(&format!("event dump disabled: {e}"));
+                false
+            }
         }
     }
 }
@@ -584,7 +606,7 @@ fn ensure_writer() -> bool {
 /// Writes everything queued so far (waits at most `timeout`).
 pub fn flush(timeout: Duration) {
     if let Some(p) = PIPELINE.get() {
-        ensure_writer();
+        p.ensure_writer();
         if let Ok(writer) = p.writer.lock() {
             if let Some(w) = writer.as_ref() {
                 w.flush(timeout);
@@ -599,7 +621,7 @@ pub fn leak_suspects(timeout: Duration) -> Vec<writer::Suspect> {
     let Some(p) = PIPELINE.get() else {
         return Vec::new();
     };
-    ensure_writer();
+    p.ensure_writer();
     let Ok(writer) = p.writer.lock() else {
         return Vec::new();
     };
@@ -612,12 +634,12 @@ pub fn leak_suspects(timeout: Duration) -> Vec<writer::Suspect> {
 /// Asks a bounded dump to keep these steps' rows in full; false when no writer runs yet
 /// (nothing was traced).
 pub fn keep_steps(steps: &[u64]) -> bool {
-    if !WRITER_STARTED.load(Ordering::Acquire) {
-        return false;
-    }
     let Some(p) = PIPELINE.get() else {
         return false;
     };
+    if !p.writer_started.load(Ordering::Acquire) {
+        return false;
+    }
     let Ok(writer) = p.writer.lock() else {
         return false;
     };
@@ -628,10 +650,10 @@ pub fn keep_steps(steps: &[u64]) -> bool {
 /// (see `writer::findings_json`); `None` when no writer runs (nothing was traced: none is
 /// started for this) or it did not answer in `timeout`.
 pub fn findings(timeout: Duration) -> Option<String> {
-    if !WRITER_STARTED.load(Ordering::Acquire) {
+    let p = PIPELINE.get()?;
+    if !p.writer_started.load(Ordering::Acquire) {
         return None;
     }
-    let p = PIPELINE.get()?;
     let writer = p.writer.lock().ok()?;
     writer.as_ref().and_then(|w| w.findings(timeout))
 }
@@ -646,7 +668,7 @@ pub fn shutdown() {
             );
             p.tracing.store(false, Ordering::Release);
         }
-        ensure_writer();
+        p.ensure_writer();
         if let Ok(writer) = p.writer.lock() {
             if let Some(w) = writer.as_ref() {
                 w.stop(Duration::from_secs(30));

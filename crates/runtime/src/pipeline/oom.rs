@@ -3,7 +3,7 @@
 //! of the program that returned NULL, the count of small ones, and the host's memory for the
 //! SNAPSHOT row.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use msmemscope_core::events::{DeviceId, Event, EventRow, EventType};
 
@@ -12,9 +12,6 @@ pub use msmemscope_core::analysis::oom_watch::OomWatch;
 /// Failed `malloc` requests at least this large are reported at once; smaller ones mean the
 /// process is truly out of memory, where building rows could fail too: they are only counted.
 pub const REPORTED_MALLOC_FAILURE: usize = 1 << 20;
-
-/// Failed small `malloc` calls, counted from the hook (no allocation there).
-pub static SMALL_MALLOC_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// The watch for `--analysis=oom:K`, its SNAPSHOT rows with the host's memory.
 pub fn watch(k: u32) -> OomWatch {
