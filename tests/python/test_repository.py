@@ -119,3 +119,27 @@ def test_architecture_names_only_paths_that_exist() -> None:
         {p for p in named if not any((REPO / base / p).exists() for base in ARCHITECTURE_BASES)}
     )
     assert not missing, f"ARCHITECTURE.md names paths that do not exist: {missing}"
+
+
+# A `static` item of the runtime, as docs/runtime-globals.md counts them (thread-locals and the
+# one macro line of the CUDA hooks included).
+RUNTIME_STATIC = re.compile(r"^\s*(?:pub(?:\([a-z]+\))? )?static\s+(?:mut\s+)?(\$?[A-Za-z_]\w*)")
+
+
+def test_the_runtime_globals_page_lists_every_static_and_their_count() -> None:
+    names = []
+    for path in sorted((REPO / "crates/runtime/src").rglob("*.rs")):
+        for line in path.read_text().splitlines():
+            found = RUNTIME_STATIC.match(line)
+            if found:
+                names.append((path.relative_to(REPO), found.group(1)))
+    page = (REPO / "docs/runtime-globals.md").read_text()
+    # The macro's `$hook` stands for the wrapper instances the page names by the macro.
+    unlisted = [f"{path}: {name}" for path, name in names if f"`{name}`" not in page]
+    unlisted = [u for u in unlisted if not u.endswith(": $hook")]
+    assert not unlisted, f"statics docs/runtime-globals.md does not list: {unlisted}"
+    count = re.search(r"\*\*Count: (\d+)\*\*", page)
+    assert count, "docs/runtime-globals.md: no '**Count: N**' line"
+    assert int(count.group(1)) == len(names), (
+        f"docs/runtime-globals.md says {count.group(1)} statics; the runtime has {len(names)}"
+    )

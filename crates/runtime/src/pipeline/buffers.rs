@@ -163,9 +163,23 @@ impl Drop for ThreadBuffer {
     }
 }
 
-static REGISTRY: Mutex<Vec<Arc<ThreadBuffer>>> = Mutex::new(Vec::new());
-/// Sequence numbers of rows queued by threads that are exiting (they have no buffer).
-static ORPHAN_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Every queue the writer drains: the buffers of the threads that queued rows, and the whole
+/// rows of threads that were exiting (their buffer was gone).
+pub(super) struct Queues {
+    pub(super) buffers: Mutex<Vec<Arc<ThreadBuffer>>>,
+    /// Rows from threads whose thread-local buffer is already gone (emitted during thread exit).
+    pub(super) orphans: Mutex<Vec<Queued>>,
+    /// The orphans' sequence numbers.
+    orphan_seq: AtomicU64,
+}
+
+/// The process's queues: a thread queues from inside a hook, where no session or pipeline
+/// reference can be passed, and the writer drains them through its [`Backlog`].
+pub(super) static QUEUES: Queues = Queues {
+    buffers: Mutex::new(Vec::new()),
+    orphans: Mutex::new(Vec::new()),
+    orphan_seq: AtomicU64::new(0),
+};
 
 /// What a thread keeps for queueing rows: its buffer, the sequence number of its next row, and
 /// its kernel id. One thread-local without a destructor for the three, read at every row (in a
@@ -213,9 +227,6 @@ thread_local! {
     static OWNER: Owner = const { Owner(OnceCell::new()) };
 }
 
-/// Rows from threads whose thread-local buffer is already gone (emitted during thread exit).
-static ORPHANS: Mutex<Vec<Queued>> = Mutex::new(Vec::new());
-
 /// The kernel's id of this thread (what `Thread Id` shows).
 pub fn thread_id() -> u64 {
     MINE.try_with(Local::tid).unwrap_or(0)
@@ -229,7 +240,7 @@ fn own_buffer(mine: &Local) -> Option<*const ThreadBuffer> {
         .try_with(|owner| {
             let buffer = owner.0.get_or_init(|| {
                 let buffer = Arc::new(ThreadBuffer::default());
-                if let Ok(mut registry) = REGISTRY.lock() {
+                if let Ok(mut registry) = QUEUES.buffers.lock() {
                     registry.push(buffer.clone());
                 }
                 buffer
@@ -261,8 +272,8 @@ fn with_buffer<R>(f: impl FnOnce(&ThreadBuffer, u64, u64) -> R) -> Option<R> {
 }
 
 fn orphan(mut q: Queued) {
-    q.seq = ORPHAN_SEQ.fetch_add(1, Ordering::Relaxed);
-    if let Ok(mut orphans) = ORPHANS.lock() {
+    q.seq = QUEUES.orphan_seq.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut orphans) = QUEUES.orphans.lock() {
         orphans.push(q);
     }
 }

@@ -8,6 +8,7 @@
 //! (a `WriterPlan`) and never reads the session.
 
 mod buffers;
+mod files;
 pub mod oom;
 mod segments;
 mod sinks;
@@ -673,6 +674,14 @@ pub fn shutdown() {
             if let Some(w) = writer.as_ref() {
                 w.stop(Duration::from_secs(30));
             }
+        }
+        let small = p.small_malloc_failures.load(Ordering::Relaxed);
+        if small > 0 {
+            crate::log::info(&format!(
+                "oom: {small} malloc-family requests under {} bytes returned NULL (counted only: \
+                 a process that short of memory may not be able to build their rows)",
+                oom::REPORTED_MALLOC_FAILURE
+            ));
         }
     }
 }

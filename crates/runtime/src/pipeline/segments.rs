@@ -23,7 +23,7 @@ use msmemscope_core::events::EventRow;
 use msmemscope_core::held_fd::HeldFile;
 use msmemscope_core::run_dir::RunDir;
 
-use super::sinks::Sink;
+use super::files::Sink;
 
 /// The longest a segment stays open with rows in it.
 pub(super) const MAX_SEGMENT_AGE: Duration = Duration::from_secs(60);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use msmemscope_core::events::{Event, EventRow, EventType};
 
 use super::packed::{Chunk, FREE_CHUNKS, MAX_FREE_CHUNKS};
-use super::{Queued, ThreadBuffer, ORPHANS, REGISTRY};
+use super::{Queued, Queues, ThreadBuffer, QUEUES};
 
 /// The writer's side of one thread's buffer: the full chunks it took, oldest first, then the
 /// chunk the thread was filling when they were taken, read behind the thread. Chunks stay
@@ -127,6 +127,8 @@ pub struct Backlog {
     pub(super) loose: VecDeque<Queued>,
     /// The row each packed row is read into.
     pub(super) scratch: Queued,
+    /// Where the threads queue their rows.
+    queues: &'static Queues,
 }
 
 impl Default for Backlog {
@@ -140,6 +142,7 @@ impl Default for Backlog {
                 c_frames: Vec::new(),
                 attrs_spare: String::new(),
             },
+            queues: &QUEUES,
         }
     }
 }
@@ -153,7 +156,7 @@ impl Backlog {
     /// Takes what every thread has queued since the last call. Threads that have ended and
     /// whose rows were all written are forgotten.
     pub fn refill(&mut self) {
-        let Ok(mut registry) = REGISTRY.lock() else {
+        let Ok(mut registry) = self.queues.buffers.lock() else {
             return;
         };
         let before = self.loose.len();
@@ -169,7 +172,7 @@ impl Backlog {
                 .retain(|r| !finished.iter().any(|f| Arc::ptr_eq(f, &r.buffer)));
         }
         drop(registry);
-        if let Ok(mut orphans) = ORPHANS.lock() {
+        if let Ok(mut orphans) = self.queues.orphans.lock() {
             self.loose.extend(orphans.drain(..));
         }
         if self.loose.len() > before {
