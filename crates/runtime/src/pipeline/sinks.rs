@@ -357,11 +357,7 @@ impl Sinks {
             if !dump.head_pending {
                 if let Some(head) = dump.head.as_mut() {
                     let bytes = head.write(row)?;
-                    self.policy.head_wrote(bytes);
-                    if !self.policy.head_open() {
-                        self.close_heads()?;
-                    }
-                    return Ok(());
+                    return self.head_wrote(bytes);
                 }
             }
         } else if let Some(part) = dump
@@ -390,11 +386,7 @@ impl Sinks {
         if self.policy.head_open() {
             if let Some(head) = dump.head.as_mut() {
                 let bytes = head.write(row)?;
-                self.policy.head_wrote(bytes);
-                if !self.policy.head_open() {
-                    self.close_heads()?;
-                }
-                return Ok(());
+                return self.head_wrote(bytes);
             }
         }
         let full = dump
@@ -412,6 +404,15 @@ impl Sinks {
             return Ok(());
         };
         part.written += part.sink.write(row)?;
+        Ok(())
+    }
+
+    /// A row took `bytes` of the head: once the head has its share, it closes.
+    fn head_wrote(&mut self, bytes: u64) -> Result<(), String> {
+        self.policy.head_wrote(bytes);
+        if !self.policy.head_open() {
+            self.close_heads()?;
+        }
         Ok(())
     }
 

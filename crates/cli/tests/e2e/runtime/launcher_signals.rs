@@ -67,6 +67,18 @@ impl Launched {
         let scratch = Scratch::new("signals");
         let ready = scratch.path().join("ready");
         let mut cmd = cli(&scratch, tool_args, &[mode, ready.to_str().unwrap()]);
+        // A signal ignored here (a suite started under `nohup` ignores SIGHUP; a background job
+        // of a shell without job control, SIGINT and SIGQUIT) stays ignored in the launcher, as
+        // POSIX wants: these tests send them, so the launcher starts with the defaults.
+        // SAFETY: only `signal`, which is async-signal-safe, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
         setup(&mut cmd);
         let (child, readers) = spawn_collecting(&mut cmd);
         Launched {
