@@ -81,8 +81,8 @@ __all__ = [
 def config(**kw: str) -> None:
     """Sets run options; keys as the command line's long options with ``_`` for ``-``:
     call_stack, level, events, device, format (or data_format), output_path, analysis, watch,
-    host_leak_mode, block_size_threshold, sample_rate, sample_bytes, python_objects, dump_budget (also log_level,
-    steps, collect_mode).
+    host_leak_mode, block_size_threshold, sample_rate, sample_bytes, python_objects, dump_budget
+    (also log_level, steps, collect_mode).
 
     While a host-leak window is open (between ``start()`` and ``stop()``) the configuration is
     left unchanged and a warning says so; stop the window, configure, and start a new one.
