@@ -71,6 +71,15 @@ def logs(out, name):
     )
 
 
+def writer_figures(out):
+    """Rows written and seconds of writer CPU, from the runtime's log line at the writer's end,
+    summed over every process of the run (a child interpreter may write none)."""
+    found = re.findall(
+        r"writer: (\d+) rows written in ([0-9.]+) s of writer CPU", logs(out, "runtime_*.log")
+    )
+    return sum(int(n) for n, _ in found), sum(float(s) for _, s in found)
+
+
 def parquet_rows(out, written):
     """Rows in the run's Parquet files (its head and later segments), read with pyarrow where
     it is installed; else the writer's own count."""
@@ -94,10 +103,7 @@ def one_round(cli, prog, rows, out, fmt):
     )
     wall = time.perf_counter() - start
     emitted = float(re.search(r"emitted \d+ in ([0-9.]+) s", done.stdout).group(1))
-    m = re.search(
-        r"writer: (\d+) rows written in ([0-9.]+) s of writer CPU", logs(out, "runtime_*.log")
-    )
-    written, cpu = int(m.group(1)), float(m.group(2))
+    written, cpu = writer_figures(out)
     convert = None
     if fmt == "parquet":
         assert glob.glob(os.path.join(out, "*", "device_cpu", "dump", "*.parquet"))
@@ -130,14 +136,9 @@ def torch_round(release, worker, steps, out, fmt):
     cmd = [cli, f"--format={fmt}", "-o", out, python, worker, str(steps), str(steps)]
     subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     wall = time.perf_counter() - start
-    # Every process of the run that wrote rows (a child interpreter may write none).
-    found = re.findall(
-        r"writer: (\d+) rows written in ([0-9.]+) s of writer CPU", logs(out, "runtime_*.log")
-    )
-    written = sum(int(n) for n, _ in found)
-    cpu = sum(float(s) for _, s in found)
+    written, cpu = writer_figures(out)
     if not written or not cpu:
-        sys.exit(f"{cli}: no rows written (logs in {out}): {found}")
+        sys.exit(f"{cli}: no rows written (logs in {out})")
     return written / cpu, written, wall
 
 

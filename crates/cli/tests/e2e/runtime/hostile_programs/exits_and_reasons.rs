@@ -235,14 +235,18 @@ fn output_paths_refused_up_front() {
 /// Attaching to a process that has exited (a zombie) or is stopped says so at once.
 #[test]
 fn attach_to_exited_and_stopped_processes() {
+    // What `--pid=PID --command=help` says on stderr.
+    let attach_help = |pid: u32| {
+        let run = Command::new(BIN)
+            .arg(format!("--pid={pid}"))
+            .arg("--command=help")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&run.stderr).into_owned()
+    };
     let mut zombie = Command::new("true").spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let run = Command::new(BIN)
-        .arg(format!("--pid={}", zombie.id()))
-        .arg("--command=help")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = attach_help(zombie.id());
     assert!(
         stderr.contains(&format!("process {} has exited", zombie.id())),
         "{stderr}"
@@ -253,12 +257,7 @@ fn attach_to_exited_and_stopped_processes() {
     // SAFETY: stops the child this test started.
     unsafe { libc::kill(sleeper.id() as i32, libc::SIGSTOP) };
     std::thread::sleep(std::time::Duration::from_millis(200));
-    let run = Command::new(BIN)
-        .arg(format!("--pid={}", sleeper.id()))
-        .arg("--command=help")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = attach_help(sleeper.id());
     assert!(
         stderr.contains(&format!("process {} is stopped", sleeper.id())),
         "{stderr}"
